@@ -1,0 +1,93 @@
+// Collective algorithms written once against the transport interface (engine/transport).
+//
+// Every function is called by all ranks of the communicator with matching arguments, from the one
+// thread that drives the Device. Buffers are registered Regions; offsets and counts are in
+// elements of `dtype` unless named *_bytes. Every wait is bounded by comm.timeout; a peer failure
+// returns the Device's error (naming the peer). On error the buffer contents are unspecified.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "engine/common/dtype.h"
+#include "engine/common/status.h"
+#include "engine/transport/transport.h"
+
+namespace kolo::collectives {
+
+// Named phases a collective reports, for the timeline.
+enum class Phase { kReduceScatter, kAllgather, kBroadcast, kSendRecv };
+const char* PhaseName(Phase phase);  // "REDUCE_SCATTER", "ALLGATHER", "BROADCAST", "SEND_RECV"
+
+struct Comm {
+  transport::Device* device = nullptr;
+  // Pipeline chunk: a ring segment larger than this moves in pieces of about this size, so that
+  // sending, receiving and reducing overlap.
+  size_t chunk_bytes = 1 << 20;
+  std::chrono::milliseconds timeout{30000};
+  // Called with (phase, true) when a phase starts and (phase, false) when it ends; may be empty.
+  std::function<void(Phase, bool)> on_phase;
+
+  int rank() const { return device->rank(); }
+  int size() const { return device->size(); }
+};
+
+// Scratch space the collectives receive into before reducing. Grows on demand (then reused), and
+// registers itself with the device. Not thread-safe; one per Comm.
+class Scratch {
+ public:
+  // Returns a registered region of at least `bytes`.
+  StatusOr<transport::Region*> Get(transport::Device& device, size_t bytes);
+
+ private:
+  std::vector<uint8_t> storage_;
+  std::unique_ptr<transport::Region> region_;
+};
+
+// Bandwidth-optimal ring allreduce, sum, in place on buf[offset, offset + count): reduce-scatter
+// then allgather, each segment moved in chunk_bytes pieces so that send, receive and reduce of
+// consecutive pieces overlap. Every rank ends with the elementwise sum over all ranks. Each rank
+// sends and receives 2 (N-1)/N of the buffer.
+Status RingAllreduce(Comm& comm, transport::Region& buf, size_t offset_bytes, size_t count,
+                     DataType dtype, Scratch& scratch);
+
+// Moves exactly the bytes RingAllreduce moves, along the same ring, with no reduction: the link
+// ceiling the allreduce's bus bandwidth is read against.
+Status RingExchangeNoReduce(Comm& comm, transport::Region& buf, size_t offset_bytes, size_t count,
+                            DataType dtype, Scratch& scratch);
+
+// Broadcast buf[offset, offset + nbytes) from `root` to every rank: pipelined along the ring.
+Status RingBroadcast(Comm& comm, transport::Region& buf, size_t offset_bytes, size_t nbytes,
+                     int root);
+
+// Allgather with per-rank sizes: rank r's block is buf[displ[r], displ[r] + bytes[r]) where displ
+// is the prefix sum of `bytes_per_rank`. Each rank fills its own block before the call; after it
+// every block holds its owner's bytes. Ring algorithm.
+Status RingAllgatherv(Comm& comm, transport::Region& buf, size_t offset_bytes,
+                      const std::vector<size_t>& bytes_per_rank);
+
+// Small allreduce for coordination: `and_words` words combined with AND followed by `or_words`
+// words combined with OR, in place on buf (registered, at least (and_words + or_words) * 8 bytes).
+// Latency-optimised (binomial tree, 2 log2 N message steps).
+Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, size_t or_words,
+                        Scratch& scratch);
+
+// Sends a variable-length message to `peer` / receives one from `peer`, as a length message then a
+// payload message (both posted at once). Used for negotiation (engine/coordinator).
+Status SendMessage(Comm& comm, int peer, const std::vector<uint8_t>& payload, uint64_t tag);
+StatusOr<std::vector<uint8_t>> RecvMessage(Comm& comm, int peer, uint64_t tag);
+
+// Gathers one variable-length message from every rank at `root` (root's own included, in rank
+// order) — the negotiation's request phase — and broadcasts one message from root to all.
+StatusOr<std::vector<std::vector<uint8_t>>> GatherMessages(Comm& comm, int root,
+                                                           const std::vector<uint8_t>& mine);
+StatusOr<std::vector<uint8_t>> BroadcastMessage(Comm& comm, int root,
+                                                const std::vector<uint8_t>& message);
+
+// Barrier: returns once every rank has entered.
+Status Barrier(Comm& comm);
+
+}  // namespace kolo::collectives

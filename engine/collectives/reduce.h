@@ -1,0 +1,29 @@
+// Reduction kernels on the CPU, vectorised for every dtype.
+//
+// float16 and bfloat16 are accumulated in float32 and rounded once per element (round to nearest
+// even). Integers wrap on overflow (two's complement), as MPI_SUM does in practice.
+// All functions are thread-safe (no state) and accept count == 0. Pointers need no alignment.
+#pragma once
+
+#include <cstddef>
+
+#include "engine/common/dtype.h"
+
+namespace kolo::collectives {
+
+// dst[i] = dst[i] + src[i] for i in [0, count).  dst and src must not overlap unless equal.
+void ReduceSum(DataType dtype, void* dst, const void* src, size_t count);
+
+// dst[i] = a[i] + b[i]. dst may equal a or b.
+void ReduceSum3(DataType dtype, void* dst, const void* a, const void* b, size_t count);
+
+// data[i] = data[i] * factor. Floating types multiply in their own precision (float16/bfloat16 via
+// float32); integer types compute data[i] * factor in double and truncate toward zero, so that
+// averaging integers gives the sum divided by the rank count, truncated.
+void Scale(DataType dtype, void* data, size_t count, double factor);
+
+// dst[i] &= src[i], dst[i] |= src[i] over 64-bit words (response-cache bit vectors).
+void BitAnd(uint64_t* dst, const uint64_t* src, size_t words);
+void BitOr(uint64_t* dst, const uint64_t* src, size_t words);
+
+}  // namespace kolo::collectives

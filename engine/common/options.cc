@@ -1,0 +1,226 @@
+#include "engine/common/options.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+extern char** environ;
+
+namespace kolo {
+namespace {
+
+const std::string* Find(const std::map<std::string, std::string>& env, const char* name) {
+  auto it = env.find(name);
+  if (it == env.end() || it->second.empty()) return nullptr;
+  return &it->second;
+}
+
+// Reads an int variable into *out if present.
+Status ReadInt(const std::map<std::string, std::string>& env, const char* name, int64_t min,
+               int64_t max, int64_t* out) {
+  if (const std::string* v = Find(env, name)) {
+    KOLO_ASSIGN_OR_RETURN(*out, ParseInt(name, *v, min, max));
+  }
+  return Status::OK();
+}
+
+Status ReadInt32(const std::map<std::string, std::string>& env, const char* name, int64_t min,
+                 int64_t max, int* out) {
+  int64_t v = *out;
+  KOLO_RETURN_IF_ERROR(ReadInt(env, name, min, max, &v));
+  *out = static_cast<int>(v);
+  return Status::OK();
+}
+
+Status ReadDouble(const std::map<std::string, std::string>& env, const char* name, double min,
+                  double max, double* out) {
+  if (const std::string* v = Find(env, name)) {
+    KOLO_ASSIGN_OR_RETURN(*out, ParseDouble(name, *v, min, max));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+StatusOr<int64_t> ParseInt(const std::string& what, const std::string& value, int64_t min,
+                           int64_t max) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || errno == ERANGE) {
+    return InvalidArgument("{}='{}' is not an integer: allowed are integers in [{}, {}]", what,
+                           value, min, max);
+  }
+  if (v < min || v > max) {
+    return InvalidArgument("{}={} is out of range: allowed are integers in [{}, {}]", what, v, min,
+                           max);
+  }
+  return static_cast<int64_t>(v);
+}
+
+StatusOr<double> ParseDouble(const std::string& what, const std::string& value, double min,
+                             double max) {
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(value.c_str(), &end);
+  if (value.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v)) {
+    return InvalidArgument("{}='{}' is not a number: allowed are numbers in [{}, {}]", what, value,
+                           min, max);
+  }
+  if (v < min || v > max) {
+    return InvalidArgument("{}={} is out of range: allowed are numbers in [{}, {}]", what, v, min,
+                           max);
+  }
+  return v;
+}
+
+StatusOr<bool> ParseBool(const std::string& what, const std::string& value) {
+  if (value == "1" || value == "true" || value == "yes" || value == "on") return true;
+  if (value == "0" || value == "false" || value == "no" || value == "off") return false;
+  return InvalidArgument("{}='{}' is not a boolean: allowed are 1/0, true/false, yes/no, on/off",
+                         what, value);
+}
+
+StatusOr<LogLevel> ParseLogLevel(const std::string& value) {
+  if (value == "trace") return LogLevel::kTrace;
+  if (value == "debug") return LogLevel::kDebug;
+  if (value == "info") return LogLevel::kInfo;
+  if (value == "warning" || value == "warn") return LogLevel::kWarning;
+  if (value == "error") return LogLevel::kError;
+  return InvalidArgument(
+      "KOLO_LOG_LEVEL='{}' is not a log level: allowed are trace, debug, info, warning, error",
+      value);
+}
+
+StatusOr<int64_t> ParseByteSize(const std::string& what, const std::string& value) {
+  if (value.empty()) return InvalidArgument("{} is empty: expected a size such as 4096, 64K, 1M", what);
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(value.c_str(), &end);
+  std::string suffix(end);
+  double mult = 1;
+  if (suffix == "" || suffix == "B") {
+    mult = 1;
+  } else if (suffix == "K" || suffix == "k" || suffix == "KiB") {
+    mult = 1024.0;
+  } else if (suffix == "M" || suffix == "m" || suffix == "MiB") {
+    mult = 1024.0 * 1024;
+  } else if (suffix == "G" || suffix == "g" || suffix == "GiB") {
+    mult = 1024.0 * 1024 * 1024;
+  } else {
+    return InvalidArgument("{}='{}' is not a size: allowed are a number with an optional K, M or G",
+                           what, value);
+  }
+  if (errno == ERANGE || !std::isfinite(v) || v < 0 || v * mult > 9.0e18 || end == value.c_str()) {
+    return InvalidArgument("{}='{}' is not a non-negative size", what, value);
+  }
+  return static_cast<int64_t>(std::llround(v * mult));
+}
+
+Status Options::Validate() const {
+  if (size < 1) return InvalidArgument("size={} must be at least 1", size);
+  if (rank < 0 || rank >= size) {
+    return InvalidArgument("rank={} is outside [0, {}) for size {}", rank, size, size);
+  }
+  if (local_size < 1 || local_size > size) {
+    return InvalidArgument("local_size={} must be in [1, size={}]", local_size, size);
+  }
+  if (local_rank < 0 || local_rank >= local_size) {
+    return InvalidArgument("local_rank={} is outside [0, local_size={})", local_rank, local_size);
+  }
+  if (backend != "ring" && backend != "mpi") {
+    return InvalidArgument("backend '{}' is unknown: allowed are ring, mpi", backend);
+  }
+  if (backend == "mpi" && !launched_by_mpirun && size > 1) {
+    return InvalidArgument("backend 'mpi' needs a launch by mpirun (OMPI_COMM_WORLD_SIZE unset)");
+  }
+  if (fusion_threshold_bytes < 0) {
+    return InvalidArgument("fusion threshold {} bytes is negative: allowed are >= 0 (0 disables)",
+                           fusion_threshold_bytes);
+  }
+  if (!(cycle_time_ms > 0 && cycle_time_ms <= 10000)) {
+    return InvalidArgument("cycle time {} ms is outside (0, 10000]", cycle_time_ms);
+  }
+  if (cache_capacity < 0 || cache_capacity > (1 << 20)) {
+    return InvalidArgument("cache capacity {} is outside [0, 1048576]", cache_capacity);
+  }
+  if (stall_warning_s < 0) return InvalidArgument("stall check {} s is negative", stall_warning_s);
+  if (stall_shutdown_s < 0) {
+    return InvalidArgument("stall shutdown {} s is negative", stall_shutdown_s);
+  }
+  if (!(peer_timeout_s > 0)) {
+    return InvalidArgument("peer timeout {} s must be positive", peer_timeout_s);
+  }
+  if (socket_buffer_bytes < 4096 || socket_buffer_bytes > (1ll << 30)) {
+    return InvalidArgument("socket buffer {} bytes is outside [4096, 1 GiB]", socket_buffer_bytes);
+  }
+  if (ring_chunk_bytes < 4096 || ring_chunk_bytes > (1ll << 30)) {
+    return InvalidArgument("ring chunk {} bytes is outside [4096, 1 GiB]", ring_chunk_bytes);
+  }
+  if (!job_secret.empty() && job_secret.size() < 16) {
+    return InvalidArgument("KOLO_JOB_SECRET has {} characters: at least 16 are required",
+                           job_secret.size());
+  }
+  return Status::OK();
+}
+
+StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string>& env) {
+  Options o;
+  // Open MPI's launch environment wins over kolo's own.
+  if (Find(env, "OMPI_COMM_WORLD_SIZE")) {
+    o.launched_by_mpirun = true;
+    KOLO_RETURN_IF_ERROR(ReadInt32(env, "OMPI_COMM_WORLD_SIZE", 1, 1 << 20, &o.size));
+    KOLO_RETURN_IF_ERROR(ReadInt32(env, "OMPI_COMM_WORLD_RANK", 0, 1 << 20, &o.rank));
+    o.local_size = o.size;
+    o.local_rank = o.rank;
+    KOLO_RETURN_IF_ERROR(ReadInt32(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1, 1 << 20, &o.local_size));
+    KOLO_RETURN_IF_ERROR(ReadInt32(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0, 1 << 20, &o.local_rank));
+  } else if (Find(env, "KOLO_SIZE")) {
+    KOLO_RETURN_IF_ERROR(ReadInt32(env, "KOLO_SIZE", 1, 1 << 20, &o.size));
+    KOLO_RETURN_IF_ERROR(ReadInt32(env, "KOLO_RANK", 0, 1 << 20, &o.rank));
+    o.local_size = o.size;
+    o.local_rank = o.rank;
+    KOLO_RETURN_IF_ERROR(ReadInt32(env, "KOLO_LOCAL_SIZE", 1, 1 << 20, &o.local_size));
+    KOLO_RETURN_IF_ERROR(ReadInt32(env, "KOLO_LOCAL_RANK", 0, 1 << 20, &o.local_rank));
+  }
+  if (const std::string* v = Find(env, "KOLO_STORE_ADDR")) o.store_addr = *v;
+  if (const std::string* v = Find(env, "KOLO_JOB_SECRET")) o.job_secret = *v;
+  if (const std::string* v = Find(env, "KOLO_IFACE")) o.iface = *v;
+  if (const std::string* v = Find(env, "KOLO_BACKEND")) o.backend = *v;
+  if (const std::string* v = Find(env, "KOLO_TIMELINE")) o.timeline_path = *v;
+  if (const std::string* v = Find(env, "KOLO_LOG_LEVEL")) {
+    KOLO_ASSIGN_OR_RETURN(o.log_level, ParseLogLevel(*v));
+  }
+  if (const std::string* v = Find(env, "KOLO_BUSY_POLL")) {
+    KOLO_ASSIGN_OR_RETURN(o.busy_poll, ParseBool("KOLO_BUSY_POLL", *v));
+  }
+  KOLO_RETURN_IF_ERROR(ReadInt(env, "KOLO_SOCKET_BUFFER_BYTES", 4096, 1ll << 30,
+                               &o.socket_buffer_bytes));
+  KOLO_RETURN_IF_ERROR(ReadInt(env, "KOLO_RING_CHUNK_BYTES", 4096, 1ll << 30, &o.ring_chunk_bytes));
+  KOLO_RETURN_IF_ERROR(ReadInt(env, "KOLO_FUSION_THRESHOLD_BYTES", 0, 1ll << 40,
+                               &o.fusion_threshold_bytes));
+  KOLO_RETURN_IF_ERROR(ReadInt32(env, "KOLO_CACHE_CAPACITY", 0, 1 << 20, &o.cache_capacity));
+  KOLO_RETURN_IF_ERROR(ReadDouble(env, "KOLO_CYCLE_TIME_MS", 1e-3, 10000, &o.cycle_time_ms));
+  KOLO_RETURN_IF_ERROR(ReadDouble(env, "KOLO_PEER_TIMEOUT_SECONDS", 1e-3, 1e6, &o.peer_timeout_s));
+  KOLO_RETURN_IF_ERROR(ReadDouble(env, "KOLO_STALL_CHECK_SECONDS", 0, 1e6, &o.stall_warning_s));
+  KOLO_RETURN_IF_ERROR(
+      ReadDouble(env, "KOLO_STALL_SHUTDOWN_SECONDS", 0, 1e6, &o.stall_shutdown_s));
+  KOLO_RETURN_IF_ERROR(o.Validate());
+  return o;
+}
+
+StatusOr<Options> OptionsFromEnvironment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv(*e);
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string key = kv.substr(0, eq);
+    if (key.rfind("KOLO_", 0) == 0 || key.rfind("OMPI_COMM_WORLD_", 0) == 0) {
+      env[key] = kv.substr(eq + 1);
+    }
+  }
+  return OptionsFromEnvironment(env);
+}
+
+}  // namespace kolo

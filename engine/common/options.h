@@ -1,0 +1,91 @@
+// Options: every engine knob in one struct, with its default and unit.
+//
+// Filled once from the environment (KOLO_* and Open MPI's OMPI_COMM_WORLD_*) by
+// OptionsFromEnvironment(), then optionally overridden by command-line flags (AddEngineFlags in
+// engine/common/flags.h). Nothing else in kolo reads the environment.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "engine/common/logging.h"
+#include "engine/common/status.h"
+
+namespace kolo {
+
+struct Options {
+  // --- Launch: which rank this process is. From OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}
+  // under mpirun, else KOLO_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE} (set by kolo-run); a process with
+  // neither is a single rank (rank 0 of 1).
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  // True when the values came from Open MPI's environment (the bootstrap then exchanges addresses
+  // over MPI and the mpi backend is available).
+  bool launched_by_mpirun = false;
+
+  // --- Rendezvous (launch without MPI). KOLO_STORE_ADDR "host:port" of the key-value store that
+  // rank 0 serves; KOLO_JOB_SECRET the per-job secret every connection must present (hex, at
+  // least 16 characters). Under mpirun both are made by rank 0 and shared over MPI.
+  std::string store_addr;
+  std::string job_secret;
+
+  // --- Network. KOLO_IFACE: the interface or IPv4 address to listen on. Empty: 127.0.0.1 when
+  // every rank is on this host (local_size == size), else the address of the host name.
+  std::string iface;
+  // KOLO_SOCKET_BUFFER_BYTES: SO_SNDBUF and SO_RCVBUF of every data connection.
+  int64_t socket_buffer_bytes = 4 << 20;
+  // KOLO_RING_CHUNK_BYTES: pipeline chunk of the ring collectives; a segment larger than this is
+  // sent in pieces so that sending, receiving and reducing overlap.
+  int64_t ring_chunk_bytes = 1 << 20;
+  // KOLO_PEER_TIMEOUT_SECONDS: longest any blocking wait on a peer may take before it fails with
+  // an error naming the peer (connection set-up, a collective, a control message).
+  double peer_timeout_s = 30.0;
+  // KOLO_BUSY_POLL: spin on the sockets instead of sleeping in epoll (only for dedicated cores).
+  bool busy_poll = false;
+
+  // --- Engine.
+  // KOLO_BACKEND: collective backend for fused buffers: "ring" (kolo's ring over the transport)
+  // or "mpi" (MPI_Allreduce; needs mpirun).
+  std::string backend = "ring";
+  // KOLO_FUSION_THRESHOLD_BYTES: largest fusion buffer; 0 disables Tensor Fusion.
+  int64_t fusion_threshold_bytes = 64ll << 20;
+  // KOLO_CYCLE_TIME_MS: the background thread's cycle.
+  double cycle_time_ms = 1.0;
+  // KOLO_CACHE_CAPACITY: response-cache entries; 0 disables the cache.
+  int cache_capacity = 1024;
+  // KOLO_STALL_CHECK_SECONDS: rank 0 warns about a tensor some ranks submitted and others did
+  // not after this long; 0 disables the check.
+  double stall_warning_s = 60.0;
+  // KOLO_STALL_SHUTDOWN_SECONDS: after this long a stalled tensor fails on every rank; 0 = never.
+  double stall_shutdown_s = 0.0;
+  // KOLO_TIMELINE: path of the Chrome-trace timeline; empty = no timeline. Every rank writes its
+  // own file: "%r" in the path is replaced by the rank; without it, ranks other than 0 insert
+  // ".rank<N>" before the extension. Events carry pid = rank, so files merge by concatenation.
+  std::string timeline_path;
+  // KOLO_LOG_LEVEL: trace, debug, info, warning, error.
+  LogLevel log_level = LogLevel::kWarning;
+
+  // Checks ranges and combinations; the error names the value and what is allowed.
+  Status Validate() const;
+};
+
+// Reads the options from `env` (name -> value). Invalid values are errors naming the variable,
+// the value and what is allowed.
+StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string>& env);
+// The same, from this process's environment.
+StatusOr<Options> OptionsFromEnvironment();
+
+// Parsers shared with the flag layer. Each error names `what` and the value.
+StatusOr<int64_t> ParseInt(const std::string& what, const std::string& value, int64_t min,
+                           int64_t max);
+StatusOr<double> ParseDouble(const std::string& what, const std::string& value, double min,
+                             double max);
+StatusOr<bool> ParseBool(const std::string& what, const std::string& value);
+StatusOr<LogLevel> ParseLogLevel(const std::string& value);
+// "64M", "1.5G", "4096", "256K" -> bytes (powers of 1024).
+StatusOr<int64_t> ParseByteSize(const std::string& what, const std::string& value);
+
+}  // namespace kolo

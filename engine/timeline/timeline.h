@@ -1,0 +1,51 @@
+// Timeline: every phase of every tensor as Chrome trace events (loads in Perfetto and
+// chrome://tracing).
+//
+// One file per rank (see Options::timeline_path). Events carry pid = rank and one tid per tensor,
+// named by a thread_name metadata event, so per-rank files can be merged by concatenating their
+// event arrays. The file is valid JSON after every event: each append overwrites the closing
+// bracket, so a process that dies mid-run leaves a file that parses.
+//
+// Thread-safe: the trainer's threads (QUEUE begins at submission) and the background thread write
+// concurrently. Events are formatted and written under one mutex; a timeline that is not open
+// costs one branch per call.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/common/status.h"
+
+namespace kolo::timeline {
+
+class Timeline {
+ public:
+  // Creates (truncates) `path` and writes the trace header.
+  static StatusOr<std::unique_ptr<Timeline>> Open(const std::string& path, int rank);
+  ~Timeline();
+
+  // Starts / ends activity `name` (e.g. "NEGOTIATE", "MEMCPY_IN_FUSION_BUFFER") on the track of
+  // `tensor`. `args_json` is an optional JSON object text ("{\"bytes\":1024}") attached to the
+  // event. Nested Begin/End pairs on one track must be properly nested.
+  void Begin(const std::string& tensor, const std::string& name, const std::string& args_json = "");
+  void End(const std::string& tensor, const std::string& name);
+  // A zero-duration marker on the track of `tensor`.
+  void Instant(const std::string& tensor, const std::string& name,
+               const std::string& args_json = "");
+
+  // Microseconds since the timeline was opened (the events' clock).
+  int64_t NowMicros() const;
+  const std::string& path() const;
+
+ private:
+  struct Impl;
+  explicit Timeline(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The file rank `rank` writes for Options::timeline_path `path`: "%r" replaced by the rank;
+// otherwise ranks other than 0 insert ".rank<N>" before the extension ("t.json" -> "t.rank1.json").
+std::string TimelinePathForRank(const std::string& path, int rank);
+
+}  // namespace kolo::timeline

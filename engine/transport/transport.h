@@ -1,0 +1,114 @@
+// The transport interface: how bytes move between ranks. Collectives are written once against it;
+// tcp/ implements it over sockets, rdma/ (later) over ibverbs RC queue pairs.
+//
+// Model (shaped after RDMA so that verbs fits as naturally as TCP):
+// - A Device is one rank's endpoint (a NIC, or loopback). It owns a full mesh of Pairs, one per
+//   peer, set up by a Connect function of the implementation (see tcp/device.h).
+// - Memory is registered once (Register) and reused; sends and receives name a registered Region,
+//   an offset and a length. TCP registration is free; verbs registration pins and maps the memory.
+// - Operations are posted and complete asynchronously. Progress happens inside Device::Poll, which
+//   blocks (epoll / completion channel) until something completes, a peer fails or the timeout
+//   passes — never a busy spin unless busy polling was asked for.
+// - On one Pair, messages are delivered in the order they were sent, and receives match sends in
+//   the order they were posted (FIFO). Each message carries a 64-bit tag; the receive's tag must
+//   equal the arriving message's tag, otherwise Poll fails with a protocol error naming both. A
+//   receiver that has not posted a receive exerts back-pressure: the sender's bytes wait (in the
+//   kernel for TCP; by credits for verbs) and nothing is buffered without bound.
+//
+// Thread-safety: a Device and its Pairs are driven by one thread at a time (the engine's
+// background thread, or a benchmark's main thread). Register may be called from that thread only.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/common/status.h"
+
+namespace kolo::transport {
+
+// Memory registered with a Device. Owned by the caller; must outlive every operation naming it.
+class Region {
+ public:
+  Region(void* data, size_t size) : data_(static_cast<uint8_t*>(data)), size_(size) {}
+  virtual ~Region() = default;
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  uint8_t* data_;
+  size_t size_;
+};
+
+enum class OpKind : uint8_t { kSend = 0, kRecv = 1 };
+
+// One finished operation, as reported by Device::Poll.
+struct Completion {
+  int peer = -1;
+  OpKind kind = OpKind::kSend;
+  uint64_t tag = 0;
+  size_t nbytes = 0;  // bytes sent, or bytes actually received (<= the posted capacity)
+};
+
+class Pair {
+ public:
+  virtual ~Pair() = default;
+  virtual int peer() const = 0;
+
+  // Posts a send of region[offset, offset + nbytes) with `tag`. The bytes must stay unchanged until
+  // its completion. nbytes may be 0 (a message with no payload).
+  // REQUIRES: offset + nbytes <= region.size().
+  virtual Status Send(const Region& region, size_t offset, size_t nbytes, uint64_t tag) = 0;
+
+  // Posts a receive of the next message from the peer into region[offset, offset + capacity). A
+  // message longer than `capacity` or with another tag is a protocol error.
+  // REQUIRES: offset + capacity <= region.size().
+  virtual Status Recv(Region& region, size_t offset, size_t capacity, uint64_t tag) = 0;
+
+  // Operations posted on this pair that have not completed.
+  virtual size_t pending() const = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "tcp", "rdma", ...
+  virtual const char* name() const = 0;
+
+  // Registers [data, data + size). The Region must be destroyed before the memory is freed.
+  virtual StatusOr<std::unique_ptr<Region>> Register(void* data, size_t size) = 0;
+
+  // The connection to `peer`. REQUIRES: 0 <= peer < size(), peer != rank().
+  virtual Pair& pair(int peer) = 0;
+
+  // Makes progress on every posted operation. Blocks until at least one operation completes (its
+  // Completion is appended to *out), or `timeout` passes (returns DeadlineExceeded naming the
+  // peers with pending operations), or a peer fails: a lost connection returns Unavailable naming
+  // the peer's rank; a peer's Abort returns Aborted with the peer's rank and reason. After an
+  // error every later call fails the same way (the error is sticky).
+  virtual Status Poll(std::vector<Completion>* out, std::chrono::milliseconds timeout) = 0;
+
+  // Tells every connected peer that this rank is failing with `reason`, best effort and without
+  // blocking for long, then closes every connection. Idempotent.
+  virtual void Abort(const Status& reason) = 0;
+
+  // Bytes sent and received since creation (payload, not headers); for benchmarks and tests.
+  virtual uint64_t bytes_sent() const = 0;
+  virtual uint64_t bytes_received() const = 0;
+};
+
+// Waits until every operation in `expected` (count of completions) has completed, collecting them.
+// A convenience over Poll for simple exchanges; the deadline covers the whole wait.
+Status WaitFor(Device& device, size_t expected, std::vector<Completion>* out,
+               std::chrono::milliseconds timeout);
+
+}  // namespace kolo::transport

@@ -1,0 +1,45 @@
+// Whole-collective backends: what runs a (fused) buffer's collective once negotiation and fusion
+// are done. The engine keeps an ordered list; the first backend whose Enabled() is true for a
+// request runs it (the ring backend, last in the list, accepts everything).
+//
+// Called only from the engine's background thread; every rank calls the same backend with the
+// same arguments in the same order. Buffers are host memory owned by the engine (the fusion
+// buffer) or by the caller (a tensor run in place), valid for the duration of the call.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "engine/collectives/collectives.h"
+#include "engine/common/dtype.h"
+#include "engine/common/status.h"
+#include "engine/coordinator/message.h"
+
+namespace kolo::backends {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // "ring", "mpi" — as in Options::backend and the timeline's activity names (upper-cased).
+  virtual const char* name() const = 0;
+  // True if this backend runs collectives of `type` on `dtype`. Safe default: nothing.
+  virtual bool Enabled(coordinator::CollectiveType type, DataType dtype) const = 0;
+
+  // Sum over ranks, in place on buf[0, count).
+  virtual Status Allreduce(void* buf, size_t count, DataType dtype) = 0;
+  // buf[0, nbytes) from `root` to every rank.
+  virtual Status Broadcast(void* buf, size_t nbytes, int root) = 0;
+  // Rank r's block sits at the prefix sum of bytes_per_rank; each rank filled its own.
+  virtual Status Allgatherv(void* buf, const std::vector<size_t>& bytes_per_rank) = 0;
+};
+
+// Ring collectives over the engine's transport device (engine/collectives).
+std::unique_ptr<Backend> MakeRingBackend(collectives::Comm* comm);
+
+// MPI_Allreduce / MPI_Bcast / MPI_Allgatherv on a duplicate of MPI_COMM_WORLD. Null (with the
+// reason in *why) when this build has no MPI or the process was not launched by mpirun.
+std::unique_ptr<Backend> MakeMpiBackend(std::string* why);
+
+}  // namespace kolo::backends

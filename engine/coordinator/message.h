@@ -1,0 +1,63 @@
+// Negotiation messages: what a rank asks of the coordinator and what the coordinator answers.
+//
+// A Request says "this rank has tensor `name` ready for this collective, with these properties".
+// A Response says "every rank has these tensors ready: run the collective" — or carries an error
+// that every rank reports on the named tensors. Both serialise to a compact little-endian byte
+// format; Parse* reject truncated or malformed input with a kProtocol status.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/common/dtype.h"
+#include "engine/common/status.h"
+
+namespace kolo::coordinator {
+
+enum class CollectiveType : uint8_t { kAllreduce = 0, kBroadcast = 1, kAllgather = 2 };
+const char* CollectiveTypeName(CollectiveType type);  // "allreduce", "broadcast", "allgather"
+
+struct Request {
+  std::string name;
+  CollectiveType type = CollectiveType::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  uint8_t reduce_op = 0;  // ReduceOp of engine.h, for allreduce
+  int32_t root = 0;       // for broadcast
+  Shape shape;
+
+  // True if `other` asks for the same collective: for allgather every dimension but the first
+  // must agree; otherwise the whole shape.
+  bool Compatible(const Request& other) const;
+  // "allreduce float32 [64,3,7,7] sum" — used in mismatch errors.
+  std::string Describe() const;
+};
+
+struct RequestList {
+  std::vector<Request> requests;
+  bool shutdown = false;
+};
+
+struct Response {
+  enum class Kind : uint8_t { kCollective = 0, kError = 1 };
+  Kind kind = Kind::kCollective;
+  // The agreed request (from the lowest rank that submitted it); for errors, the tensor's name.
+  Request request;
+  // Allgather: every rank's first dimension, in rank order. Empty otherwise.
+  std::vector<int64_t> first_dims;
+  std::string error;  // kError only
+
+  bool is_error() const { return kind == Kind::kError; }
+  size_t bytes() const;  // the tensor's bytes on this rank (allgather: per-rank varies; 0)
+};
+
+struct ResponseList {
+  std::vector<Response> responses;
+};
+
+std::vector<uint8_t> Serialize(const RequestList& list);
+std::vector<uint8_t> Serialize(const ResponseList& list);
+StatusOr<RequestList> ParseRequestList(const std::vector<uint8_t>& bytes);
+StatusOr<ResponseList> ParseResponseList(const std::vector<uint8_t>& bytes);
+
+}  // namespace kolo::coordinator

@@ -1,0 +1,239 @@
+#include "engine/engine.h"
+
+#include <fmt/format.h>
+
+#include "engine/common/logging.h"
+#include "engine/engine_impl.h"
+#include "engine/transport/tcp/device.h"
+
+namespace kolo {
+namespace {
+
+using coordinator::CollectiveType;
+
+// Settings every rank must share: they decide fusion groups and cache bits, which every rank
+// computes on its own.
+std::string AgreementKey(const Options& o) {
+  return fmt::format("size={} backend={} fusion_threshold_bytes={} cache_capacity={}", o.size,
+                     o.backend, o.fusion_threshold_bytes, o.cache_capacity);
+}
+
+Status CheckAgreement(collectives::Comm& comm, const Options& o) {
+  const std::string mine = AgreementKey(o);
+  KOLO_ASSIGN_OR_RETURN(auto all,
+                        collectives::GatherMessages(comm, 0, {mine.begin(), mine.end()}));
+  std::string verdict;
+  if (comm.rank() == 0) {
+    for (size_t r = 1; r < all.size(); ++r) {
+      const std::string theirs(all[r].begin(), all[r].end());
+      if (theirs != mine) {
+        verdict = fmt::format("ranks disagree on settings that must match: rank 0 has '{}', rank "
+                              "{} has '{}'",
+                              mine, r, theirs);
+        break;
+      }
+    }
+  }
+  KOLO_ASSIGN_OR_RETURN(auto answer, collectives::BroadcastMessage(
+                                         comm, 0, {verdict.begin(), verdict.end()}));
+  if (!answer.empty()) return InvalidArgument("{}", std::string(answer.begin(), answer.end()));
+  return Status::OK();
+}
+
+}  // namespace
+
+const char* ReduceOpName(ReduceOp op) { return op == ReduceOp::kSum ? "sum" : "average"; }
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Engine::~Engine() { Shutdown().IgnoreError(); }
+
+StatusOr<std::unique_ptr<Engine>> Engine::Create(const Options& options,
+                                                  bootstrap::Store* store) {
+  KOLO_RETURN_IF_ERROR(options.Validate());
+  SetLogLevel(options.log_level);
+  if (options.size > 1) SetLogRank(options.rank);
+  auto impl = std::make_unique<Impl>(options);
+  Impl& e = *impl;
+
+  KOLO_ASSIGN_OR_RETURN(e.rendezvous, bootstrap::StartRendezvous(options, store));
+  transport::tcp::TcpOptions tcp;
+  tcp.listen_addr = e.rendezvous.listen_addr;
+  tcp.socket_buffer_bytes = options.socket_buffer_bytes;
+  tcp.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.peer_timeout_s * 1000));
+  tcp.secret = e.rendezvous.secret;
+  tcp.busy_poll = options.busy_poll;
+  auto device = transport::tcp::Connect(tcp, *e.rendezvous.store, options.rank, options.size);
+  if (!device.ok()) return device.status().WithContext(fmt::format("rank {}: connecting to peers", options.rank));
+  e.device = std::move(device).value();
+  e.comm.device = e.device.get();
+  e.comm.chunk_bytes = static_cast<size_t>(options.ring_chunk_bytes);
+  e.comm.timeout = tcp.timeout;
+  KOLO_RETURN_IF_ERROR(CheckAgreement(e.comm, options));
+
+  if (options.backend == "mpi") {
+    std::string why;
+    auto mpi = backends::MakeMpiBackend(&why);
+    if (!mpi) return InvalidArgument("backend 'mpi' is not available: {}", why);
+    e.backends.push_back(std::move(mpi));
+  }
+  e.backends.push_back(backends::MakeRingBackend(&e.comm));
+
+  if (!options.timeline_path.empty()) {
+    KOLO_ASSIGN_OR_RETURN(e.timeline,
+                          timeline::Timeline::Open(
+                              timeline::TimelinePathForRank(options.timeline_path, options.rank),
+                              options.rank));
+  }
+  if (options.rank == 0) e.table.emplace(options.size);
+  e.bits.assign(2 * e.cache.words() + 1, 0);
+  KOLO_ASSIGN_OR_RETURN(e.bits_region,
+                        e.device->Register(e.bits.data(), e.bits.size() * sizeof(uint64_t)));
+  e.last_stall_check = SteadyClock::now();
+  KOLO_LOG(kInfo, "engine up: rank {}/{} backend {} fusion {} bytes cycle {} ms cache {}",
+           options.rank, options.size, options.backend, options.fusion_threshold_bytes,
+           options.cycle_time_ms, options.cache_capacity);
+  e.thread = std::thread([&e] { e.Loop(); });
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+int Engine::rank() const { return impl_->options.rank; }
+int Engine::size() const { return impl_->options.size; }
+int Engine::local_rank() const { return impl_->options.local_rank; }
+int Engine::local_size() const { return impl_->options.local_size; }
+const Options& Engine::options() const { return impl_->options; }
+
+StatusOr<Handle> Engine::Impl::Submit(TensorEntry entry) {
+  entry.submitted = SteadyClock::now();
+  const std::string name = entry.request.name;
+  const char* type = coordinator::CollectiveTypeName(entry.request.type);
+  if (name.empty()) return InvalidArgument("{}: the tensor name is empty", type);
+  for (int64_t d : entry.request.shape) {
+    if (d < 0) {
+      return InvalidArgument("{} '{}': shape {} has a negative dimension", type, name,
+                             ShapeToString(entry.request.shape));
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  if (!fatal.ok()) return fatal;
+  if (shutdown_requested || stopped) {
+    return FailedPrecondition("{} '{}': the engine has shut down", type, name);
+  }
+  if (!in_flight.insert(name).second) {
+    return InvalidArgument("{} '{}': a collective with this name is already in flight on rank {}; "
+                           "wait for it before submitting the name again",
+                           type, name, options.rank);
+  }
+  entry.handle.id = next_handle++;
+  handles.emplace(entry.handle.id, HandleState{});
+  const Handle h = entry.handle;
+  queue.push_back(std::move(entry));
+  if (timeline) timeline->Begin(name, "QUEUE");
+  return h;
+}
+
+StatusOr<Handle> Engine::AllreduceAsync(const std::string& name, const void* in, void* out,
+                                        DataType dtype, const Shape& shape, ReduceOp op) {
+  TensorEntry e;
+  e.request = {name, CollectiveType::kAllreduce, dtype, static_cast<uint8_t>(op), 0, shape};
+  e.in = in;
+  e.out = out;
+  if (NumElements(shape) > 0 && (in == nullptr || out == nullptr)) {
+    return InvalidArgument("allreduce '{}': null buffer for shape {}", name, ShapeToString(shape));
+  }
+  return impl_->Submit(std::move(e));
+}
+
+StatusOr<Handle> Engine::BroadcastAsync(const std::string& name, void* data, DataType dtype,
+                                        const Shape& shape, int root) {
+  if (root < 0 || root >= size()) {
+    return InvalidArgument("broadcast '{}': root {} is outside [0, {})", name, root, size());
+  }
+  TensorEntry e;
+  e.request = {name, CollectiveType::kBroadcast, dtype, 0, root, shape};
+  e.out = data;
+  if (NumElements(shape) > 0 && data == nullptr) {
+    return InvalidArgument("broadcast '{}': null buffer for shape {}", name, ShapeToString(shape));
+  }
+  return impl_->Submit(std::move(e));
+}
+
+StatusOr<Handle> Engine::AllgatherAsync(const std::string& name, const void* in, DataType dtype,
+                                        const Shape& shape) {
+  if (shape.empty()) {
+    return InvalidArgument("allgather '{}': a scalar has no first dimension to gather along; "
+                           "pass shape [1]",
+                           name);
+  }
+  TensorEntry e;
+  e.request = {name, CollectiveType::kAllgather, dtype, 0, 0, shape};
+  e.in = in;
+  if (NumElements(shape) > 0 && in == nullptr) {
+    return InvalidArgument("allgather '{}': null buffer for shape {}", name, ShapeToString(shape));
+  }
+  return impl_->Submit(std::move(e));
+}
+
+StatusOr<HandleState> Engine::Impl::WaitState(Handle handle, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu);
+  auto it = handles.find(handle.id);
+  if (it == handles.end()) {
+    return InvalidArgument("handle {} is unknown (never issued, or already waited on)", handle.id);
+  }
+  if (!done_cv.wait_for(lock, timeout, [&] { return handles.at(handle.id).done; })) {
+    return DeadlineExceeded("handle {} did not complete within {} ms", handle.id, timeout.count());
+  }
+  it = handles.find(handle.id);
+  HandleState state = std::move(it->second);
+  handles.erase(it);
+  return state;
+}
+
+Status Engine::Wait(Handle handle, std::chrono::milliseconds timeout) {
+  KOLO_ASSIGN_OR_RETURN(HandleState state, impl_->WaitState(handle, timeout));
+  return state.status;
+}
+
+StatusOr<bool> Engine::Poll(Handle handle) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->handles.find(handle.id);
+  if (it == impl_->handles.end()) {
+    return InvalidArgument("handle {} is unknown (never issued, or already waited on)", handle.id);
+  }
+  return it->second.done;
+}
+
+StatusOr<GatheredTensor> Engine::TakeGathered(Handle handle) {
+  KOLO_ASSIGN_OR_RETURN(HandleState state, impl_->WaitState(handle, std::chrono::hours(24)));
+  KOLO_RETURN_IF_ERROR(state.status);
+  if (!state.gathered) return InvalidArgument("handle {} is not an allgather", handle.id);
+  return std::move(*state.gathered);
+}
+
+Status Engine::Barrier() {
+  int64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    seq = impl_->barrier_seq++;
+  }
+  KOLO_ASSIGN_OR_RETURN(Handle h, AllreduceAsync(fmt::format("kolo.barrier.{}", seq), nullptr,
+                                                 nullptr, DataType::kInt32, {0}, ReduceOp::kSum));
+  return Wait(h);
+}
+
+Status Engine::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->shutdown_requested = true;
+  }
+  if (impl_->thread.joinable()) impl_->thread.join();
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->fatal;
+}
+
+Engine::Stats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->stats;
+}
+
+}  // namespace kolo

@@ -1,0 +1,162 @@
+// Running agreed collectives: fusion buffer packing, the backend call, unpacking, completion, and
+// the timeline events of each phase.
+#include <fmt/format.h>
+
+#include <cctype>
+#include <cstring>
+
+#include "engine/collectives/reduce.h"
+#include "engine/engine_impl.h"
+
+namespace kolo {
+namespace {
+
+using coordinator::Response;
+
+std::string UpperName(const char* s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
+}  // namespace
+
+Status Engine::Impl::ExecuteAllreduce(const std::vector<Response>& responses, size_t begin,
+                                      size_t end, size_t bytes, bool fused) {
+  const coordinator::Request& first = responses[begin].request;
+  const DataType dtype = first.dtype;
+  const size_t elem = DataTypeSize(dtype);
+  const bool average = first.reduce_op == static_cast<uint8_t>(ReduceOp::kAverage);
+  const double scale = average ? 1.0 / options.size : 1.0;
+  backends::Backend& backend = BackendFor(first);
+  const std::string op_name = UpperName(backend.name()) + "_ALLREDUCE";
+
+  group_names.clear();
+  for (size_t i = begin; i < end; ++i) group_names.push_back(responses[i].request.name);
+  const std::string args = fmt::format("{{\"bytes\":{},\"tensors\":{},\"dtype\":\"{}\"}}", bytes,
+                                       end - begin, DataTypeName(dtype));
+  for (const auto& n : group_names) TimelineBegin(n, "ALLREDUCE", args);
+  if (timeline) {
+    comm.on_phase = [this](collectives::Phase phase, bool starting) {
+      for (const auto& n : group_names) {
+        if (starting) {
+          timeline->Begin(n, collectives::PhaseName(phase));
+        } else {
+          timeline->End(n, collectives::PhaseName(phase));
+        }
+      }
+    };
+  }
+
+  Status status;
+  if (fused) {
+    KOLO_RETURN_IF_ERROR(fusion_buffer.Reserve(bytes));
+    std::vector<fusion::CopyEntry> copies;
+    copies.reserve(end - begin);
+    size_t offset = 0;
+    for (size_t i = begin; i < end; ++i) {
+      const TensorEntry& e = PendingEntry(responses[i].request.name);
+      const size_t n = responses[i].bytes();
+      copies.push_back({e.in, fusion_buffer.data() + offset, n});
+      offset += n;
+    }
+    for (const auto& n : group_names) TimelineBegin(n, "MEMCPY_IN_FUSION_BUFFER");
+    fusion::PackEntries(copies.data(), copies.size());
+    for (const auto& n : group_names) TimelineEnd(n, "MEMCPY_IN_FUSION_BUFFER");
+
+    for (const auto& n : group_names) TimelineBegin(n, op_name);
+    status = backend.Allreduce(fusion_buffer.data(), bytes / elem, dtype);
+    for (const auto& n : group_names) TimelineEnd(n, op_name);
+
+    if (status.ok()) {
+      offset = 0;
+      for (size_t i = begin; i < end; ++i) {
+        TensorEntry& e = PendingEntry(responses[i].request.name);
+        copies[i - begin] = {fusion_buffer.data() + offset, e.out, responses[i].bytes()};
+        offset += responses[i].bytes();
+      }
+      for (const auto& n : group_names) TimelineBegin(n, "MEMCPY_OUT_FUSION_BUFFER");
+      fusion::UnpackEntries(copies.data(), copies.size(), dtype, scale);
+      for (const auto& n : group_names) TimelineEnd(n, "MEMCPY_OUT_FUSION_BUFFER");
+    }
+  } else {
+    TensorEntry& e = PendingEntry(first.name);
+    if (bytes > 0 && e.in != e.out) std::memmove(e.out, e.in, bytes);
+    TimelineBegin(first.name, op_name);
+    status = backend.Allreduce(e.out, bytes / elem, dtype);
+    TimelineEnd(first.name, op_name);
+    if (status.ok() && average) collectives::Scale(dtype, e.out, bytes / elem, scale);
+  }
+  comm.on_phase = nullptr;
+  for (const auto& n : group_names) TimelineEnd(n, "ALLREDUCE");
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ++stats.collectives;
+    if (fused) stats.fused_bytes += static_cast<int64_t>(bytes);
+  }
+  if (!status.ok()) return status;  // a transport failure is fatal for the job
+  for (const auto& n : group_names) Complete(n, Status::OK());
+  return Status::OK();
+}
+
+Status Engine::Impl::ExecuteBroadcast(const Response& response) {
+  const std::string& name = response.request.name;
+  TensorEntry& e = PendingEntry(name);
+  backends::Backend& backend = BackendFor(response.request);
+  const std::string op_name = UpperName(backend.name()) + "_BROADCAST";
+  TimelineBegin(name, "BROADCAST", fmt::format("{{\"bytes\":{},\"root\":{}}}", response.bytes(),
+                                               response.request.root));
+  TimelineBegin(name, op_name);
+  Status status = backend.Broadcast(e.out, response.bytes(), response.request.root);
+  TimelineEnd(name, op_name);
+  TimelineEnd(name, "BROADCAST");
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ++stats.collectives;
+  }
+  KOLO_RETURN_IF_ERROR(status);
+  Complete(name, Status::OK());
+  return Status::OK();
+}
+
+Status Engine::Impl::ExecuteAllgather(const Response& response) {
+  const coordinator::Request& req = response.request;
+  const std::string& name = req.name;
+  TensorEntry& e = PendingEntry(name);
+  // Bytes of one slice along the first dimension.
+  int64_t row = 1;
+  for (size_t d = 1; d < req.shape.size(); ++d) row *= req.shape[d];
+  const size_t row_bytes = static_cast<size_t>(row) * DataTypeSize(req.dtype);
+  std::vector<size_t> per_rank;
+  size_t total = 0, mine_offset = 0;
+  for (int r = 0; r < options.size; ++r) {
+    if (r == options.rank) mine_offset = total;
+    per_rank.push_back(static_cast<size_t>(response.first_dims[r]) * row_bytes);
+    total += per_rank.back();
+  }
+  GatheredTensor out;
+  out.data.resize(total);
+  out.first_dims = response.first_dims;
+  out.shape = e.request.shape;
+  out.shape[0] = 0;
+  for (int64_t d : response.first_dims) out.shape[0] += d;
+  if (per_rank[options.rank] > 0) {
+    std::memcpy(out.data.data() + mine_offset, e.in, per_rank[options.rank]);
+  }
+  backends::Backend& backend = BackendFor(req);
+  const std::string op_name = UpperName(backend.name()) + "_ALLGATHER";
+  TimelineBegin(name, "ALLGATHER", fmt::format("{{\"bytes\":{}}}", total));
+  TimelineBegin(name, op_name);
+  Status status = backend.Allgatherv(out.data.data(), per_rank);
+  TimelineEnd(name, op_name);
+  TimelineEnd(name, "ALLGATHER");
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ++stats.collectives;
+  }
+  KOLO_RETURN_IF_ERROR(status);
+  Complete(name, Status::OK(), std::move(out));
+  return Status::OK();
+}
+
+}  // namespace kolo

@@ -1,0 +1,112 @@
+// Engine::Impl: state shared by the submission API (any thread) and the background thread.
+// Internal to engine/; see engine.h for the contract.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "engine/backends/backend.h"
+#include "engine/bootstrap/rendezvous.h"
+#include "engine/collectives/collectives.h"
+#include "engine/coordinator/message.h"
+#include "engine/coordinator/message_table.h"
+#include "engine/coordinator/response_cache.h"
+#include "engine/engine.h"
+#include "engine/fusion/fusion_buffer.h"
+#include "engine/timeline/timeline.h"
+#include "engine/transport/transport.h"
+
+namespace kolo {
+
+using SteadyClock = std::chrono::steady_clock;
+
+// One submitted operation, from submission until its handle completes.
+struct TensorEntry {
+  Handle handle;
+  coordinator::Request request;
+  const void* in = nullptr;  // allreduce input, allgather input
+  void* out = nullptr;       // allreduce output, broadcast data
+  SteadyClock::time_point submitted;
+  int cache_bit = -1;  // >= 0 while waiting as a response-cache hit
+};
+
+struct HandleState {
+  bool done = false;
+  Status status;
+  std::optional<GatheredTensor> gathered;
+};
+
+struct Engine::Impl {
+  explicit Impl(const Options& o) : options(o), cache(o.cache_capacity) {}
+
+  // --- Background thread.
+  void Loop();
+  // One negotiation-and-execution cycle. Sets *stop when every rank is to stop.
+  Status RunCycle(bool* stop);
+  void DrainQueue();
+  Status Negotiate(std::vector<coordinator::Response>* responses, bool* stop);
+  Status CoordinatorRound(std::vector<coordinator::Response>* responses);
+  void InspectStalls(std::vector<coordinator::Response>* errors);
+  Status Execute(const std::vector<coordinator::Response>& responses);
+  Status ExecuteAllreduce(const std::vector<coordinator::Response>& responses, size_t begin,
+                          size_t end, size_t bytes, bool fused);
+  Status ExecuteBroadcast(const coordinator::Response& response);
+  Status ExecuteAllgather(const coordinator::Response& response);
+  backends::Backend& BackendFor(const coordinator::Request& request);
+  void Complete(const std::string& name, const Status& status,
+                std::optional<GatheredTensor> gathered = std::nullopt);
+  void FailEverything(const Status& status);
+  TensorEntry& PendingEntry(const std::string& name);
+  void TimelineBegin(const std::string& name, const std::string& activity,
+                     const std::string& args = "");
+  void TimelineEnd(const std::string& name, const std::string& activity);
+
+  // --- Submission side.
+  StatusOr<Handle> Submit(TensorEntry entry);
+  StatusOr<HandleState> WaitState(Handle handle, std::chrono::milliseconds timeout);
+
+  const Options options;
+  bootstrap::Rendezvous rendezvous;
+  std::unique_ptr<transport::Device> device;
+  collectives::Comm comm;
+  std::vector<std::unique_ptr<backends::Backend>> backends;  // ordered; the last accepts all
+  std::unique_ptr<timeline::Timeline> timeline;
+
+  // Lock order: mu is the only lock; never held across communication.
+  std::mutex mu;
+  std::condition_variable done_cv;
+  std::deque<TensorEntry> queue;                        // GUARDED_BY(mu)
+  std::unordered_set<std::string> in_flight;            // GUARDED_BY(mu)
+  std::unordered_map<int64_t, HandleState> handles;     // GUARDED_BY(mu)
+  int64_t next_handle = 0;                              // GUARDED_BY(mu)
+  int64_t barrier_seq = 0;                              // GUARDED_BY(mu)
+  Status fatal;                                         // GUARDED_BY(mu): sticky
+  bool shutdown_requested = false;                      // GUARDED_BY(mu)
+  bool stopped = false;                                 // GUARDED_BY(mu)
+  Stats stats;                                          // GUARDED_BY(mu)
+  std::thread thread;
+
+  // Background thread only.
+  coordinator::ResponseCache cache;
+  std::optional<coordinator::MessageTable> table;  // rank 0
+  fusion::FusionBuffer fusion_buffer;
+  std::unordered_map<std::string, TensorEntry> pending;  // drained, awaiting a response
+  std::vector<std::string> unreported;                   // to report at the next round
+  std::vector<uint64_t> bits;                            // the cycle's bit vector
+  std::unique_ptr<transport::Region> bits_region;
+  collectives::Scratch scratch;
+  SteadyClock::time_point last_stall_check;
+  std::unordered_map<std::string, SteadyClock::time_point> stall_warned;  // rank 0
+  std::vector<std::string> group_names;  // tensors of the collective in flight (timeline)
+};
+
+}  // namespace kolo

@@ -1,0 +1,433 @@
+// The engine end to end, ranks as threads in one process over real TCP on loopback.
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "tests/engine/engine_test_util.h"
+
+namespace kolo {
+namespace {
+
+using testing::ExpectedSum;
+using testing::LoadAs;
+using testing::MakeInput;
+using testing::RankOptions;
+using testing::RunRanks;
+
+std::string DescribeCase(DataType d, size_t count, int ranks) {
+  return fmt::format("{} count {} ranks {}", DataTypeName(d), count, ranks);
+}
+
+// --- Results against a reference: every dtype, awkward sizes, 1..8 ranks. ---
+class AllreduceResult : public ::testing::TestWithParam<std::tuple<int, DataType>> {};
+
+TEST_P(AllreduceResult, MatchesReferenceForAwkwardSizes) {
+  const auto [size, dtype] = GetParam();
+  std::vector<size_t> counts = {0, 1, 7, 1000003};
+  if (size > 1) counts.push_back(static_cast<size_t>(size - 1));
+  counts.push_back(static_cast<size_t>(size + 1));
+  RunRanks(size, [&, size = size, dtype = dtype](int rank, Engine& engine) {
+    std::vector<std::vector<uint8_t>> bufs;
+    std::vector<Handle> handles;
+    for (size_t c : counts) {
+      bufs.push_back(MakeInput(dtype, c, rank));
+      auto h = engine.AllreduceAsync(fmt::format("t{}", c), bufs.back().data(), bufs.back().data(),
+                                     dtype, {static_cast<int64_t>(c)}, ReduceOp::kSum);
+      ASSERT_TRUE(h.ok()) << h.status().ToString();
+      handles.push_back(*h);
+    }
+    for (size_t k = 0; k < counts.size(); ++k) {
+      ASSERT_TRUE(engine.Wait(handles[k]).ok());
+      size_t wrong = 0;
+      for (size_t i = 0; i < counts[k]; ++i) {
+        if (LoadAs(dtype, bufs[k].data(), i) != ExpectedSum(size, i)) ++wrong;
+      }
+      EXPECT_EQ(wrong, 0u) << DescribeCase(dtype, counts[k], size) << " rank " << rank;
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    RanksByDtype, AllreduceResult,
+    ::testing::Combine(::testing::Values(1, 2, 3, 4, 8), ::testing::ValuesIn(AllDataTypes())),
+    [](const auto& info) {
+      return fmt::format("np{}_{}", std::get<0>(info.param), DataTypeName(std::get<1>(info.param)));
+    });
+
+TEST(Engine, Allreduce64MiBFloat32) {
+  const size_t count = (64u << 20) / 4;
+  for (int size : {2, 4}) {
+    RunRanks(size, [&](int rank, Engine& engine) {
+      std::vector<float> buf(count);
+      for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>(testing::InputValue(rank, i));
+      auto h = engine.AllreduceAsync("big", buf.data(), buf.data(), DataType::kFloat32,
+                                     {static_cast<int64_t>(count)}, ReduceOp::kSum);
+      ASSERT_TRUE(h.ok());
+      ASSERT_TRUE(engine.Wait(*h).ok());
+      size_t wrong = 0;
+      for (size_t i = 0; i < count; ++i) wrong += buf[i] != ExpectedSum(size, i);
+      EXPECT_EQ(wrong, 0u) << "size " << size;
+    });
+  }
+}
+
+TEST(Engine, AverageDividesBySize) {
+  RunRanks(4, [](int rank, Engine& engine) {
+    std::vector<double> in(1000), out(1000, -1);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = rank * 10.0 + static_cast<double>(i);
+    std::vector<int32_t> iin(5, rank + 1), iout(5);
+    auto h1 = engine.AllreduceAsync("avg", in.data(), out.data(), DataType::kFloat64, {1000},
+                                    ReduceOp::kAverage);
+    auto h2 = engine.AllreduceAsync("iavg", iin.data(), iout.data(), DataType::kInt32, {5},
+                                    ReduceOp::kAverage);
+    ASSERT_TRUE(h1.ok() && h2.ok());
+    ASSERT_TRUE(engine.Wait(*h1).ok());
+    ASSERT_TRUE(engine.Wait(*h2).ok());
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_DOUBLE_EQ(out[i], 15.0 + i);
+    for (int32_t v : iout) EXPECT_EQ(v, 2);  // (1+2+3+4)/4 = 2.5, truncated
+    EXPECT_EQ(in[3], rank * 10.0 + 3) << "input must be left unchanged";
+  });
+}
+
+TEST(Engine, DifferentSubmissionOrdersComplete) {
+  RunRanks(3, [](int rank, Engine& engine) {
+    const int n = 40;
+    std::vector<std::vector<float>> bufs(n, std::vector<float>(100 + 17 * 3, 1.0f));
+    std::vector<int> order(n);
+    for (int i = 0; i < n; ++i) order[i] = i;
+    std::mt19937 rng(rank * 7919 + 1);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<Handle> hs(n);
+    for (int i : order) {
+      auto h = engine.AllreduceAsync(fmt::format("g{}", i), bufs[i].data(), bufs[i].data(),
+                                     DataType::kFloat32, {static_cast<int64_t>(bufs[i].size())},
+                                     ReduceOp::kSum);
+      ASSERT_TRUE(h.ok());
+      hs[i] = *h;
+    }
+    for (int i = 0; i < n; ++i) {
+      ASSERT_TRUE(engine.Wait(hs[i]).ok());
+      EXPECT_EQ(bufs[i][0], 3.0f);
+    }
+  });
+}
+
+TEST(Engine, FusionWithMixedDtypesFusesAndStaysCorrect) {
+  RunRanks(2, [](int rank, Engine& engine) {
+    const std::vector<DataType> dtypes = AllDataTypes();
+    const int per_dtype = 10;
+    std::vector<std::vector<uint8_t>> bufs;
+    std::vector<std::pair<Handle, DataType>> hs;
+    for (int k = 0; k < per_dtype; ++k) {
+      for (DataType d : dtypes) {
+        const size_t count = 50 + static_cast<size_t>(k);
+        bufs.push_back(MakeInput(d, count, rank));
+        auto h = engine.AllreduceAsync(fmt::format("{}.{}", DataTypeName(d), k), bufs.back().data(),
+                                       bufs.back().data(), d, {static_cast<int64_t>(count)},
+                                       ReduceOp::kSum);
+        ASSERT_TRUE(h.ok());
+        hs.emplace_back(*h, d);
+      }
+    }
+    for (size_t j = 0; j < hs.size(); ++j) {
+      ASSERT_TRUE(engine.Wait(hs[j].first).ok());
+      const size_t count = 50 + j / dtypes.size();
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(LoadAs(hs[j].second, bufs[j].data(), i), ExpectedSum(2, i)) << j;
+      }
+    }
+    const auto stats = engine.stats();
+    EXPECT_EQ(stats.tensors, static_cast<int64_t>(hs.size()));
+    EXPECT_LT(stats.collectives, stats.tensors) << "small tensors should have been fused";
+    EXPECT_GT(stats.fused_bytes, 0);
+  });
+}
+
+TEST(Engine, FusionThresholdZeroRunsEachTensorAlone) {
+  RunRanks(
+      2, [](int r) { auto o = RankOptions(r, 2); o.fusion_threshold_bytes = 0; return o; },
+      [](int, Engine& engine) {
+        std::vector<std::vector<float>> bufs(12, std::vector<float>(64, 1.0f));
+        std::vector<Handle> hs;
+        for (size_t i = 0; i < bufs.size(); ++i) {
+          hs.push_back(*engine.AllreduceAsync(fmt::format("u{}", i), bufs[i].data(),
+                                              bufs[i].data(), DataType::kFloat32, {64},
+                                              ReduceOp::kSum));
+        }
+        for (auto h : hs) ASSERT_TRUE(engine.Wait(h).ok());
+        EXPECT_EQ(engine.stats().collectives, 12);
+        EXPECT_EQ(engine.stats().fused_bytes, 0);
+        EXPECT_EQ(bufs[5][10], 2.0f);
+      });
+}
+
+TEST(Engine, BroadcastFromEveryRoot) {
+  const int size = 4;
+  RunRanks(size, [&](int rank, Engine& engine) {
+    for (int root = 0; root < size; ++root) {
+      std::vector<int64_t> data(333 + root, rank == root ? 1000 + root : -1);
+      auto h = engine.BroadcastAsync(fmt::format("b{}", root), data.data(), DataType::kInt64,
+                                     {static_cast<int64_t>(data.size())}, root);
+      ASSERT_TRUE(h.ok());
+      ASSERT_TRUE(engine.Wait(*h).ok());
+      for (int64_t v : data) ASSERT_EQ(v, 1000 + root) << "root " << root << " rank " << rank;
+    }
+  });
+}
+
+TEST(Engine, AllgatherWithUnevenFirstDimensions) {
+  const int size = 4;
+  RunRanks(size, [&](int rank, Engine& engine) {
+    const int64_t rows = rank == 2 ? 0 : rank + 1;  // 1, 2, 0, 4
+    std::vector<float> in(static_cast<size_t>(rows * 3));
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(rank * 100 + i);
+    auto h = engine.AllgatherAsync("ag", in.data(), DataType::kFloat32, {rows, 3});
+    ASSERT_TRUE(h.ok());
+    auto g = engine.TakeGathered(*h);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ(g->shape, (Shape{7, 3}));
+    EXPECT_EQ(g->first_dims, (std::vector<int64_t>{1, 2, 0, 4}));
+    const float* out = reinterpret_cast<const float*>(g->data.data());
+    size_t k = 0;
+    for (int r = 0; r < size; ++r) {
+      const int64_t rr = r == 2 ? 0 : r + 1;
+      for (int64_t i = 0; i < rr * 3; ++i) ASSERT_EQ(out[k++], static_cast<float>(r * 100 + i));
+    }
+  });
+}
+
+TEST(Engine, MismatchedShapesFailOnEveryRankNamingBoth) {
+  RunRanks(3, [](int rank, Engine& engine) {
+    std::vector<float> buf(64 * 3 * 7 * 7);
+    const Shape shape = rank == 1 ? Shape{64, 3, 3, 3} : Shape{64, 3, 7, 7};
+    auto h = engine.AllreduceAsync("conv1/weight", buf.data(), buf.data(), DataType::kFloat32,
+                                   shape, ReduceOp::kSum);
+    ASSERT_TRUE(h.ok());
+    Status s = engine.Wait(*h);
+    ASSERT_FALSE(s.ok()) << "rank " << rank;
+    EXPECT_NE(s.message().find("conv1/weight"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("[64,3,3,3]"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("[64,3,7,7]"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.ToString();
+    // The engine stays usable after a mismatch.
+    std::vector<float> ok(10, 1.0f);
+    auto h2 = engine.AllreduceAsync("after", ok.data(), ok.data(), DataType::kFloat32, {10},
+                                    ReduceOp::kSum);
+    ASSERT_TRUE(h2.ok());
+    EXPECT_TRUE(engine.Wait(*h2).ok());
+    EXPECT_EQ(ok[0], 3.0f);
+  });
+}
+
+TEST(Engine, MismatchedDtypeAndRootAreErrors) {
+  RunRanks(2, [](int rank, Engine& engine) {
+    std::vector<double> buf(8);
+    auto h = engine.AllreduceAsync("d", buf.data(), buf.data(),
+                                   rank == 0 ? DataType::kFloat32 : DataType::kFloat64, {8},
+                                   ReduceOp::kSum);
+    Status s = engine.Wait(*h);
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("float64"), std::string::npos) << s.ToString();
+    auto b = engine.BroadcastAsync("r", buf.data(), DataType::kFloat64, {8}, rank);
+    Status sb = engine.Wait(*b);
+    EXPECT_FALSE(sb.ok());
+    EXPECT_NE(sb.message().find("root"), std::string::npos) << sb.ToString();
+  });
+}
+
+TEST(Engine, DuplicateInFlightNameIsRejected) {
+  RunRanks(2, [](int rank, Engine& engine) {
+    std::vector<float> a(4, 1.0f), b(4, 1.0f);
+    auto h1 = engine.AllreduceAsync("dup", a.data(), a.data(), DataType::kFloat32, {4},
+                                    ReduceOp::kSum);
+    ASSERT_TRUE(h1.ok());
+    if (rank == 0) {
+      auto h2 = engine.AllreduceAsync("dup", b.data(), b.data(), DataType::kFloat32, {4},
+                                      ReduceOp::kSum);
+      ASSERT_FALSE(h2.ok());
+      EXPECT_NE(h2.status().message().find("already in flight"), std::string::npos);
+    }
+    EXPECT_TRUE(engine.Wait(*h1).ok());
+    // Once done, the name may be used again.
+    auto h3 = engine.AllreduceAsync("dup", b.data(), b.data(), DataType::kFloat32, {4},
+                                    ReduceOp::kSum);
+    ASSERT_TRUE(h3.ok());
+    EXPECT_TRUE(engine.Wait(*h3).ok());
+  });
+}
+
+TEST(Engine, SteadyStateStepsHitTheResponseCache) {
+  RunRanks(4, [](int, Engine& engine) {
+    std::vector<std::vector<float>> bufs(20, std::vector<float>(256));
+    for (int step = 0; step < 6; ++step) {
+      std::vector<Handle> hs;
+      for (size_t i = 0; i < bufs.size(); ++i) {
+        std::fill(bufs[i].begin(), bufs[i].end(), 1.0f);
+        hs.push_back(*engine.AllreduceAsync(fmt::format("w{}", i), bufs[i].data(),
+                                            bufs[i].data(), DataType::kFloat32, {256},
+                                            ReduceOp::kSum));
+      }
+      for (auto h : hs) ASSERT_TRUE(engine.Wait(h).ok());
+      for (auto& b : bufs) ASSERT_EQ(b[7], 4.0f);
+    }
+    const auto s = engine.stats();
+    // The first step negotiates through rank 0; later steps agree through the cache.
+    EXPECT_GE(s.cache_hits, 5 * 20);
+  });
+}
+
+TEST(Engine, CacheEntryWithChangedShapeIsRenegotiated) {
+  RunRanks(3, [](int rank, Engine& engine) {
+    for (int step = 0; step < 4; ++step) {
+      // Step 2 changes the tensor's shape on every rank; step 3 only on rank 1 (an error).
+      int64_t n = step >= 2 ? 32 : 16;
+      if (step == 3 && rank == 1) n = 48;
+      std::vector<float> buf(48, 1.0f);
+      auto h = engine.AllreduceAsync("v", buf.data(), buf.data(), DataType::kFloat32, {n},
+                                     ReduceOp::kSum);
+      ASSERT_TRUE(h.ok());
+      Status s = engine.Wait(*h);
+      if (step < 3) {
+        ASSERT_TRUE(s.ok()) << "step " << step << ": " << s.ToString();
+        EXPECT_EQ(buf[n - 1], 3.0f);
+        EXPECT_EQ(buf[n], 1.0f);
+      } else {
+        EXPECT_FALSE(s.ok());
+        EXPECT_NE(s.message().find("[48]"), std::string::npos) << s.ToString();
+      }
+    }
+  });
+}
+
+TEST(Engine, CacheCapacitySmallerThanAStepStillWorks) {
+  RunRanks(
+      2, [](int r) { auto o = RankOptions(r, 2); o.cache_capacity = 3; return o; },
+      [](int, Engine& engine) {
+        for (int step = 0; step < 4; ++step) {
+          std::vector<std::vector<int32_t>> bufs(10, std::vector<int32_t>(5, 1));
+          std::vector<Handle> hs;
+          for (size_t i = 0; i < bufs.size(); ++i) {
+            hs.push_back(*engine.AllreduceAsync(fmt::format("c{}", i), bufs[i].data(),
+                                                bufs[i].data(), DataType::kInt32, {5},
+                                                ReduceOp::kSum));
+          }
+          for (auto h : hs) ASSERT_TRUE(engine.Wait(h).ok());
+          for (auto& b : bufs) ASSERT_EQ(b[0], 2);
+        }
+      });
+}
+
+TEST(Engine, StalledTensorFailsAfterShutdownTimeNamingMissingRanks) {
+  RunRanks(
+      3,
+      [](int r) {
+        auto o = RankOptions(r, 3);
+        o.stall_warning_s = 0.5;
+        o.stall_shutdown_s = 1.5;
+        return o;
+      },
+      [](int rank, Engine& engine) {
+        std::vector<float> buf(8, 1.0f);
+        if (rank == 2) {
+          std::this_thread::sleep_for(std::chrono::seconds(3));
+          return;  // rank 2 never submits "lonely"
+        }
+        auto h = engine.AllreduceAsync("lonely", buf.data(), buf.data(), DataType::kFloat32, {8},
+                                       ReduceOp::kSum);
+        ASSERT_TRUE(h.ok());
+        Status s = engine.Wait(*h, std::chrono::seconds(20));
+        ASSERT_FALSE(s.ok());
+        EXPECT_NE(s.message().find("stalled"), std::string::npos) << s.ToString();
+        EXPECT_NE(s.message().find("never by ranks 2"), std::string::npos) << s.ToString();
+      });
+}
+
+TEST(Engine, SettingsThatMustAgreeAreChecked) {
+  bootstrap::InMemoryStore store;
+  std::vector<std::thread> threads;
+  std::vector<Status> results(2);
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto o = RankOptions(r, 2);
+      o.fusion_threshold_bytes = r == 0 ? (64 << 20) : (32 << 20);
+      auto e = Engine::Create(o, &store);
+      results[r] = e.status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(results[r].ok()) << "rank " << r;
+    EXPECT_NE(results[r].message().find("fusion_threshold_bytes"), std::string::npos)
+        << results[r].ToString();
+  }
+}
+
+TEST(Engine, ShutdownFailsLaterSubmissions) {
+  RunRanks(2, [](int, Engine& engine) {
+    ASSERT_TRUE(engine.Barrier().ok());
+    ASSERT_TRUE(engine.Shutdown().ok());
+    std::vector<float> buf(4);
+    auto h = engine.AllreduceAsync("late", buf.data(), buf.data(), DataType::kFloat32, {4},
+                                   ReduceOp::kSum);
+    ASSERT_FALSE(h.ok());
+    EXPECT_NE(h.status().message().find("shut down"), std::string::npos);
+  });
+}
+
+TEST(Engine, BadArgumentsAreRejectedAtSubmission) {
+  RunRanks(1, [](int, Engine& engine) {
+    float x = 0;
+    EXPECT_FALSE(engine.BroadcastAsync("b", &x, DataType::kFloat32, {1}, 3).ok());
+    EXPECT_FALSE(engine.AllreduceAsync("", &x, &x, DataType::kFloat32, {1}, ReduceOp::kSum).ok());
+    EXPECT_FALSE(engine.AllreduceAsync("n", &x, &x, DataType::kFloat32, {-1}, ReduceOp::kSum).ok());
+    EXPECT_FALSE(engine.AllgatherAsync("s", &x, DataType::kFloat32, {}).ok());
+    EXPECT_FALSE(engine.Wait(Handle{12345}).ok());
+  });
+}
+
+TEST(Engine, TimelineHoldsEveryPhaseOnEveryRank) {
+  const std::string base = ::testing::TempDir() + "/kolo_timeline_test.json";
+  RunRanks(
+      2, [&](int r) { auto o = RankOptions(r, 2); o.timeline_path = base; return o; },
+      [](int rank, Engine& engine) {
+        std::vector<std::vector<float>> bufs(4, std::vector<float>(4096, 1.0f));
+        std::vector<Handle> hs;
+        for (size_t i = 0; i < bufs.size(); ++i) {
+          hs.push_back(*engine.AllreduceAsync(fmt::format("layer{}/w", i), bufs[i].data(),
+                                              bufs[i].data(), DataType::kFloat32, {4096},
+                                              ReduceOp::kAverage));
+        }
+        for (auto h : hs) ASSERT_TRUE(engine.Wait(h).ok());
+        std::vector<float> b(10, static_cast<float>(rank));
+        ASSERT_TRUE(engine.Wait(*engine.BroadcastAsync("bc", b.data(), DataType::kFloat32, {10}, 0))
+                        .ok());
+      });
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string path = rank == 0 ? base : ::testing::TempDir() + "/kolo_timeline_test.rank1.json";
+    std::ifstream in(path);
+    ASSERT_TRUE(in) << path;
+    const auto trace = nlohmann::json::parse(in);
+    std::set<std::string> names;
+    for (const auto& ev : trace["traceEvents"]) {
+      if (ev.contains("name")) names.insert(ev["name"].get<std::string>());
+      if (ev.value("ph", "") != "M") EXPECT_EQ(ev["pid"].get<int>(), rank);
+    }
+    for (const char* phase : {"QUEUE", "NEGOTIATE_ALLREDUCE", "ALLREDUCE",
+                              "MEMCPY_IN_FUSION_BUFFER", "RING_ALLREDUCE", "REDUCE_SCATTER",
+                              "ALLGATHER", "MEMCPY_OUT_FUSION_BUFFER", "NEGOTIATE_BROADCAST",
+                              "BROADCAST"}) {
+      EXPECT_TRUE(names.count(phase)) << phase << " missing from " << path;
+    }
+    std::filesystem::remove(path);
+  }
+}
+
+}  // namespace
+}  // namespace kolo

@@ -1,0 +1,96 @@
+// Helpers for in-process multi-rank engine tests: N ranks as threads sharing an InMemoryStore.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/bootstrap/store.h"
+#include "engine/common/dtype.h"
+#include "engine/engine.h"
+
+namespace kolo::testing {
+
+inline Options RankOptions(int rank, int size) {
+  Options o;
+  o.rank = rank;
+  o.size = size;
+  o.local_rank = rank;
+  o.local_size = size;
+  o.job_secret = "0123456789abcdef0123456789abcdef";
+  o.peer_timeout_s = 20;
+  return o;
+}
+
+// Runs body(rank, engine) on `size` threads, each with its own Engine created from
+// options_for(rank) over one shared store. Failures inside body are recorded by gtest.
+inline void RunRanks(int size, const std::function<Options(int)>& options_for,
+                     const std::function<void(int, Engine&)>& body) {
+  bootstrap::InMemoryStore store;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      auto engine = Engine::Create(options_for(r), &store);
+      ASSERT_TRUE(engine.ok()) << "rank " << r << ": " << engine.status().ToString();
+      body(r, **engine);
+      Status s = (*engine)->Shutdown();
+      EXPECT_TRUE(s.ok()) << "rank " << r << ": " << s.ToString();
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+inline void RunRanks(int size, const std::function<void(int, Engine&)>& body) {
+  RunRanks(size, [size](int r) { return RankOptions(r, size); }, body);
+}
+
+// Value element i of rank r's input holds (as a double): small integers, exact in every dtype
+// (sums over up to 8 ranks stay below 256 for uint8 and are exact in float16/bfloat16).
+inline double InputValue(int rank, size_t i) { return static_cast<double>((i * 7 + rank * 3) % 29); }
+
+inline void StoreAs(DataType dtype, void* p, size_t i, double v) {
+  switch (dtype) {
+    case DataType::kFloat32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
+    case DataType::kFloat64: static_cast<double*>(p)[i] = v; break;
+    case DataType::kFloat16: static_cast<uint16_t*>(p)[i] = FloatToHalf(static_cast<float>(v)); break;
+    case DataType::kBFloat16:
+      static_cast<uint16_t*>(p)[i] = FloatToBFloat16(static_cast<float>(v));
+      break;
+    case DataType::kInt32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+    case DataType::kInt64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
+    case DataType::kUInt8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
+  }
+}
+
+inline double LoadAs(DataType dtype, const void* p, size_t i) {
+  switch (dtype) {
+    case DataType::kFloat32: return static_cast<const float*>(p)[i];
+    case DataType::kFloat64: return static_cast<const double*>(p)[i];
+    case DataType::kFloat16: return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kBFloat16: return BFloat16ToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kInt32: return static_cast<const int32_t*>(p)[i];
+    case DataType::kInt64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DataType::kUInt8: return static_cast<const uint8_t*>(p)[i];
+  }
+  return 0;
+}
+
+inline std::vector<uint8_t> MakeInput(DataType dtype, size_t count, int rank) {
+  std::vector<uint8_t> buf(count * DataTypeSize(dtype) + 1);
+  for (size_t i = 0; i < count; ++i) StoreAs(dtype, buf.data(), i, InputValue(rank, i));
+  return buf;
+}
+
+// The expected sum over `size` ranks of element i.
+inline double ExpectedSum(int size, size_t i) {
+  double s = 0;
+  for (int r = 0; r < size; ++r) s += InputValue(r, i);
+  return s;
+}
+
+}  // namespace kolo::testing

@@ -1,0 +1,98 @@
+#include "engine/common/options.h"
+
+#include <gtest/gtest.h>
+
+namespace kolo {
+namespace {
+
+using Env = std::map<std::string, std::string>;
+
+TEST(Options, DefaultsFollowHorovod) {
+  auto o = OptionsFromEnvironment(Env{});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->fusion_threshold_bytes, 64ll << 20);
+  EXPECT_EQ(o->cycle_time_ms, 1.0);
+  EXPECT_EQ(o->cache_capacity, 1024);
+  EXPECT_EQ(o->stall_warning_s, 60.0);
+  EXPECT_EQ(o->peer_timeout_s, 30.0);
+  EXPECT_EQ(o->size, 1);
+  EXPECT_EQ(o->backend, "ring");
+  EXPECT_FALSE(o->busy_poll);
+}
+
+TEST(Options, OpenMpiEnvironmentWinsOverKolos) {
+  auto o = OptionsFromEnvironment(Env{{"OMPI_COMM_WORLD_SIZE", "4"},
+                                      {"OMPI_COMM_WORLD_RANK", "3"},
+                                      {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                      {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                      {"KOLO_SIZE", "9"},
+                                      {"KOLO_RANK", "8"}});
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_TRUE(o->launched_by_mpirun);
+  EXPECT_EQ(o->size, 4);
+  EXPECT_EQ(o->rank, 3);
+  EXPECT_EQ(o->local_size, 2);
+  EXPECT_EQ(o->local_rank, 1);
+}
+
+TEST(Options, KoloLaunchVariables) {
+  auto o = OptionsFromEnvironment(Env{{"KOLO_SIZE", "3"},
+                                      {"KOLO_RANK", "2"},
+                                      {"KOLO_STORE_ADDR", "127.0.0.1:5000"},
+                                      {"KOLO_JOB_SECRET", "00112233445566778899aabb"},
+                                      {"KOLO_FUSION_THRESHOLD_BYTES", "0"},
+                                      {"KOLO_CYCLE_TIME_MS", "2.5"},
+                                      {"KOLO_TIMELINE", "/tmp/t.json"}});
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->rank, 2);
+  EXPECT_EQ(o->local_size, 3);
+  EXPECT_EQ(o->fusion_threshold_bytes, 0);
+  EXPECT_EQ(o->cycle_time_ms, 2.5);
+  EXPECT_EQ(o->store_addr, "127.0.0.1:5000");
+  EXPECT_FALSE(o->launched_by_mpirun);
+}
+
+struct BadCase {
+  Env env;
+  std::string must_mention;
+};
+
+class BadOptions : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(BadOptions, AreRejectedNamingTheValue) {
+  auto o = OptionsFromEnvironment(GetParam().env);
+  ASSERT_FALSE(o.ok());
+  EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(o.status().message().find(GetParam().must_mention), std::string::npos)
+      << o.status().ToString();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, BadOptions,
+    ::testing::Values(
+        BadCase{{{"KOLO_FUSION_THRESHOLD_BYTES", "64MB"}}, "64MB"},
+        BadCase{{{"KOLO_FUSION_THRESHOLD_BYTES", "-1"}}, "-1"},
+        BadCase{{{"KOLO_CYCLE_TIME_MS", "0"}}, "KOLO_CYCLE_TIME_MS"},
+        BadCase{{{"KOLO_CYCLE_TIME_MS", "fast"}}, "fast"},
+        BadCase{{{"KOLO_CACHE_CAPACITY", "lots"}}, "KOLO_CACHE_CAPACITY"},
+        BadCase{{{"KOLO_BACKEND", "nccl2"}}, "nccl2"},
+        BadCase{{{"KOLO_BUSY_POLL", "maybe"}}, "maybe"},
+        BadCase{{{"KOLO_LOG_LEVEL", "loud"}}, "loud"},
+        BadCase{{{"KOLO_SIZE", "2"}, {"KOLO_RANK", "2"}}, "rank=2"},
+        BadCase{{{"KOLO_SIZE", "0"}}, "KOLO_SIZE"},
+        BadCase{{{"KOLO_JOB_SECRET", "short"}}, "16"},
+        BadCase{{{"KOLO_SIZE", "2"}, {"KOLO_BACKEND", "mpi"}}, "mpirun"},
+        BadCase{{{"KOLO_PEER_TIMEOUT_SECONDS", "nan"}}, "nan"}));
+
+TEST(Options, ByteSizes) {
+  EXPECT_EQ(*ParseByteSize("x", "64M"), 64ll << 20);
+  EXPECT_EQ(*ParseByteSize("x", "8"), 8);
+  EXPECT_EQ(*ParseByteSize("x", "1.5K"), 1536);
+  EXPECT_EQ(*ParseByteSize("x", "256M"), 256ll << 20);
+  EXPECT_FALSE(ParseByteSize("x", "12Q").ok());
+  EXPECT_FALSE(ParseByteSize("x", "").ok());
+  EXPECT_FALSE(ParseByteSize("x", "-4").ok());
+}
+
+}  // namespace
+}  // namespace kolo

@@ -1,0 +1,60 @@
+#include "engine/common/flags.h"
+
+#include <cmath>
+
+namespace kolo {
+
+void EngineFlags::Add(CLI::App& app) {
+  const std::string g = "Engine";
+  app.add_option("--backend", backend_, "collective backend: ring | mpi (KOLO_BACKEND)")->group(g);
+  app.add_option("--fusion-threshold-mb", fusion_threshold_mb_,
+                 "Tensor Fusion buffer size in MiB; 0 disables fusion (default 64)")
+      ->group(g);
+  app.add_option("--cycle-time-ms", cycle_time_ms_,
+                 "background cycle in milliseconds (default 1)")->group(g);
+  app.add_option("--cache-capacity", cache_capacity_,
+                 "response-cache entries; 0 disables the cache (default 1024)")->group(g);
+  app.add_option("--timeline", timeline_, "write a Chrome-trace timeline to this path")->group(g);
+  app.add_option("--stall-check-s", stall_check_s_,
+                 "warn about stalled tensors after this many seconds; 0 = off (default 60)")
+      ->group(g);
+  app.add_option("--stall-shutdown-s", stall_shutdown_s_,
+                 "fail stalled tensors after this many seconds; 0 = never (default 0)")->group(g);
+  app.add_option("--peer-timeout-s", peer_timeout_s_,
+                 "longest wait on a peer before failing (default 30)")->group(g);
+  app.add_option("--iface", iface_, "interface or IPv4 address to listen on")->group(g);
+  app.add_option("--log-level", log_level_, "trace | debug | info | warning | error")->group(g);
+  app.add_option("--ring-chunk-kb", ring_chunk_kb_, "ring pipeline chunk in KiB")->group(g);
+  app.add_option("--socket-buffer-kb", socket_buffer_kb_, "socket buffer size in KiB")->group(g);
+}
+
+Status EngineFlags::Apply(Options* o) const {
+  if (backend_) o->backend = *backend_;
+  if (timeline_) o->timeline_path = *timeline_;
+  if (iface_) o->iface = *iface_;
+  if (log_level_) {
+    auto level = ParseLogLevel(*log_level_);
+    if (!level.ok()) return InvalidArgument("--log-level '{}': allowed are trace, debug, info, "
+                                            "warning, error", *log_level_);
+    o->log_level = *level;
+  }
+  if (fusion_threshold_mb_) {
+    if (!(*fusion_threshold_mb_ >= 0) || *fusion_threshold_mb_ > 1024 * 1024) {
+      return InvalidArgument("--fusion-threshold-mb {} is outside [0, 1048576]",
+                             *fusion_threshold_mb_);
+    }
+    o->fusion_threshold_bytes = std::llround(*fusion_threshold_mb_ * 1024 * 1024);
+  }
+  if (cycle_time_ms_) o->cycle_time_ms = *cycle_time_ms_;
+  if (cache_capacity_) o->cache_capacity = *cache_capacity_;
+  if (stall_check_s_) o->stall_warning_s = *stall_check_s_;
+  if (stall_shutdown_s_) o->stall_shutdown_s = *stall_shutdown_s_;
+  if (peer_timeout_s_) o->peer_timeout_s = *peer_timeout_s_;
+  if (ring_chunk_kb_) o->ring_chunk_bytes = *ring_chunk_kb_ * 1024;
+  if (socket_buffer_kb_) o->socket_buffer_bytes = *socket_buffer_kb_ * 1024;
+  Status s = o->Validate();
+  if (!s.ok()) return s.WithContext("invalid engine flags");
+  return Status::OK();
+}
+
+}  // namespace kolo

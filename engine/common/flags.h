@@ -1,0 +1,36 @@
+// Command-line flags for the engine's Options, shared by every kolo tool (bench, trainer).
+//
+// Each flag overrides the value OptionsFromEnvironment() read from KOLO_*; units are in the
+// names. Usage:
+//   CLI::App app;  EngineFlags flags;  flags.Add(app);  CLI11_PARSE(app, argc, argv);
+//   KOLO_ASSIGN_OR_RETURN(Options o, OptionsFromEnvironment());
+//   KOLO_RETURN_IF_ERROR(flags.Apply(&o));   // validates; errors name the flag and value
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <optional>
+#include <string>
+
+#include "engine/common/options.h"
+
+namespace kolo {
+
+class EngineFlags {
+ public:
+  // Registers --backend, --fusion-threshold-mb, --cycle-time-ms, --cache-capacity, --timeline,
+  // --stall-check-s, --stall-shutdown-s, --peer-timeout-s, --iface, --log-level,
+  // --ring-chunk-kb, --socket-buffer-kb in group "Engine".
+  void Add(CLI::App& app);
+  // Writes the flags that were given into *options and validates the result.
+  Status Apply(Options* options) const;
+
+ private:
+  std::optional<std::string> backend_, timeline_, iface_, log_level_;
+  std::optional<double> fusion_threshold_mb_, cycle_time_ms_, stall_check_s_, stall_shutdown_s_,
+      peer_timeout_s_;
+  std::optional<int> cache_capacity_;
+  std::optional<int64_t> ring_chunk_kb_, socket_buffer_kb_;
+};
+
+}  // namespace kolo

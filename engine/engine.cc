@@ -207,7 +207,7 @@ StatusOr<GatheredTensor> Engine::TakeGathered(Handle handle) {
   KOLO_ASSIGN_OR_RETURN(HandleState state, impl_->WaitState(handle, std::chrono::hours(24)));
   KOLO_RETURN_IF_ERROR(state.status);
   if (!state.gathered) return InvalidArgument("handle {} is not an allgather", handle.id);
-  return std::move(*state.gathered);
+  return GatheredTensor(std::move(*state.gathered));
 }
 
 Status Engine::Barrier() {

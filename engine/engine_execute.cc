@@ -134,20 +134,20 @@ Status Engine::Impl::ExecuteAllgather(const Response& response) {
     per_rank.push_back(static_cast<size_t>(response.first_dims[r]) * row_bytes);
     total += per_rank.back();
   }
-  GatheredTensor out;
-  out.data.resize(total);
-  out.first_dims = response.first_dims;
-  out.shape = e.request.shape;
-  out.shape[0] = 0;
-  for (int64_t d : response.first_dims) out.shape[0] += d;
+  auto out = std::make_unique<GatheredTensor>();
+  out->data.resize(total);
+  out->first_dims = response.first_dims;
+  out->shape = e.request.shape;
+  out->shape[0] = 0;
+  for (int64_t d : response.first_dims) out->shape[0] += d;
   if (per_rank[options.rank] > 0) {
-    std::memcpy(out.data.data() + mine_offset, e.in, per_rank[options.rank]);
+    std::memcpy(out->data.data() + mine_offset, e.in, per_rank[options.rank]);
   }
   backends::Backend& backend = BackendFor(req);
   const std::string op_name = UpperName(backend.name()) + "_ALLGATHER";
   TimelineBegin(name, "ALLGATHER", fmt::format("{{\"bytes\":{}}}", total));
   TimelineBegin(name, op_name);
-  Status status = backend.Allgatherv(out.data.data(), per_rank);
+  Status status = backend.Allgatherv(out->data.data(), per_rank);
   TimelineEnd(name, op_name);
   TimelineEnd(name, "ALLGATHER");
   {

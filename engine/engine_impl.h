@@ -42,7 +42,7 @@ struct TensorEntry {
 struct HandleState {
   bool done = false;
   Status status;
-  std::optional<GatheredTensor> gathered;
+  std::unique_ptr<GatheredTensor> gathered;  // allgather results
 };
 
 struct Engine::Impl {
@@ -63,7 +63,7 @@ struct Engine::Impl {
   Status ExecuteAllgather(const coordinator::Response& response);
   backends::Backend& BackendFor(const coordinator::Request& request);
   void Complete(const std::string& name, const Status& status,
-                std::optional<GatheredTensor> gathered = std::nullopt);
+                std::unique_ptr<GatheredTensor> gathered = nullptr);
   void FailEverything(const Status& status);
   TensorEntry& PendingEntry(const std::string& name);
   void TimelineBegin(const std::string& name, const std::string& activity,

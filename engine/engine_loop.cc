@@ -285,7 +285,7 @@ backends::Backend& Engine::Impl::BackendFor(const Request& request) {
 }
 
 void Engine::Impl::Complete(const std::string& name, const Status& status,
-                            std::optional<GatheredTensor> gathered) {
+                            std::unique_ptr<GatheredTensor> gathered) {
   auto it = pending.find(name);
   if (it == pending.end()) return;
   const int64_t id = it->second.handle.id;

@@ -1,0 +1,197 @@
+#include "engine/transport/tcp/device.h"
+
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <limits>
+
+#include "engine/common/logging.h"
+#include "engine/transport/tcp/mesh.h"
+#include "engine/transport/tcp/pair.h"
+
+namespace kolo::transport::tcp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kListenerId = std::numeric_limits<uint64_t>::max();
+constexpr int kMaxEvents = 64;
+// Bounds on the best-effort farewell frames: a peer that does not read cannot hold us longer.
+constexpr std::chrono::milliseconds kAbortBound{1000};
+constexpr std::chrono::milliseconds kGoodbyeBound{200};
+
+int RemainingMs(Clock::time_point until) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count();
+  return static_cast<int>(std::clamp<int64_t>(left, 0, std::numeric_limits<int>::max()));
+}
+
+class TcpDevice final : public Device {
+ public:
+  TcpDevice(int rank, int size, const TcpOptions& options, Mesh mesh)
+      : size_(size), busy_poll_(options.busy_poll), listener_(std::move(mesh.listener)) {
+    state_.rank = rank;
+    state_.completions.reserve(1024);
+    pairs_.resize(static_cast<size_t>(size));
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == rank) continue;
+      pairs_[static_cast<size_t>(peer)] =
+          std::make_unique<TcpPair>(state_, peer, std::move(mesh.peers[static_cast<size_t>(peer)]));
+    }
+  }
+
+  ~TcpDevice() override {
+    if (closed_) return;
+    for (auto& p : pairs_) {
+      if (p) p->QueueGoodbye();
+    }
+    CloseAll(kGoodbyeBound);
+  }
+
+  Status Init() {
+    epoll_ = Fd(::epoll_create1(EPOLL_CLOEXEC));
+    if (!epoll_.valid()) return ErrnoStatus(StatusCode::kInternal, "epoll_create1", errno);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kListenerId;
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, listener_.get(), &ev) != 0) {
+      return ErrnoStatus(StatusCode::kInternal, "epoll_ctl(ADD, listener)", errno);
+    }
+    for (auto& p : pairs_) {
+      if (!p) continue;
+      // Edge-triggered: a pair keeps its own readable/writable flags, so back-pressure (not
+      // reading) costs no epoll_ctl calls and no wake-ups.
+      ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+      ev.data.u64 = static_cast<uint64_t>(p->peer());
+      if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, p->fd(), &ev) != 0) {
+        return ErrnoStatus(StatusCode::kInternal,
+                           fmt::format("epoll_ctl(ADD, connection to rank {})", p->peer()), errno);
+      }
+    }
+    return Status::OK();
+  }
+
+  int rank() const override { return state_.rank; }
+  int size() const override { return size_; }
+  const char* name() const override { return "tcp"; }
+
+  StatusOr<std::unique_ptr<Region>> Register(void* data, size_t size) override {
+    if (data == nullptr && size > 0) {
+      return InvalidArgument("Register: null pointer with size {} (only size 0 may be null)", size);
+    }
+    return std::make_unique<Region>(data, size);
+  }
+
+  Pair& pair(int peer) override {
+    if (peer < 0 || peer >= size_ || peer == state_.rank) {
+      KOLO_LOG(kError, "tcp device of rank {}: pair({}) is not a peer (size {})", state_.rank, peer,
+               size_);
+      std::abort();
+    }
+    return *pairs_[static_cast<size_t>(peer)];
+  }
+
+  Status Poll(std::vector<Completion>* out, std::chrono::milliseconds timeout) override {
+    if (!state_.error.ok()) return state_.error;
+    const auto deadline = Clock::now() + timeout;
+    epoll_event events[kMaxEvents];
+    for (;;) {
+      const bool have = !state_.completions.empty();
+      const int wait_ms = (have || busy_poll_) ? 0 : RemainingMs(deadline);
+      const int n = ::epoll_wait(epoll_.get(), events, kMaxEvents, wait_ms);
+      if (n < 0 && errno != EINTR) {
+        return state_.Fail(ErrnoStatus(StatusCode::kInternal, "epoll_wait", errno));
+      }
+      for (int i = 0; i < n; ++i) {
+        if (events[i].data.u64 == kListenerId) {
+          RejectLateConnections();
+          continue;
+        }
+        Status s = pairs_[events[i].data.u64]->OnEvents(events[i].events);
+        if (!s.ok()) return state_.Fail(s);
+      }
+      if (!state_.completions.empty()) {
+        out->insert(out->end(), state_.completions.begin(), state_.completions.end());
+        state_.completions.clear();
+        return Status::OK();
+      }
+      if (Clock::now() >= deadline) return TimedOut(timeout);
+    }
+  }
+
+  void Abort(const Status& reason) override {
+    if (closed_) return;
+    state_.Fail(Aborted("rank {} aborted: {}", state_.rank, reason.ToString())).IgnoreError();
+    const std::string text = reason.ToString();
+    for (auto& p : pairs_) {
+      if (p) p->QueueAbort(text);
+    }
+    CloseAll(kAbortBound);
+  }
+
+  uint64_t bytes_sent() const override { return state_.bytes_sent; }
+  uint64_t bytes_received() const override { return state_.bytes_received; }
+
+ private:
+  Status TimedOut(std::chrono::milliseconds timeout) const {
+    std::string pending;
+    for (const auto& p : pairs_) {
+      if (!p) continue;
+      const std::string d = p->DescribePending();
+      if (!d.empty()) pending += (pending.empty() ? "" : "; ") + d;
+    }
+    return DeadlineExceeded("rank {}: nothing completed within {} ms; pending: {}", state_.rank,
+                            timeout.count(), pending.empty() ? "nothing" : pending);
+  }
+
+  void RejectLateConnections() {
+    for (;;) {
+      Fd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+      if (!fd.valid()) return;
+      KOLO_LOG(kWarning, "rank {}: closed a connection from {}: every peer is already connected",
+               state_.rank, PeerAddress(fd.get()));
+    }
+  }
+
+  // Writes the queued farewell frames on every pair within `bound`, then closes everything.
+  void CloseAll(std::chrono::milliseconds bound) {
+    closed_ = true;
+    const auto deadline = Clock::now() + bound;
+    std::vector<pollfd> waiting;
+    for (;;) {
+      waiting.clear();
+      for (auto& p : pairs_) {
+        if (p && !p->FlushClosing()) waiting.push_back({p->fd(), POLLOUT, 0});
+      }
+      if (waiting.empty() || Clock::now() >= deadline) break;
+      ::poll(waiting.data(), waiting.size(), RemainingMs(deadline));
+    }
+    for (auto& p : pairs_) {
+      if (p) p->Close();
+    }
+    listener_.reset();
+  }
+
+  const int size_;
+  const bool busy_poll_;
+  DeviceState state_;
+  Fd listener_;
+  Fd epoll_;
+  std::vector<std::unique_ptr<TcpPair>> pairs_;  // null at this rank
+  bool closed_ = false;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Device>> Connect(const TcpOptions& options, bootstrap::Store& store,
+                                          int rank, int size) {
+  KOLO_ASSIGN_OR_RETURN(Mesh mesh, BuildMesh(options, store, rank, size));
+  auto device = std::make_unique<TcpDevice>(rank, size, options, std::move(mesh));
+  KOLO_RETURN_IF_ERROR(device->Init());
+  return std::unique_ptr<Device>(std::move(device));
+}
+
+}  // namespace kolo::transport::tcp

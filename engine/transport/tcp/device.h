@@ -1,0 +1,55 @@
+// The TCP transport: a full mesh of non-blocking TCP connections driven by one epoll set.
+//
+// Wire format after the handshake (handshake.h): each message is a 24-byte frame header (tag,
+// payload length, frame type; host byte order) followed by the payload, which is read straight
+// into the posted Region. Frame types: DATA (a message), ABORT (the peer is failing; the payload is
+// its reason), GOODBYE (the peer is shutting down cleanly). A receiver with no posted receive
+// reads at most the next frame header and leaves the payload in the kernel (back-pressure), but it
+// watches every socket for the peer closing, so a dead or aborting peer surfaces in Poll even
+// while the caller waits on someone else.
+//
+// Errors: a lost connection (EOF without GOODBYE, reset, or a GOODBYE while operations on that
+// pair are still pending) is kUnavailable "connection to rank R lost ..."; an ABORT frame is
+// kAborted "rank R aborted: <reason>"; a tag mismatch, an oversize message or a malformed frame is
+// kProtocol naming the peer. These are sticky. A Poll timeout (kDeadlineExceeded) is not sticky:
+// the caller may poll again.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/bootstrap/store.h"
+#include "engine/common/status.h"
+#include "engine/transport/transport.h"
+
+namespace kolo::transport::tcp {
+
+struct TcpOptions {
+  // IPv4 address to bind; the port is ephemeral.
+  std::string listen_addr = "127.0.0.1";
+  // SO_SNDBUF and SO_RCVBUF of every connection, set explicitly before connect/listen. The kernel
+  // caps it at net.core.{w,r}mem_max.
+  int64_t socket_buffer_bytes = 4 << 20;
+  // Bound on the whole connection set-up (store look-ups, connects, handshakes).
+  std::chrono::milliseconds timeout{30000};
+  // Per-job secret; every connection must prove it knows it (HMAC, the secret is never sent).
+  std::string secret;
+  // Spin on epoll_wait(0) instead of sleeping in it. Only for ranks with dedicated cores.
+  bool busy_poll = false;
+};
+
+// Connects `rank` to every other rank of a job of `size` ranks: binds a listener, publishes
+// "tcp/addr/<rank>" = "ip:port" in `store`, reads every peer's address, connects to every lower
+// rank and accepts every higher rank, and authenticates each connection (handshake.h). Connections
+// that fail the handshake (wrong magic, wrong secret, garbage, rank out of range or already
+// connected, silent for longer than min(timeout, 5 s)) are closed with a warning and set-up goes on
+// waiting for the real peers. Returns once all size-1 peers are connected; DeadlineExceeded after
+// options.timeout names the ranks still missing. After set-up the listener stays open: any later
+// connection is accepted and closed with a warning.
+// REQUIRES: 0 <= rank < size. The Device is driven by one thread at a time (transport.h).
+StatusOr<std::unique_ptr<Device>> Connect(const TcpOptions& options, bootstrap::Store& store,
+                                          int rank, int size);
+
+}  // namespace kolo::transport::tcp

@@ -1,0 +1,64 @@
+// The connection handshake of the TCP transport: wire format and authentication.
+//
+//   acceptor -> connector  Challenge  magic, version, acceptor rank, nonce_a          (28 bytes)
+//   connector -> acceptor  Hello      magic, version, from, to, size, nonce_c, mac_c  (68 bytes)
+//   acceptor -> connector  Welcome    magic, version, mac_a                           (40 bytes)
+//
+// mac_c and mac_a are HMAC-SHA-256 under the job secret over both nonces and the ranks, with a
+// different label each way, so each side proves it knows the secret without sending it and a
+// recorded exchange cannot be replayed (the acceptor's nonce is fresh). Integers are little-endian.
+// A side that rejects the other closes the connection without answering.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "engine/common/status.h"
+#include "engine/transport/tcp/sha256.h"
+
+namespace kolo::transport::tcp {
+
+inline constexpr uint32_t kHandshakeMagic = 0x4f4c4f4b;  // "KOLO" on the wire
+inline constexpr uint16_t kProtocolVersion = 1;
+
+using Nonce = std::array<uint8_t, 16>;
+
+struct Challenge {
+  int32_t acceptor_rank = -1;
+  Nonce nonce{};
+  static constexpr size_t kBytes = 28;
+};
+
+struct Hello {
+  int32_t from_rank = -1;
+  int32_t to_rank = -1;
+  int32_t size = 0;  // the job size the connector was started with
+  Nonce nonce{};
+  Digest mac{};
+  static constexpr size_t kBytes = 68;
+};
+
+struct Welcome {
+  Digest mac{};
+  static constexpr size_t kBytes = 40;
+};
+
+void Encode(const Challenge& m, uint8_t* out);
+void Encode(const Hello& m, uint8_t* out);
+void Encode(const Welcome& m, uint8_t* out);
+// Each fails with kProtocol when the magic or the version is wrong; the message names both.
+Status Decode(const uint8_t* in, Challenge* m);
+Status Decode(const uint8_t* in, Hello* m);
+Status Decode(const uint8_t* in, Welcome* m);
+
+// The proofs each side sends; `hello` supplies the ranks, the size and nonce_c (its mac is not
+// used).
+Digest ConnectorProof(std::string_view secret, const Nonce& acceptor_nonce, const Hello& hello);
+Digest AcceptorProof(std::string_view secret, const Nonce& acceptor_nonce, const Hello& hello);
+
+// 16 bytes from the kernel's random source.
+StatusOr<Nonce> RandomNonce();
+
+}  // namespace kolo::transport::tcp

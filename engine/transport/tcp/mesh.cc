@@ -1,0 +1,361 @@
+#include "engine/transport/tcp/mesh.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <list>
+
+#include "engine/common/logging.h"
+#include "engine/transport/tcp/handshake.h"
+
+namespace kolo::transport::tcp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A garbage or silent connection is dropped after this long; it never blocks the real peers,
+// which are served concurrently.
+constexpr std::chrono::milliseconds kPerConnectionBound{5000};
+constexpr std::chrono::milliseconds kRetryMin{5};
+constexpr std::chrono::milliseconds kRetryMax{200};
+
+struct Conn {
+  enum class State { kConnecting, kAwaitChallenge, kAwaitWelcome, kAwaitHello, kRetryWait };
+  State state;
+  Fd fd;
+  bool outgoing = false;
+  int peer = -1;               // known up front for outgoing connections
+  sockaddr_in addr{};          // outgoing: where the peer listens
+  std::string remote;          // for log lines
+  Clock::time_point deadline;  // incoming: per-connection bound; outgoing: next retry
+  std::chrono::milliseconds backoff = kRetryMin;
+  std::array<uint8_t, Hello::kBytes> buf{};
+  size_t got = 0;
+  Nonce acceptor_nonce{};
+  Hello hello;  // outgoing: what we sent
+};
+
+int RemainingMs(Clock::time_point until) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count();
+  return static_cast<int>(std::clamp<int64_t>(left, 0, 1 << 30));
+}
+
+class MeshBuilder {
+ public:
+  MeshBuilder(const TcpOptions& options, int rank, int size)
+      : options_(options), rank_(rank), size_(size) {
+    mesh_.peers.resize(static_cast<size_t>(size));
+  }
+
+  StatusOr<Mesh> Run(bootstrap::Store& store) {
+    deadline_ = Clock::now() + options_.timeout;
+    sockaddr_in bound{};
+    KOLO_ASSIGN_OR_RETURN(mesh_.listener,
+                          Listen(options_.listen_addr, options_.socket_buffer_bytes, &bound));
+    const std::string mine = FormatAddress(bound);
+    KOLO_RETURN_IF_ERROR(store.Set(fmt::format("tcp/addr/{}", rank_),
+                                   std::vector<uint8_t>(mine.begin(), mine.end())));
+    // Lower ranks accept, higher ranks connect.
+    for (int peer = 0; peer < rank_; ++peer) {
+      const std::string key = fmt::format("tcp/addr/{}", peer);
+      auto value = store.Get(key, std::chrono::milliseconds(RemainingMs(deadline_)));
+      if (!value.ok()) {
+        return value.status().WithContext(
+            fmt::format("rank {}: looking up the address of rank {}", rank_, peer));
+      }
+      KOLO_ASSIGN_OR_RETURN(sockaddr_in addr,
+                            ParseAddress(std::string(value->begin(), value->end())));
+      Conn& c = conns_.emplace_back();
+      c.outgoing = true;
+      c.peer = peer;
+      c.addr = addr;
+      c.remote = FormatAddress(addr);
+      KOLO_RETURN_IF_ERROR(StartConnect(c));
+    }
+    while (connected_ < size_ - 1) {
+      KOLO_RETURN_IF_ERROR(Step());
+    }
+    return std::move(mesh_);
+  }
+
+ private:
+  Status StartConnect(Conn& c) {
+    KOLO_ASSIGN_OR_RETURN(c.fd, NewStreamSocket(options_.socket_buffer_bytes));
+    c.got = 0;
+    if (::connect(c.fd.get(), reinterpret_cast<const sockaddr*>(&c.addr), sizeof c.addr) == 0) {
+      c.state = Conn::State::kAwaitChallenge;
+    } else if (errno == EINPROGRESS) {
+      c.state = Conn::State::kConnecting;
+    } else {
+      ScheduleRetry(c);
+    }
+    return Status::OK();
+  }
+
+  void ScheduleRetry(Conn& c) {
+    c.fd.reset();
+    c.state = Conn::State::kRetryWait;
+    c.deadline = Clock::now() + c.backoff;
+    c.backoff = std::min(c.backoff * 2, kRetryMax);
+  }
+
+  Status Step() {
+    std::vector<pollfd> fds;
+    std::vector<Conn*> owners;
+    fds.push_back({mesh_.listener.get(), POLLIN, 0});
+    owners.push_back(nullptr);
+    Clock::time_point wake = deadline_;
+    for (Conn& c : conns_) {
+      if (c.state == Conn::State::kRetryWait || c.state == Conn::State::kAwaitHello) {
+        wake = std::min(wake, c.deadline);
+      }
+      if (c.state == Conn::State::kRetryWait) continue;
+      fds.push_back({c.fd.get(),
+                     static_cast<short>(c.state == Conn::State::kConnecting ? POLLOUT : POLLIN),
+                     0});
+      owners.push_back(&c);
+    }
+    const int n = ::poll(fds.data(), fds.size(), RemainingMs(wake));
+    if (n < 0 && errno != EINTR) return ErrnoStatus(StatusCode::kInternal, "poll(set-up)", errno);
+    for (size_t i = 1; n > 0 && i < fds.size(); ++i) {
+      if (fds[i].revents != 0) KOLO_RETURN_IF_ERROR(Advance(*owners[i]));
+    }
+    if (n > 0 && fds[0].revents != 0) AcceptAll();
+    // Drop finished or failed connections, expire silent ones, restart refused connects.
+    const auto now = Clock::now();
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      if (!it->fd.valid() && it->state != Conn::State::kRetryWait) {
+        it = conns_.erase(it);
+        continue;
+      }
+      if (it->state == Conn::State::kAwaitHello && now >= it->deadline) {
+        KOLO_LOG(kWarning, "rank {}: closing connection from {}: no handshake within {} ms", rank_,
+                 it->remote, Bound().count());
+        it = conns_.erase(it);
+        continue;
+      }
+      if (it->state == Conn::State::kRetryWait && now >= it->deadline) {
+        KOLO_RETURN_IF_ERROR(StartConnect(*it));
+      }
+      ++it;
+    }
+    if (connected_ < size_ - 1 && now >= deadline_) return TimedOut();
+    return Status::OK();
+  }
+
+  std::chrono::milliseconds Bound() const {
+    return std::min(options_.timeout, kPerConnectionBound);
+  }
+
+  Status TimedOut() const {
+    std::string missing;
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_ && !mesh_.peers[static_cast<size_t>(r)].valid()) {
+        missing += fmt::format("{}{}", missing.empty() ? "" : ", ", r);
+      }
+    }
+    return DeadlineExceeded(
+        "rank {}: TCP set-up did not finish within {} ms; not connected to rank(s) {} (are they "
+        "running, with the same job secret and size {}?)",
+        rank_, options_.timeout.count(), missing, size_);
+  }
+
+  void AcceptAll() {
+    for (;;) {
+      Fd fd(::accept4(mesh_.listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+      if (!fd.valid()) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
+          KOLO_LOG(kWarning, "rank {}: accept failed: {}", rank_,
+                   ErrnoStatus(StatusCode::kInternal, "accept4", errno).message());
+        }
+        return;
+      }
+      Conn c;
+      c.state = Conn::State::kAwaitHello;
+      c.remote = PeerAddress(fd.get());
+      c.deadline = Clock::now() + Bound();
+      auto nonce = RandomNonce();
+      Status s = nonce.ok() ? SetNoDelay(fd.get()) : nonce.status();
+      if (s.ok()) {
+        c.acceptor_nonce = *nonce;
+        Challenge challenge{rank_, c.acceptor_nonce};
+        uint8_t wire[Challenge::kBytes];
+        Encode(challenge, wire);
+        if (::send(fd.get(), wire, sizeof wire, MSG_NOSIGNAL) !=
+            static_cast<ssize_t>(sizeof wire)) {
+          s = ErrnoStatus(StatusCode::kUnavailable, "send(challenge)", errno);
+        }
+      }
+      if (!s.ok()) {
+        KOLO_LOG(kWarning, "rank {}: dropping connection from {}: {}", rank_, c.remote,
+                 s.ToString());
+        continue;
+      }
+      c.fd = std::move(fd);
+      conns_.push_back(std::move(c));
+    }
+  }
+
+  // Reads toward `want` bytes. Returns true once they are all there; false if more must come.
+  // EOF or a socket error is reported in *closed.
+  bool ReadSome(Conn& c, size_t want, bool* closed) {
+    *closed = false;
+    while (c.got < want) {
+      const ssize_t n = ::recv(c.fd.get(), c.buf.data() + c.got, want - c.got, 0);
+      if (n > 0) {
+        c.got += static_cast<size_t>(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else {
+        *closed = n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
+        return false;
+      }
+    }
+    return true;
+  }
+
+  void Reject(Conn& c, const std::string& why) {
+    KOLO_LOG(kWarning, "rank {}: rejected connection from {}: {}", rank_, c.remote, why);
+    c.fd.reset();
+  }
+
+  Status Advance(Conn& c) {
+    bool closed = false;
+    switch (c.state) {
+      case Conn::State::kConnecting: {
+        int err = 0;
+        socklen_t len = sizeof err;
+        if (::getsockopt(c.fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+        if (err == 0) {
+          c.state = Conn::State::kAwaitChallenge;
+        } else {
+          ScheduleRetry(c);  // the peer's listener may not be up yet, or its backlog is full
+        }
+        return Status::OK();
+      }
+      case Conn::State::kAwaitChallenge: {
+        if (!ReadSome(c, Challenge::kBytes, &closed)) {
+          if (closed) ScheduleRetry(c);  // e.g. the acceptor dropped us as too slow
+          return Status::OK();
+        }
+        Challenge challenge;
+        Status s = Decode(c.buf.data(), &challenge);
+        if (!s.ok()) {
+          return s.WithContext(
+              fmt::format("rank {}: connecting to rank {} at {}", rank_, c.peer, c.remote));
+        }
+        if (challenge.acceptor_rank != c.peer) {
+          return ProtocolError("rank {}: the address {} published for rank {} is served by rank {}",
+                               rank_, c.remote, c.peer, challenge.acceptor_rank);
+        }
+        c.acceptor_nonce = challenge.nonce;
+        KOLO_ASSIGN_OR_RETURN(c.hello.nonce, RandomNonce());
+        c.hello.from_rank = rank_;
+        c.hello.to_rank = c.peer;
+        c.hello.size = size_;
+        c.hello.mac = ConnectorProof(options_.secret, c.acceptor_nonce, c.hello);
+        uint8_t wire[Hello::kBytes];
+        Encode(c.hello, wire);
+        if (::send(c.fd.get(), wire, sizeof wire, MSG_NOSIGNAL) !=
+            static_cast<ssize_t>(sizeof wire)) {
+          ScheduleRetry(c);
+          return Status::OK();
+        }
+        c.got = 0;
+        c.state = Conn::State::kAwaitWelcome;
+        return Status::OK();
+      }
+      case Conn::State::kAwaitWelcome: {
+        if (!ReadSome(c, Welcome::kBytes, &closed)) {
+          if (closed) {
+            return Unavailable(
+                "rank {}: rank {} at {} closed the connection during the handshake: it rejected "
+                "our proof of the job secret or our rank/size (do all ranks share the same job "
+                "secret and size {}?)",
+                rank_, c.peer, c.remote, size_);
+          }
+          return Status::OK();
+        }
+        Welcome welcome;
+        Status s = Decode(c.buf.data(), &welcome);
+        if (!s.ok()) {
+          return s.WithContext(fmt::format("rank {}: handshake with rank {}", rank_, c.peer));
+        }
+        if (!DigestsEqual(welcome.mac, AcceptorProof(options_.secret, c.acceptor_nonce, c.hello))) {
+          return Unavailable("rank {}: rank {} at {} failed to prove the job secret", rank_, c.peer,
+                             c.remote);
+        }
+        Establish(c, c.peer);
+        return Status::OK();
+      }
+      case Conn::State::kAwaitHello: {
+        if (!ReadSome(c, Hello::kBytes, &closed)) {
+          if (closed) Reject(c, "closed before completing the handshake");
+          return Status::OK();
+        }
+        Hello hello;
+        Status s = Decode(c.buf.data(), &hello);
+        if (!s.ok()) {
+          Reject(c, s.message());
+        } else if (hello.to_rank != rank_ || hello.size != size_) {
+          Reject(c, fmt::format("it wants rank {} of a job of {} ranks; this is rank {} of {}",
+                                hello.to_rank, hello.size, rank_, size_));
+        } else if (hello.from_rank <= rank_ || hello.from_rank >= size_) {
+          Reject(c, fmt::format("claimed rank {} is not one that connects to rank {} (allowed: "
+                                "{}..{})",
+                                hello.from_rank, rank_, rank_ + 1, size_ - 1));
+        } else if (!DigestsEqual(hello.mac,
+                                 ConnectorProof(options_.secret, c.acceptor_nonce, hello))) {
+          Reject(c, fmt::format("claimed rank {} but failed to prove the job secret",
+                                hello.from_rank));
+        } else if (mesh_.peers[static_cast<size_t>(hello.from_rank)].valid()) {
+          Reject(c, fmt::format("rank {} is already connected", hello.from_rank));
+        } else {
+          Welcome welcome{AcceptorProof(options_.secret, c.acceptor_nonce, hello)};
+          uint8_t wire[Welcome::kBytes];
+          Encode(welcome, wire);
+          if (::send(c.fd.get(), wire, sizeof wire, MSG_NOSIGNAL) !=
+              static_cast<ssize_t>(sizeof wire)) {
+            Reject(c, fmt::format("claimed rank {} but could not be answered", hello.from_rank));
+          } else {
+            Establish(c, hello.from_rank);
+          }
+        }
+        return Status::OK();
+      }
+      case Conn::State::kRetryWait:
+        return Status::OK();
+    }
+    return Status::OK();
+  }
+
+  void Establish(Conn& c, int peer) {
+    KOLO_LOG(kDebug, "rank {}: connected to rank {} ({})", rank_, peer, c.remote);
+    mesh_.peers[static_cast<size_t>(peer)] = std::move(c.fd);
+    ++connected_;
+  }
+
+  const TcpOptions& options_;
+  const int rank_;
+  const int size_;
+  Clock::time_point deadline_;
+  Mesh mesh_;
+  std::list<Conn> conns_;  // stable addresses while Step() holds pointers
+  int connected_ = 0;
+};
+
+}  // namespace
+
+StatusOr<Mesh> BuildMesh(const TcpOptions& options, bootstrap::Store& store, int rank, int size) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return InvalidArgument("rank {} of size {}: need size >= 1 and 0 <= rank < size", rank, size);
+  }
+  MeshBuilder builder(options, rank, size);
+  return builder.Run(store);
+}
+
+}  // namespace kolo::transport::tcp

@@ -1,0 +1,393 @@
+#include "engine/transport/tcp/pair.h"
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace kolo::transport::tcp {
+namespace {
+
+constexpr size_t kQueueReserve = 256;
+constexpr int kMaxIov = 32;
+constexpr size_t kHeaderBytes = sizeof(FrameHeader);
+
+}  // namespace
+
+TcpPair::TcpPair(DeviceState& state, int peer, Fd fd)
+    : state_(state), peer_(peer), fd_(std::move(fd)), sends_(kQueueReserve), recvs_(kQueueReserve) {
+  abort_reason_.reserve(kMaxAbortReason);
+}
+
+Status TcpPair::Lost(const std::string& why) const {
+  return Unavailable("connection to rank {} lost: {}", peer_, why);
+}
+
+Status TcpPair::Send(const Region& region, size_t offset, size_t nbytes, uint64_t tag) {
+  if (!state_.error.ok()) return state_.error;
+  if (offset > region.size() || nbytes > region.size() - offset) {
+    return InvalidArgument("send to rank {} (tag {:#x}): bytes [{}, {}) exceed the {}-byte region",
+                           peer_, tag, offset, offset + nbytes, region.size());
+  }
+  if (eof_ || !fd_.valid()) {
+    return state_.Fail(
+        Lost(fmt::format("cannot send message tag {:#x}: the connection is closed", tag)));
+  }
+  SendOp op{FrameHeader{tag, nbytes, static_cast<uint32_t>(FrameType::kData), kFrameCheck},
+            region.data() + offset, 0};
+  sends_.push_back(op);
+  Status s = FlushSends();
+  if (!s.ok()) return state_.Fail(s);
+  return Status::OK();
+}
+
+Status TcpPair::Recv(Region& region, size_t offset, size_t capacity, uint64_t tag) {
+  if (!state_.error.ok()) return state_.error;
+  if (offset > region.size() || capacity > region.size() - offset) {
+    return InvalidArgument(
+        "receive from rank {} (tag {:#x}): bytes [{}, {}) exceed the {}-byte region", peer_, tag,
+        offset, offset + capacity, region.size());
+  }
+  recvs_.push_back(RecvOp{region.data() + offset, capacity, tag});
+  // Read at once if bytes may be waiting: saves a trip through epoll.
+  if (rx_ == Rx::kHeaderReady || readable_ || closing_) {
+    Status s = ProcessRx();
+    if (s.ok()) s = CheckClosed();
+    if (!s.ok()) return state_.Fail(s);
+  }
+  return Status::OK();
+}
+
+Status TcpPair::OnEvents(uint32_t events) {
+  if (events & EPOLLIN) readable_ = true;
+  if (events & EPOLLOUT) writable_ = true;
+  if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+    readable_ = true;
+    BeginClosing();
+  }
+  KOLO_RETURN_IF_ERROR(ProcessRx());
+  KOLO_RETURN_IF_ERROR(FlushSends());
+  return CheckClosed();
+}
+
+Status TcpPair::FlushSends() {
+  while (writable_ && !sends_.empty() && fd_.valid()) {
+    iovec iov[kMaxIov];
+    int n = 0;
+    for (size_t k = 0; k < sends_.size() && n + 2 <= kMaxIov; ++k) {
+      SendOp& op = sends_.at(k);
+      if (op.done < kHeaderBytes) {
+        iov[n++] = {reinterpret_cast<uint8_t*>(&op.header) + op.done, kHeaderBytes - op.done};
+      }
+      const size_t payload_done = op.done > kHeaderBytes ? op.done - kHeaderBytes : 0;
+      if (op.header.length > payload_done) {
+        iov[n++] = {const_cast<uint8_t*>(op.data) + payload_done, op.header.length - payload_done};
+      }
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    const ssize_t written = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL);
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        writable_ = false;
+        break;
+      }
+      const int err = errno;
+      reset_ = reset_ || err == ECONNRESET || err == EPIPE;
+      BeginClosing();
+      KOLO_RETURN_IF_ERROR(CheckClosed());
+      return Lost(ErrnoStatus(StatusCode::kUnavailable, "sendmsg", err).message());
+    }
+    size_t left = static_cast<size_t>(written);
+    while (left > 0) {
+      SendOp& op = sends_.front();
+      const size_t need = kHeaderBytes + op.header.length - op.done;
+      if (left < need) {
+        op.done += left;
+        break;
+      }
+      left -= need;
+      if (op.header.type == static_cast<uint32_t>(FrameType::kData)) {
+        state_.completions.push_back(
+            Completion{peer_, OpKind::kSend, op.header.tag, op.header.length});
+        state_.bytes_sent += op.header.length;
+      }
+      sends_.pop_front();
+    }
+  }
+  return Status::OK();
+}
+
+Status TcpPair::ProcessRx() {
+  for (;;) {
+    switch (rx_) {
+      case Rx::kHeader: {
+        auto* dst = reinterpret_cast<uint8_t*>(&rx_header_) + rx_header_got_;
+        const ssize_t n = Read(dst, kHeaderBytes - rx_header_got_);
+        if (n < 0) return Status::OK();
+        if (n == 0) return AtEndOfStream();
+        if (goodbye_) {
+          return ProtocolError("rank {} sent bytes after its GOODBYE frame", peer_);
+        }
+        rx_header_got_ += static_cast<size_t>(n);
+        if (rx_header_got_ < kHeaderBytes) break;
+        rx_header_got_ = 0;
+        KOLO_RETURN_IF_ERROR(OnHeader());
+        break;
+      }
+      case Rx::kHeaderReady:
+        if (recvs_.empty()) return Status::OK();  // back-pressure: the payload stays in the kernel
+        KOLO_RETURN_IF_ERROR(StartPayload());
+        break;
+      case Rx::kPayload: {
+        const ssize_t n = Read(rx_dst_, rx_remaining_);
+        if (n < 0) return Status::OK();
+        if (n == 0) return AtEndOfStream();
+        rx_dst_ += n;
+        rx_remaining_ -= static_cast<size_t>(n);
+        if (rx_remaining_ == 0) CompleteRecv();
+        break;
+      }
+      case Rx::kAbortReason: {
+        const size_t have = abort_reason_.size();
+        abort_reason_.resize(rx_header_.length);
+        const ssize_t n = Read(abort_reason_.data() + have, rx_header_.length - have);
+        abort_reason_.resize(have + static_cast<size_t>(std::max<ssize_t>(n, 0)));
+        if (n < 0) return Status::OK();
+        if (n == 0) return AtEndOfStream();
+        if (abort_reason_.size() == rx_header_.length) {
+          return Aborted("rank {} aborted: {}", peer_, abort_reason_);
+        }
+        break;
+      }
+    }
+  }
+}
+
+Status TcpPair::OnHeader() {
+  const FrameHeader& h = rx_header_;
+  if (h.check != kFrameCheck) {
+    return ProtocolError(
+        "rank {} sent a malformed frame header (check word {:#x}, type {}, length {}): the "
+        "stream is out of step",
+        peer_, h.check, h.type, h.length);
+  }
+  switch (static_cast<FrameType>(h.type)) {
+    case FrameType::kData:
+      rx_ = Rx::kHeaderReady;
+      return Status::OK();
+    case FrameType::kAbort:
+      if (h.length > kMaxAbortReason) {
+        return ProtocolError("rank {} sent an ABORT frame with a {}-byte reason (at most {})",
+                             peer_, h.length, kMaxAbortReason);
+      }
+      if (h.length == 0) return Aborted("rank {} aborted (no reason given)", peer_);
+      abort_reason_.clear();
+      rx_ = Rx::kAbortReason;
+      return Status::OK();
+    case FrameType::kGoodbye:
+      if (h.length != 0) {
+        return ProtocolError("rank {} sent a GOODBYE frame with {} payload bytes", peer_, h.length);
+      }
+      goodbye_ = true;
+      BeginClosing();
+      return Status::OK();
+  }
+  return ProtocolError("rank {} sent a frame of unknown type {}", peer_, h.type);
+}
+
+Status TcpPair::StartPayload() {
+  const RecvOp& r = recvs_.front();
+  if (rx_header_.tag != r.tag) {
+    return ProtocolError(
+        "rank {} sent a message with tag {:#x} ({} bytes) but the next receive posted for it "
+        "expects tag {:#x} ({} bytes): the ranks are running different operations",
+        peer_, rx_header_.tag, rx_header_.length, r.tag, r.capacity);
+  }
+  if (rx_header_.length > r.capacity) {
+    return ProtocolError(
+        "rank {} sent a {}-byte message with tag {:#x} but the posted receive holds {} bytes",
+        peer_, rx_header_.length, r.tag, r.capacity);
+  }
+  rx_dst_ = r.data;
+  rx_remaining_ = rx_header_.length;
+  rx_ = Rx::kPayload;
+  if (rx_remaining_ == 0) CompleteRecv();
+  return Status::OK();
+}
+
+void TcpPair::CompleteRecv() {
+  state_.completions.push_back(Completion{peer_, OpKind::kRecv, rx_header_.tag, rx_header_.length});
+  state_.bytes_received += rx_header_.length;
+  recvs_.pop_front();
+  rx_ = Rx::kHeader;
+}
+
+ssize_t TcpPair::Read(void* dst, size_t n) {
+  if (n == 0) return -1;
+  if (closing_) {
+    if (tail_pos_ == tail_.size() && !eof_) Slurp();
+    if (tail_pos_ < tail_.size()) {
+      const size_t k = std::min(n, tail_.size() - tail_pos_);
+      std::memcpy(dst, tail_.data() + tail_pos_, k);
+      tail_pos_ += k;
+      if (tail_pos_ == tail_.size()) {
+        tail_.clear();
+        tail_pos_ = 0;
+      }
+      return static_cast<ssize_t>(k);
+    }
+    return eof_ ? 0 : -1;
+  }
+  if (!readable_ || !fd_.valid()) return -1;
+  for (;;) {
+    const ssize_t got = ::recv(fd_.get(), dst, n, 0);
+    if (got > 0) return got;
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      readable_ = false;
+      return -1;
+    }
+    if (got < 0) reset_ = true;
+    BeginClosing();
+    return Read(dst, n);
+  }
+}
+
+void TcpPair::BeginClosing() {
+  closing_ = true;
+  Slurp();
+}
+
+void TcpPair::Slurp() {
+  uint8_t chunk[1 << 16];
+  while (!eof_ && fd_.valid()) {
+    const ssize_t got = ::recv(fd_.get(), chunk, sizeof chunk, 0);
+    if (got > 0) {
+      tail_.insert(tail_.end(), chunk, chunk + got);
+    } else if (got == 0) {
+      eof_ = true;
+    } else if (errno == EINTR) {
+      continue;
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      readable_ = false;
+      return;
+    } else {
+      reset_ = true;
+      eof_ = true;
+    }
+  }
+  // Nothing more will arrive; closing also takes the socket out of the epoll set.
+  if (eof_) fd_.reset();
+}
+
+Status TcpPair::AtEndOfStream() {
+  if (rx_ == Rx::kHeader && rx_header_got_ == 0 && goodbye_) {
+    if (!recvs_.empty()) {
+      return Lost(fmt::format(
+          "rank {} shut down while {} receive(s) from it were still posted (next tag {:#x})", peer_,
+          recvs_.size(), recvs_.front().tag));
+    }
+    return Status::OK();
+  }
+  return Lost(fmt::format("{}{} (did rank {} exit or crash?)",
+                          reset_ ? "the connection was reset" : "the peer closed the connection",
+                          rx_ == Rx::kHeader && rx_header_got_ == 0 ? "" : " mid-frame", peer_));
+}
+
+Status TcpPair::CheckClosed() {
+  if (!eof_) return Status::OK();
+  if (rx_ == Rx::kHeaderReady) {
+    // Nobody has asked for the next message yet; look past the queued ones for how the stream
+    // ends, so that an ABORT behind them surfaces now.
+    size_t pos = tail_pos_ + rx_header_.length;
+    bool clean = false;
+    while (!clean && pos + kHeaderBytes <= tail_.size()) {
+      FrameHeader h;
+      std::memcpy(&h, tail_.data() + pos, kHeaderBytes);
+      pos += kHeaderBytes;
+      if (h.check != kFrameCheck) {
+        return ProtocolError("rank {} sent a malformed frame header: the stream is out of step",
+                             peer_);
+      }
+      if (h.type == static_cast<uint32_t>(FrameType::kAbort)) {
+        const size_t n = std::min<size_t>({h.length, kMaxAbortReason, tail_.size() - pos});
+        return Aborted("rank {} aborted: {}", peer_,
+                       std::string(reinterpret_cast<const char*>(tail_.data() + pos), n));
+      }
+      clean = h.type == static_cast<uint32_t>(FrameType::kGoodbye);
+      pos += h.length;
+    }
+    if (!clean) return AtEndOfStream();
+  }
+  if (!sends_.empty()) {
+    return Lost(
+        fmt::format("rank {} closed the connection before reading {} message(s) sent to "
+                    "it (next tag {:#x})",
+                    peer_, sends_.size(), sends_.front().header.tag));
+  }
+  return Status::OK();
+}
+
+std::string TcpPair::DescribePending() const {
+  if (sends_.empty() && recvs_.empty()) return "";
+  std::string text = fmt::format("rank {}:", peer_);
+  if (!recvs_.empty()) {
+    text += fmt::format(" {} recv (next tag {:#x}, {} bytes)", recvs_.size(), recvs_.front().tag,
+                        recvs_.front().capacity);
+  }
+  if (!sends_.empty()) {
+    text += fmt::format(" {} send (next tag {:#x}, {} bytes)", sends_.size(),
+                        sends_.front().header.tag, sends_.front().header.length);
+  }
+  return text;
+}
+
+void TcpPair::QueueAbort(const std::string& reason) {
+  closing_frame_payload_ = reason.substr(0, kMaxAbortReason);
+  // Only a frame already partly on the wire must be finished; the stream has to stay in step.
+  const bool keep = !sends_.empty() && sends_.front().done > 0;
+  SendOp partial = keep ? sends_.front() : SendOp{};
+  sends_.clear();
+  if (keep) sends_.push_back(partial);
+  sends_.push_back(SendOp{FrameHeader{0, closing_frame_payload_.size(),
+                                      static_cast<uint32_t>(FrameType::kAbort), kFrameCheck},
+                          reinterpret_cast<const uint8_t*>(closing_frame_payload_.data()), 0});
+}
+
+void TcpPair::QueueGoodbye() {
+  const bool keep = !sends_.empty() && sends_.front().done > 0;
+  SendOp partial = keep ? sends_.front() : SendOp{};
+  sends_.clear();
+  if (keep) sends_.push_back(partial);
+  sends_.push_back(SendOp{
+      FrameHeader{0, 0, static_cast<uint32_t>(FrameType::kGoodbye), kFrameCheck}, nullptr, 0});
+}
+
+bool TcpPair::FlushClosing() {
+  if (!fd_.valid() || eof_) return true;
+  writable_ = true;
+  if (!FlushSends().ok()) return true;
+  return sends_.empty() || !fd_.valid();
+}
+
+void TcpPair::Close() {
+  if (!fd_.valid()) return;
+  ::shutdown(fd_.get(), SHUT_WR);
+  // Closing with unread bytes makes the kernel reset the connection, which can destroy our last
+  // frame before the peer reads it; read what has arrived (bounded) first.
+  uint8_t chunk[1 << 16];
+  for (int i = 0; i < 256; ++i) {
+    if (::recv(fd_.get(), chunk, sizeof chunk, MSG_DONTWAIT) <= 0) break;
+  }
+  fd_.reset();
+  eof_ = true;
+  closing_ = true;
+}
+
+}  // namespace kolo::transport::tcp

@@ -1,0 +1,114 @@
+// One authenticated connection of the TCP transport (the framing is described in device.h).
+// Internal to the transport; users see it as a transport::Pair.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/common/status.h"
+#include "engine/transport/tcp/frame.h"
+#include "engine/transport/tcp/socket.h"
+#include "engine/transport/transport.h"
+
+namespace kolo::transport::tcp {
+
+// What the pairs of one device share: finished operations not yet returned by Poll, byte counters
+// and the device's first error (sticky). Owned by the device; single-threaded like the device.
+struct DeviceState {
+  int rank = 0;
+  std::vector<Completion> completions;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  Status error;
+
+  // Records `s` as the device error if there is none yet; returns the device error.
+  Status Fail(const Status& s) {
+    if (error.ok()) error = s;
+    return error;
+  }
+};
+
+class TcpPair final : public Pair {
+ public:
+  TcpPair(DeviceState& state, int peer, Fd fd);
+
+  int peer() const override { return peer_; }
+  Status Send(const Region& region, size_t offset, size_t nbytes, uint64_t tag) override;
+  Status Recv(Region& region, size_t offset, size_t capacity, uint64_t tag) override;
+  size_t pending() const override { return sends_.size() + recvs_.size(); }
+
+  // -1 once the connection is closed.
+  int fd() const { return fd_.get(); }
+  // Progress after epoll reported `events` for this pair's socket. An error is also recorded in
+  // the device state.
+  Status OnEvents(uint32_t events);
+  // "rank P: 2 recv (next tag 0x..), 1 send (...)" or "" when nothing is pending.
+  std::string DescribePending() const;
+
+  // Shutdown, in two steps so that a device can overlap them over all its pairs: Queue* drops the
+  // sends that have not started and queues an ABORT (with `reason`) or GOODBYE frame behind the
+  // one partly written, if any; FlushClosing writes without blocking and returns true once that
+  // frame is out (or the connection is gone); Close shuts the socket down without provoking a
+  // reset where it can.
+  void QueueAbort(const std::string& reason);
+  void QueueGoodbye();
+  bool FlushClosing();
+  void Close();
+
+ private:
+  struct SendOp {
+    FrameHeader header;
+    const uint8_t* data;
+    size_t done;  // bytes of header + payload written
+  };
+  struct RecvOp {
+    uint8_t* data;
+    size_t capacity;
+    uint64_t tag;
+  };
+  enum class Rx { kHeader, kHeaderReady, kPayload, kAbortReason };
+
+  Status FlushSends();
+  Status ProcessRx();
+  Status OnHeader();
+  Status StartPayload();
+  void CompleteRecv();
+  // Bytes from the socket, or from tail_ once the peer has closed: > 0 read, 0 end of stream,
+  // -1 nothing available now.
+  ssize_t Read(void* dst, size_t n);
+  void BeginClosing();
+  void Slurp();
+  Status AtEndOfStream();
+  Status CheckClosed();
+  Status Lost(const std::string& why) const;
+
+  DeviceState& state_;
+  const int peer_;
+  Fd fd_;
+  bool readable_ = true;  // edge-triggered: true until a read would block
+  bool writable_ = true;
+  RingQueue<SendOp> sends_;
+  RingQueue<RecvOp> recvs_;
+  std::string closing_frame_payload_;  // ABORT reason being sent
+
+  Rx rx_ = Rx::kHeader;
+  FrameHeader rx_header_;
+  size_t rx_header_got_ = 0;
+  uint8_t* rx_dst_ = nullptr;
+  size_t rx_remaining_ = 0;
+  std::string abort_reason_;
+
+  // Once the peer has closed (or sent ABORT/GOODBYE) every remaining byte is read into tail_ and
+  // parsed from there: it is bounded by the kernel's buffers, and lets us see an ABORT queued
+  // behind messages nobody has asked for yet.
+  bool closing_ = false;
+  bool eof_ = false;
+  bool reset_ = false;
+  bool goodbye_ = false;
+  std::vector<uint8_t> tail_;
+  size_t tail_pos_ = 0;
+};
+
+}  // namespace kolo::transport::tcp

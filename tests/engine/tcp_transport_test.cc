@@ -1,0 +1,489 @@
+// The TCP transport over real loopback sockets: ranks are threads (one Device each) over an
+// InMemoryStore, or a forked process over a file store where a rank has to die for real.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/bootstrap/store.h"
+#include "engine/transport/tcp/device.h"
+#include "engine/transport/tcp/socket.h"
+
+namespace kolo::transport::tcp {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+using Devices = std::vector<std::unique_ptr<Device>>;
+
+constexpr char kSecret[] = "0123456789abcdef-test-secret";
+
+TcpOptions Options(milliseconds timeout = milliseconds(20000)) {
+  TcpOptions o;
+  o.secret = kSecret;
+  o.timeout = timeout;
+  return o;
+}
+
+// Runs fn(rank) on `n` threads and returns each rank's status.
+template <typename Fn>
+std::vector<Status> RunRanks(int n, Fn fn) {
+  std::vector<Status> out(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { out[static_cast<size_t>(r)] = fn(r); });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+// Connects ranks 0..n-1 of a job of `size` ranks (the others, if any, join from elsewhere).
+Devices ConnectAll(int n, bootstrap::Store& store, const TcpOptions& options = Options(),
+                   int size = 0) {
+  if (size == 0) size = n;
+  Devices devices(static_cast<size_t>(n));
+  auto statuses = RunRanks(n, [&](int r) -> Status {
+    KOLO_ASSIGN_OR_RETURN(devices[static_cast<size_t>(r)], Connect(options, store, r, size));
+    return Status::OK();
+  });
+  for (int r = 0; r < n; ++r)
+    EXPECT_TRUE(statuses[static_cast<size_t>(r)].ok()) << statuses[r].ToString();
+  return devices;
+}
+
+std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
+  std::vector<uint8_t> v(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    v[i] = static_cast<uint8_t>(x >> 24);
+  }
+  return v;
+}
+
+std::string Listening(bootstrap::Store& store, int rank) {
+  auto v = store.Get("tcp/addr/" + std::to_string(rank), milliseconds(10000));
+  EXPECT_TRUE(v.ok()) << v.status().ToString();
+  return v.ok() ? std::string(v->begin(), v->end()) : "";
+}
+
+// Connects a raw socket to `addr`, sends `bytes`, and returns whether the peer closed it within
+// `within`.
+bool ClosedByPeer(const std::string& addr, const std::vector<uint8_t>& bytes, milliseconds within) {
+  auto sa = ParseAddress(addr);
+  EXPECT_TRUE(sa.ok());
+  Fd fd(::socket(AF_INET, SOCK_STREAM, 0));
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&*sa), sizeof *sa) != 0) return false;
+  if (!bytes.empty()) (void)::send(fd.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  const auto deadline = Clock::now() + within;
+  uint8_t sink[256];
+  while (Clock::now() < deadline) {
+    pollfd p{fd.get(), POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    const ssize_t n = ::recv(fd.get(), sink, sizeof sink, 0);
+    if (n <= 0) return true;  // EOF or reset; a challenge (n > 0) is read past
+  }
+  return false;
+}
+
+double ThreadCpuMs() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+TEST(TcpTransport, SendRecvEverySize) {
+  bootstrap::InMemoryStore store;
+  Devices d = ConnectAll(2, store);
+  const std::vector<size_t> sizes = {0, 1, 7, 24, 4096, 65539, 1 << 20, 64 << 20};
+  for (size_t size : sizes) {
+    const std::vector<uint8_t> sent = Pattern(size, static_cast<uint32_t>(size));
+    std::vector<uint8_t> got(size + 16, 0xee);
+    auto statuses = RunRanks(2, [&](int r) -> Status {
+      Device& dev = *d[r];
+      std::vector<Completion> done;
+      if (r == 0) {
+        KOLO_ASSIGN_OR_RETURN(auto region, dev.Register(const_cast<uint8_t*>(sent.data()), size));
+        KOLO_RETURN_IF_ERROR(dev.pair(1).Send(*region, 0, size, 1000 + size));
+        KOLO_RETURN_IF_ERROR(WaitFor(dev, 1, &done, milliseconds(20000)));
+      } else {
+        KOLO_ASSIGN_OR_RETURN(auto region, dev.Register(got.data(), got.size()));
+        KOLO_RETURN_IF_ERROR(dev.pair(0).Recv(*region, 8, size + 8, 1000 + size));
+        KOLO_RETURN_IF_ERROR(WaitFor(dev, 1, &done, milliseconds(20000)));
+      }
+      if (done.size() != 1 || done[0].nbytes != size || done[0].tag != 1000 + size ||
+          done[0].peer != 1 - r) {
+        return Internal("rank {}: unexpected completion for size {}", r, size);
+      }
+      return Status::OK();
+    });
+    ASSERT_TRUE(statuses[0].ok()) << statuses[0].ToString();
+    ASSERT_TRUE(statuses[1].ok()) << statuses[1].ToString();
+    ASSERT_TRUE(std::equal(sent.begin(), sent.end(), got.begin() + 8)) << "size " << size;
+    EXPECT_EQ(got[7], 0xee);
+    EXPECT_EQ(got[size + 8], 0xee);  // nothing written past the message
+  }
+  size_t total = 0;
+  for (size_t s : sizes) total += s;
+  EXPECT_EQ(d[0]->bytes_sent(), total);
+  EXPECT_EQ(d[1]->bytes_received(), total);
+}
+
+TEST(TcpTransport, FifoOrderBothDirectionsAndShortMessages) {
+  bootstrap::InMemoryStore store;
+  Devices d = ConnectAll(3, store);
+  constexpr int kMessages = 300;  // more than the pre-reserved queue, so it must grow
+  auto statuses = RunRanks(3, [&](int r) -> Status {
+    Device& dev = *d[r];
+    std::vector<std::vector<uint8_t>> out, in;
+    std::vector<std::unique_ptr<Region>> regions;
+    for (int peer = 0; peer < 3; ++peer) {
+      if (peer == r) continue;
+      for (int i = 0; i < kMessages; ++i) {
+        const size_t size = static_cast<size_t>((i * 37) % 5000);
+        out.push_back(Pattern(size, static_cast<uint32_t>(r * 100000 + peer * 1000 + i)));
+        in.emplace_back(size + 100);  // capacity larger than the message
+      }
+    }
+    size_t k = 0;
+    for (int peer = 0; peer < 3; ++peer) {
+      if (peer == r) continue;
+      for (int i = 0; i < kMessages; ++i, ++k) {
+        KOLO_ASSIGN_OR_RETURN(auto o, dev.Register(out[k].data(), out[k].size()));
+        KOLO_ASSIGN_OR_RETURN(auto n, dev.Register(in[k].data(), in[k].size()));
+        KOLO_RETURN_IF_ERROR(dev.pair(peer).Send(*o, 0, out[k].size(), 7 * i));
+        KOLO_RETURN_IF_ERROR(dev.pair(peer).Recv(*n, 0, in[k].size(), 7 * i));
+        regions.push_back(std::move(o));
+        regions.push_back(std::move(n));
+      }
+    }
+    std::vector<Completion> done;
+    KOLO_RETURN_IF_ERROR(WaitFor(dev, 4 * kMessages, &done, milliseconds(20000)));
+    std::vector<int> next(3, 0);
+    for (const Completion& c : done) {
+      if (c.kind != OpKind::kRecv) continue;
+      const int i = next[c.peer]++;
+      if (c.tag != static_cast<uint64_t>(7 * i) ||
+          c.nbytes != static_cast<size_t>((i * 37) % 5000)) {
+        return Internal("rank {}: message {} from rank {} arrived out of order (tag {})", r, i,
+                        c.peer, c.tag);
+      }
+      const auto want = Pattern(c.nbytes, static_cast<uint32_t>(c.peer * 100000 + r * 1000 + i));
+      const size_t slot = static_cast<size_t>((c.peer < r ? c.peer : c.peer - 1) * kMessages + i);
+      if (!std::equal(want.begin(), want.end(), in[slot].begin())) {
+        return Internal("rank {}: message {} from rank {} is corrupt", r, i, c.peer);
+      }
+    }
+    return Status::OK();
+  });
+  for (const Status& s : statuses) EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+TEST(TcpTransport, TagMismatchAndOversizeAreProtocolErrors) {
+  for (const bool oversize : {false, true}) {
+    bootstrap::InMemoryStore store;
+    Devices d = ConnectAll(2, store);
+    std::vector<uint8_t> buf(64);
+    auto region = d[0]->Register(buf.data(), buf.size());
+    auto region1 = d[1]->Register(buf.data(), buf.size());
+    ASSERT_TRUE(region.ok() && region1.ok());
+    ASSERT_TRUE(d[0]->pair(1).Send(**region, 0, 32, 0x11).ok());
+    std::vector<Completion> done;
+    ASSERT_TRUE(WaitFor(*d[0], 1, &done, milliseconds(5000)).ok());
+    // The message is already there, so the error may surface as the receive is posted.
+    Status s = d[1]->pair(0).Recv(**region1, 0, oversize ? 16 : 32, oversize ? 0x11 : 0x22);
+    if (s.ok()) s = WaitFor(*d[1], 1, &done, milliseconds(5000));
+    EXPECT_EQ(s.code(), StatusCode::kProtocol) << s.ToString();
+    EXPECT_NE(s.message().find("rank 0"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("0x11"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(oversize ? "holds 16 bytes" : "0x22"), std::string::npos)
+        << s.message();
+    // Sticky.
+    EXPECT_EQ(d[1]->Poll(&done, milliseconds(0)).code(), StatusCode::kProtocol);
+  }
+}
+
+TEST(TcpTransport, TimeoutNamesPendingPeerAndIsNotSticky) {
+  bootstrap::InMemoryStore store;
+  Devices d = ConnectAll(2, store);
+  uint64_t word = 0, sent = 42;
+  auto in = d[0]->Register(&word, 8);
+  auto out = d[1]->Register(&sent, 8);
+  ASSERT_TRUE(in.ok() && out.ok());
+  ASSERT_TRUE(d[0]->pair(1).Recv(**in, 0, 8, 5).ok());
+  std::vector<Completion> done;
+  const auto start = Clock::now();
+  Status s = d[0]->Poll(&done, milliseconds(200));
+  EXPECT_GE(Clock::now() - start, milliseconds(190));
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
+  EXPECT_NE(s.message().find("rank 1: 1 recv"), std::string::npos) << s.message();
+  ASSERT_TRUE(d[1]->pair(0).Send(**out, 0, 8, 5).ok());
+  EXPECT_TRUE(WaitFor(*d[0], 1, &done, milliseconds(5000)).ok());
+  EXPECT_EQ(word, 42u);
+}
+
+TEST(TcpTransport, PeerShutdownWithPendingReceiveIsUnavailable) {
+  bootstrap::InMemoryStore store;
+  Devices d = ConnectAll(3, store);
+  std::vector<uint8_t> buf(1 << 16);
+  auto r0 = d[0]->Register(buf.data(), buf.size());
+  auto r2 = d[2]->Register(buf.data(), buf.size());
+  ASSERT_TRUE(r0.ok() && r2.ok());
+  // Rank 2 sends one message, then shuts down cleanly; rank 0 takes the message afterwards (it
+  // was queued before the GOODBYE) and then fails on a second receive it is still waiting for.
+  ASSERT_TRUE(d[2]->pair(0).Send(**r2, 0, 1000, 9).ok());
+  std::vector<Completion> done;
+  ASSERT_TRUE(WaitFor(*d[2], 1, &done, milliseconds(5000)).ok());
+  d[2].reset();
+  // A clean shutdown of an idle peer harms nobody: rank 0 and rank 1 still talk.
+  auto r1 = d[1]->Register(buf.data(), buf.size());
+  ASSERT_TRUE(r1.ok());
+  ASSERT_TRUE(d[1]->pair(0).Send(**r1, 0, 10, 1).ok());
+  ASSERT_TRUE(d[0]->pair(1).Recv(**r0, 0, 10, 1).ok());
+  done.clear();
+  ASSERT_TRUE(WaitFor(*d[0], 1, &done, milliseconds(5000)).ok());
+  ASSERT_TRUE(d[0]->pair(2).Recv(**r0, 0, 1000, 9).ok());
+  done.clear();
+  Status s = WaitFor(*d[0], 1, &done, milliseconds(5000));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(done[0].nbytes, 1000u);
+  // The next receive from rank 2 can never be satisfied: it fails when posted or when polled.
+  s = d[0]->pair(2).Recv(**r0, 0, 1000, 10);
+  if (s.ok()) s = d[0]->Poll(&done, milliseconds(5000));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find("connection to rank 2 lost"), std::string::npos) << s.message();
+}
+
+// A file-backed store, so that a forked process can rendezvous with threads of this one.
+class FileStore final : public bootstrap::Store {
+ public:
+  explicit FileStore(std::string dir) : dir_(std::move(dir)) {}
+  Status Set(const std::string& key, const std::vector<uint8_t>& value) override {
+    const std::string path = Path(key);
+    const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+    std::ofstream(tmp, std::ios::binary)
+        .write(reinterpret_cast<const char*>(value.data()),
+               static_cast<std::streamsize>(value.size()));
+    std::filesystem::rename(tmp, path);
+    return Status::OK();
+  }
+  StatusOr<std::vector<uint8_t>> Get(const std::string& key, milliseconds timeout) override {
+    const auto deadline = Clock::now() + timeout;
+    while (!std::filesystem::exists(Path(key))) {
+      if (Clock::now() >= deadline) return DeadlineExceeded("no key {}", key);
+      std::this_thread::sleep_for(milliseconds(2));
+    }
+    std::ifstream in(Path(key), std::ios::binary);
+    return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+  }
+
+ private:
+  std::string Path(std::string key) const {
+    for (char& c : key) c = c == '/' ? '_' : c;
+    return dir_ + "/" + key;
+  }
+  std::string dir_;
+};
+
+TEST(TcpTransport, CrashedPeerSurfacesWhileWaitingOnAnother) {
+  char dir_template[] = "/tmp/kolo_tcp_test_XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Rank 2 connects, then dies without a word (no GOODBYE): the kernel closes its sockets.
+    FileStore store(dir);
+    auto device = Connect(Options(), store, 2, 3);
+    ::usleep(300 * 1000);
+    ::_exit(device.ok() ? 0 : 1);
+  }
+  struct Reap {  // no process outlives the test, whatever fails
+    pid_t pid;
+    ~Reap() {
+      if (pid <= 0) return;
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reap{child};
+  FileStore store(dir);
+  Devices d = ConnectAll(2, store, Options(), 3);
+  ASSERT_TRUE(d[0] && d[1]);
+  // Rank 0 waits on rank 1, which never sends; rank 2's death must end the wait early.
+  uint64_t word = 0;
+  auto region = d[0]->Register(&word, 8);
+  ASSERT_TRUE(region.ok());
+  ASSERT_TRUE(d[0]->pair(1).Recv(**region, 0, 8, 1).ok());
+  std::vector<Completion> done;
+  const auto start = Clock::now();
+  Status s = d[0]->Poll(&done, milliseconds(15000));
+  EXPECT_LT(Clock::now() - start, milliseconds(5000));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find("connection to rank 2 lost"), std::string::npos) << s.message();
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(child, &wstatus, 0), child);
+  reap.pid = -1;
+  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TcpTransport, AbortReachesEveryPeerEvenBehindUnreadMessages) {
+  bootstrap::InMemoryStore store;
+  Devices d = ConnectAll(3, store);
+  std::vector<uint8_t> buf(1 << 20, 1);
+  auto r1 = d[1]->Register(buf.data(), buf.size());
+  ASSERT_TRUE(r1.ok());
+  // Rank 1 queues messages rank 0 has not asked for, then aborts.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(d[1]->pair(0).Send(**r1, 0, 1 << 18, 100 + i).ok());
+  std::vector<Completion> done;
+  ASSERT_TRUE(WaitFor(*d[1], 3, &done, milliseconds(5000)).ok());
+  d[1]->Abort(Internal("disk on fire"));
+  d[1]->Abort(Internal("second call is a no-op"));
+  auto statuses = RunRanks(3, [&](int r) -> Status {
+    if (r == 1) return Status::OK();
+    // Each survivor waits on the other survivor, not on rank 1.
+    uint64_t word = 0;
+    KOLO_ASSIGN_OR_RETURN(auto region, d[r]->Register(&word, 8));
+    KOLO_RETURN_IF_ERROR(d[r]->pair(2 - r).Recv(*region, 0, 8, 1));
+    std::vector<Completion> got;
+    return d[r]->Poll(&got, milliseconds(10000));
+  });
+  for (int r : {0, 2}) {
+    EXPECT_EQ(statuses[r].code(), StatusCode::kAborted) << statuses[r].ToString();
+    EXPECT_NE(statuses[r].message().find("rank 1 aborted"), std::string::npos);
+    EXPECT_NE(statuses[r].message().find("disk on fire"), std::string::npos);
+  }
+  EXPECT_EQ(d[1]->Poll(&done, milliseconds(0)).code(), StatusCode::kAborted);
+}
+
+TEST(TcpTransport, ImpostorsAndGarbageDuringSetupAreRejected) {
+  bootstrap::InMemoryStore store;
+  std::unique_ptr<Device> rank0;
+  std::thread t0([&] {
+    auto dev = Connect(Options(), store, 0, 2);
+    EXPECT_TRUE(dev.ok()) << dev.status().ToString();
+    if (dev.ok()) rank0 = std::move(dev).value();
+  });
+  const std::string addr = Listening(store, 0);
+  // Random bytes at the listening port, and a silent connection that just sits there.
+  std::mt19937 rng(7);
+  std::vector<uint8_t> garbage(300);
+  for (auto& b : garbage) b = static_cast<uint8_t>(rng());
+  EXPECT_TRUE(ClosedByPeer(addr, garbage, milliseconds(5000)));
+  auto sa = ParseAddress(addr);
+  Fd silent(::socket(AF_INET, SOCK_STREAM, 0));
+  ASSERT_EQ(::connect(silent.get(), reinterpret_cast<const sockaddr*>(&*sa), sizeof *sa), 0);
+  // A real handshake with the wrong secret, claiming rank 1.
+  {
+    bootstrap::InMemoryStore fake;
+    ASSERT_TRUE(fake.Set("tcp/addr/0", std::vector<uint8_t>(addr.begin(), addr.end())).ok());
+    TcpOptions wrong = Options(milliseconds(5000));
+    wrong.secret = "not-the-job-secret";
+    auto impostor = Connect(wrong, fake, 1, 2);
+    EXPECT_FALSE(impostor.ok());
+    EXPECT_EQ(impostor.status().code(), StatusCode::kUnavailable) << impostor.status().ToString();
+  }
+  // The real rank 1 still gets in, and the pair works.
+  auto rank1 = Connect(Options(), store, 1, 2);
+  t0.join();
+  ASSERT_TRUE(rank1.ok()) << rank1.status().ToString();
+  ASSERT_TRUE(rank0);
+  uint64_t a = 77, b = 0;
+  auto ra = (*rank1)->Register(&a, 8);
+  auto rb = rank0->Register(&b, 8);
+  ASSERT_TRUE((*rank1)->pair(0).Send(**ra, 0, 8, 3).ok());
+  ASSERT_TRUE(rank0->pair(1).Recv(**rb, 0, 8, 3).ok());
+  std::vector<Completion> done;
+  ASSERT_TRUE(WaitFor(*rank0, 1, &done, milliseconds(5000)).ok());
+  EXPECT_EQ(b, 77u);
+}
+
+TEST(TcpTransport, ConnectionsAfterSetupAreClosedAndHarmless) {
+  bootstrap::InMemoryStore store;
+  Devices d = ConnectAll(2, store);
+  const std::string addr = Listening(store, 0);
+  std::vector<uint8_t> buf(1 << 20, 5), in(1 << 20, 0);
+  auto out = d[1]->Register(buf.data(), buf.size());
+  auto into = d[0]->Register(in.data(), in.size());
+  ASSERT_TRUE(out.ok() && into.ok());
+  bool closed = false;
+  std::thread intruder([&] {
+    std::mt19937 rng(11);
+    std::vector<uint8_t> garbage(500);
+    for (auto& b : garbage) b = static_cast<uint8_t>(rng());
+    closed = ClosedByPeer(addr, garbage, milliseconds(5000));
+  });
+  // Rank 0 keeps polling (which is what serves its listener) while the transfer runs.
+  ASSERT_TRUE(d[0]->pair(1).Recv(**into, 0, in.size(), 8).ok());
+  std::this_thread::sleep_for(milliseconds(100));
+  ASSERT_TRUE(d[1]->pair(0).Send(**out, 0, buf.size(), 8).ok());
+  std::vector<Completion> done;
+  Status s = Status::OK();
+  while (s.ok() && done.empty()) s = d[0]->Poll(&done, milliseconds(2000));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (int i = 0; i < 20 && !closed; ++i) (void)d[0]->Poll(&done, milliseconds(100));
+  intruder.join();
+  EXPECT_TRUE(closed);
+  EXPECT_EQ(in, buf);
+  done.clear();
+  EXPECT_TRUE(WaitFor(*d[1], 1, &done, milliseconds(5000)).ok());
+}
+
+TEST(TcpTransport, SetupTimeoutNamesMissingRanks) {
+  bootstrap::InMemoryStore store;
+  auto dev = Connect(Options(milliseconds(300)), store, 1, 3);
+  ASSERT_FALSE(dev.ok());
+  EXPECT_EQ(dev.status().code(), StatusCode::kDeadlineExceeded) << dev.status().ToString();
+  EXPECT_NE(dev.status().message().find("rank 0"), std::string::npos) << dev.status().message();
+}
+
+TEST(TcpTransport, IdlePollSleepsUnlessBusyPolling) {
+  for (const bool busy : {false, true}) {
+    bootstrap::InMemoryStore store;
+    TcpOptions options = Options();
+    options.busy_poll = busy;
+    Devices d = ConnectAll(2, store, options);
+    uint64_t word = 0;
+    auto region = d[0]->Register(&word, 8);
+    ASSERT_TRUE(region.ok());
+    ASSERT_TRUE(d[0]->pair(1).Recv(**region, 0, 8, 1).ok());
+    std::vector<Completion> done;
+    const double cpu0 = ThreadCpuMs();
+    EXPECT_EQ(d[0]->Poll(&done, milliseconds(500)).code(), StatusCode::kDeadlineExceeded);
+    const double cpu_ms = ThreadCpuMs() - cpu0;
+    if (busy) {
+      EXPECT_GT(cpu_ms, 100.0) << "busy polling should spin (and this test can tell)";
+    } else {
+      EXPECT_LT(cpu_ms, 25.0) << "an idle Poll must sleep in epoll_wait";
+    }
+  }
+}
+
+TEST(TcpTransport, ArgumentErrors) {
+  bootstrap::InMemoryStore store;
+  Devices d = ConnectAll(2, store);
+  EXPECT_EQ(d[0]->Register(nullptr, 8).status().code(), StatusCode::kInvalidArgument);
+  uint8_t b[16];
+  auto region = d[0]->Register(b, sizeof b);
+  ASSERT_TRUE(region.ok());
+  EXPECT_EQ(d[0]->pair(1).Send(**region, 8, 9, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(d[0]->pair(1).Recv(**region, 17, 0, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Connect(Options(), store, 2, 2).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_STREQ(d[0]->name(), "tcp");
+  EXPECT_EQ(d[1]->rank(), 1);
+  EXPECT_EQ(d[1]->size(), 2);
+}
+
+}  // namespace
+}  // namespace kolo::transport::tcp

@@ -30,6 +30,10 @@ struct Comm {
   std::chrono::milliseconds timeout{30000};
   // Called with (phase, true) when a phase starts and (phase, false) when it ends; may be empty.
   std::function<void(Phase, bool)> on_phase;
+  // Collective calls made so far; every collective increments it and carries it in its message
+  // tags, so that ranks calling collectives in different orders fail with a protocol error instead
+  // of exchanging the wrong bytes. Must be equal on every rank (start all at 0).
+  uint32_t sequence = 0;
 
   int rank() const { return device->rank(); }
   int size() const { return device->size(); }

@@ -1,0 +1,248 @@
+// Latency-bound collectives: variable-length messages for negotiation, the bit-vector allreduce of
+// the response cache, and the barrier.
+#include <algorithm>
+
+#include "engine/collectives/collectives.h"
+#include "engine/collectives/reduce.h"
+#include "engine/collectives/tags.h"
+
+namespace kolo::collectives {
+namespace {
+
+using transport::Completion;
+using transport::Region;
+
+// A length larger than this is taken as a corrupted or mismatched stream, not as an allocation
+// to attempt.
+constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 31;
+
+Status CheckComm(const Comm& comm) {
+  if (comm.device == nullptr) return InvalidArgument("collective called with a null device");
+  return Status::OK();
+}
+
+Status CheckPeer(const Comm& comm, int peer, const char* what) {
+  if (peer < 0 || peer >= comm.size() || peer == comm.rank()) {
+    return InvalidArgument("{}: rank {} is not a peer of rank {} (size {})", what, peer,
+                           comm.rank(), comm.size());
+  }
+  return Status::OK();
+}
+
+// Waits for `n` completions and checks the received sizes against `expected_recv_bytes` (by
+// completion order within each peer is not needed: every receive here expects the same size).
+Status Await(Comm& comm, size_t n, const char* what, size_t expected_recv_bytes = SIZE_MAX) {
+  std::vector<Completion> done;
+  done.reserve(n);
+  Status s = transport::WaitFor(*comm.device, n, &done, comm.timeout);
+  if (!s.ok()) return s.WithContext(fmt::format("rank {}: {}", comm.rank(), what));
+  for (const Completion& c : done) {
+    if (c.kind == transport::OpKind::kRecv && expected_recv_bytes != SIZE_MAX &&
+        c.nbytes != expected_recv_bytes) {
+      return ProtocolError("rank {}: {}: rank {} sent {} bytes, expected {}", comm.rank(), what,
+                           c.peer, c.nbytes, expected_recv_bytes);
+    }
+  }
+  return Status::OK();
+}
+
+// Sends the length then the payload of `payload` to `peer` (both posted; not waited for).
+Status PostMessage(Comm& comm, int peer, const uint64_t& length, const Region& length_region,
+                   const Region& payload_region, uint64_t length_tag, uint64_t payload_tag) {
+  transport::Pair& pair = comm.device->pair(peer);
+  KOLO_RETURN_IF_ERROR(pair.Send(length_region, 0, sizeof length, length_tag));
+  return pair.Send(payload_region, 0, payload_region.size(), payload_tag);
+}
+
+StatusOr<std::unique_ptr<Region>> RegisterBytes(Comm& comm, const void* data, size_t size) {
+  return comm.device->Register(const_cast<void*>(data), size);
+}
+
+// Receives one length-prefixed message from each of `peers` (lengths first, then payloads).
+Status ReceiveMessages(Comm& comm, const std::vector<int>& peers, uint64_t length_tag,
+                       uint64_t payload_tag, const char* what,
+                       std::vector<std::vector<uint8_t>*> outs) {
+  std::vector<uint64_t> lengths(peers.size(), 0);
+  KOLO_ASSIGN_OR_RETURN(auto length_region,
+                        RegisterBytes(comm, lengths.data(), lengths.size() * sizeof(uint64_t)));
+  for (size_t i = 0; i < peers.size(); ++i) {
+    KOLO_RETURN_IF_ERROR(comm.device->pair(peers[i]).Recv(*length_region, i * sizeof(uint64_t),
+                                                          sizeof(uint64_t), length_tag));
+  }
+  KOLO_RETURN_IF_ERROR(Await(comm, peers.size(), what, sizeof(uint64_t)));
+  std::vector<std::unique_ptr<Region>> regions(peers.size());
+  for (size_t i = 0; i < peers.size(); ++i) {
+    if (lengths[i] > kMaxMessageBytes) {
+      return ProtocolError("rank {}: {}: rank {} announced a {}-byte message (at most {})",
+                           comm.rank(), what, peers[i], lengths[i], kMaxMessageBytes);
+    }
+    outs[i]->resize(lengths[i]);
+    KOLO_ASSIGN_OR_RETURN(regions[i], RegisterBytes(comm, outs[i]->data(), outs[i]->size()));
+    KOLO_RETURN_IF_ERROR(comm.device->pair(peers[i]).Recv(*regions[i], 0, lengths[i], payload_tag));
+  }
+  std::vector<Completion> done;
+  Status s = transport::WaitFor(*comm.device, peers.size(), &done, comm.timeout);
+  if (!s.ok()) return s.WithContext(fmt::format("rank {}: {}", comm.rank(), what));
+  for (const Completion& c : done) {
+    const size_t i =
+        static_cast<size_t>(std::find(peers.begin(), peers.end(), c.peer) - peers.begin());
+    if (i < peers.size() && c.nbytes != lengths[i]) {
+      return ProtocolError("rank {}: {}: rank {} announced {} bytes but sent {}", comm.rank(), what,
+                           c.peer, lengths[i], c.nbytes);
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status SendMessage(Comm& comm, int peer, const std::vector<uint8_t>& payload, uint64_t tag) {
+  KOLO_RETURN_IF_ERROR(CheckComm(comm));
+  KOLO_RETURN_IF_ERROR(CheckPeer(comm, peer, "SendMessage"));
+  const uint64_t length = payload.size();
+  KOLO_ASSIGN_OR_RETURN(auto length_region, RegisterBytes(comm, &length, sizeof length));
+  KOLO_ASSIGN_OR_RETURN(auto payload_region, RegisterBytes(comm, payload.data(), payload.size()));
+  KOLO_RETURN_IF_ERROR(PostMessage(comm, peer, length, *length_region, *payload_region,
+                                   MessageTag(OpCode::kMessageLength, tag),
+                                   MessageTag(OpCode::kMessagePayload, tag)));
+  return Await(comm, 2, "SendMessage");
+}
+
+StatusOr<std::vector<uint8_t>> RecvMessage(Comm& comm, int peer, uint64_t tag) {
+  KOLO_RETURN_IF_ERROR(CheckComm(comm));
+  KOLO_RETURN_IF_ERROR(CheckPeer(comm, peer, "RecvMessage"));
+  std::vector<uint8_t> message;
+  KOLO_RETURN_IF_ERROR(ReceiveMessages(comm, {peer}, MessageTag(OpCode::kMessageLength, tag),
+                                       MessageTag(OpCode::kMessagePayload, tag), "RecvMessage",
+                                       {&message}));
+  return message;
+}
+
+StatusOr<std::vector<std::vector<uint8_t>>> GatherMessages(Comm& comm, int root,
+                                                           const std::vector<uint8_t>& mine) {
+  KOLO_RETURN_IF_ERROR(CheckComm(comm));
+  const uint32_t sequence = comm.sequence++;
+  const int n = comm.size();
+  if (root < 0 || root >= n) {
+    return InvalidArgument("GatherMessages: root {} is not a rank (size {})", root, n);
+  }
+  const uint64_t length_tag = CollectiveTag(OpCode::kGather, sequence, 0);
+  const uint64_t payload_tag = CollectiveTag(OpCode::kGather, sequence, 1);
+  std::vector<std::vector<uint8_t>> all(static_cast<size_t>(n));
+  if (comm.rank() != root) {
+    const uint64_t length = mine.size();
+    KOLO_ASSIGN_OR_RETURN(auto length_region, RegisterBytes(comm, &length, sizeof length));
+    KOLO_ASSIGN_OR_RETURN(auto payload_region, RegisterBytes(comm, mine.data(), mine.size()));
+    KOLO_RETURN_IF_ERROR(
+        PostMessage(comm, root, length, *length_region, *payload_region, length_tag, payload_tag));
+    KOLO_RETURN_IF_ERROR(Await(comm, 2, "GatherMessages"));
+    return all;
+  }
+  std::vector<int> peers;
+  std::vector<std::vector<uint8_t>*> outs;
+  for (int r = 0; r < n; ++r) {
+    if (r == root) continue;
+    peers.push_back(r);
+    outs.push_back(&all[static_cast<size_t>(r)]);
+  }
+  all[static_cast<size_t>(root)] = mine;
+  if (!peers.empty()) {
+    KOLO_RETURN_IF_ERROR(
+        ReceiveMessages(comm, peers, length_tag, payload_tag, "GatherMessages", outs));
+  }
+  return all;
+}
+
+StatusOr<std::vector<uint8_t>> BroadcastMessage(Comm& comm, int root,
+                                                const std::vector<uint8_t>& message) {
+  KOLO_RETURN_IF_ERROR(CheckComm(comm));
+  const uint32_t sequence = comm.sequence++;
+  const int n = comm.size();
+  if (root < 0 || root >= n) {
+    return InvalidArgument("BroadcastMessage: root {} is not a rank (size {})", root, n);
+  }
+  const uint64_t length_tag = CollectiveTag(OpCode::kBroadcastMessage, sequence, 0);
+  const uint64_t payload_tag = CollectiveTag(OpCode::kBroadcastMessage, sequence, 1);
+  if (comm.rank() == root) {
+    const uint64_t length = message.size();
+    KOLO_ASSIGN_OR_RETURN(auto length_region, RegisterBytes(comm, &length, sizeof length));
+    KOLO_ASSIGN_OR_RETURN(auto payload_region, RegisterBytes(comm, message.data(), message.size()));
+    for (int r = 0; r < n; ++r) {
+      if (r == root) continue;
+      KOLO_RETURN_IF_ERROR(
+          PostMessage(comm, r, length, *length_region, *payload_region, length_tag, payload_tag));
+    }
+    KOLO_RETURN_IF_ERROR(Await(comm, 2 * static_cast<size_t>(n - 1), "BroadcastMessage"));
+    return message;
+  }
+  std::vector<uint8_t> received;
+  KOLO_RETURN_IF_ERROR(
+      ReceiveMessages(comm, {root}, length_tag, payload_tag, "BroadcastMessage", {&received}));
+  return received;
+}
+
+Status Barrier(Comm& comm) {
+  KOLO_RETURN_IF_ERROR(CheckComm(comm));
+  const uint32_t sequence = comm.sequence++;
+  const int n = comm.size();
+  uint8_t token = 0;
+  KOLO_ASSIGN_OR_RETURN(auto region, RegisterBytes(comm, &token, 1));
+  // Dissemination: after round k every rank has heard, directly or not, from 2^(k+1) ranks.
+  uint32_t round = 0;
+  for (int distance = 1; distance < n; distance *= 2, ++round) {
+    const uint64_t tag = CollectiveTag(OpCode::kBarrier, sequence, round);
+    KOLO_RETURN_IF_ERROR(comm.device->pair((comm.rank() + distance) % n).Send(*region, 0, 0, tag));
+    KOLO_RETURN_IF_ERROR(
+        comm.device->pair((comm.rank() - distance + n) % n).Recv(*region, 0, 0, tag));
+    KOLO_RETURN_IF_ERROR(Await(comm, 2, "barrier", 0));
+  }
+  return Status::OK();
+}
+
+Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, size_t or_words,
+                        Scratch& scratch) {
+  KOLO_RETURN_IF_ERROR(CheckComm(comm));
+  const uint32_t sequence = comm.sequence++;
+  const size_t bytes = (and_words + or_words) * sizeof(uint64_t);
+  if (buf.size() < bytes) {
+    return InvalidArgument("BitwiseAllreduce: {} + {} words need {} bytes; the buffer has {}",
+                           and_words, or_words, bytes, buf.size());
+  }
+  const int n = comm.size();
+  const int rank = comm.rank();
+  if (n == 1 || bytes == 0) return Status::OK();
+  KOLO_ASSIGN_OR_RETURN(Region * incoming, scratch.Get(*comm.device, bytes));
+  auto* words = reinterpret_cast<uint64_t*>(buf.data());
+  const uint64_t up_tag = CollectiveTag(OpCode::kBitwise, sequence, 0);
+  const uint64_t down_tag = CollectiveTag(OpCode::kBitwise, sequence, 1);
+  // Binomial tree rooted at rank 0: combine up, then send the result back down.
+  int mask = 1;
+  for (; mask < n; mask <<= 1) {
+    if (rank & mask) {
+      KOLO_RETURN_IF_ERROR(comm.device->pair(rank - mask).Send(buf, 0, bytes, up_tag));
+      KOLO_RETURN_IF_ERROR(Await(comm, 1, "bitwise allreduce (up)"));
+      break;
+    }
+    if (rank + mask < n) {
+      KOLO_RETURN_IF_ERROR(comm.device->pair(rank + mask).Recv(*incoming, 0, bytes, up_tag));
+      KOLO_RETURN_IF_ERROR(Await(comm, 1, "bitwise allreduce (up)", bytes));
+      const auto* theirs = reinterpret_cast<const uint64_t*>(incoming->data());
+      BitAnd(words, theirs, and_words);
+      BitOr(words + and_words, theirs + and_words, or_words);
+    }
+  }
+  if (rank != 0) {
+    KOLO_RETURN_IF_ERROR(comm.device->pair(rank - mask).Recv(buf, 0, bytes, down_tag));
+    KOLO_RETURN_IF_ERROR(Await(comm, 1, "bitwise allreduce (down)", bytes));
+  }
+  size_t sends = 0;
+  for (int child = mask >> 1; child >= 1; child >>= 1) {
+    if (rank + child < n) {
+      KOLO_RETURN_IF_ERROR(comm.device->pair(rank + child).Send(buf, 0, bytes, down_tag));
+      ++sends;
+    }
+  }
+  return Await(comm, sends, "bitwise allreduce (down)");
+}
+
+}  // namespace kolo::collectives

@@ -1,0 +1,122 @@
+#include "engine/collectives/pipeline.h"
+
+#include <algorithm>
+
+#include "engine/collectives/reduce.h"
+
+namespace kolo::collectives {
+namespace {
+
+// Receives and sends kept posted ahead. Enough to keep both directions of a loopback or 10-25 GbE
+// link busy while a piece is being reduced; more only adds scratch.
+constexpr size_t kRecvDepth = 4;
+constexpr size_t kSendDepth = 4;
+
+// Balances the phase callbacks even when the ring fails half-way.
+class PhaseScope {
+ public:
+  PhaseScope(const Comm& comm, Phase phase) : comm_(comm), phase_(phase) { Report(true); }
+  ~PhaseScope() { Report(false); }
+  void Switch(Phase next) {
+    if (next == phase_) return;
+    Report(false);
+    phase_ = next;
+    Report(true);
+  }
+
+ private:
+  void Report(bool start) {
+    if (comm_.on_phase) comm_.on_phase(phase_, start);
+  }
+  const Comm& comm_;
+  Phase phase_;
+};
+
+}  // namespace
+
+std::vector<size_t> EvenSplit(size_t count, int parts) {
+  std::vector<size_t> bounds(static_cast<size_t>(parts) + 1, 0);
+  const size_t n = static_cast<size_t>(parts);
+  for (size_t i = 0; i < n; ++i) bounds[i + 1] = bounds[i] + count / n + (i < count % n ? 1 : 0);
+  return bounds;
+}
+
+void AppendPieces(size_t offset, size_t nbytes, size_t piece_bytes, std::vector<RecvPiece>* out) {
+  for (size_t done = 0; done < nbytes; done += piece_bytes) {
+    out->push_back(RecvPiece{offset + done, std::min(piece_bytes, nbytes - done), false});
+  }
+}
+
+Status RunRing(Comm& comm, transport::Region& buf, const RingPlan& plan, OpCode op,
+               uint32_t sequence, DataType dtype, bool reduce, Scratch& scratch,
+               const std::string& what) {
+  transport::Device& device = *comm.device;
+  const size_t num_recvs = plan.recvs.size();
+  const size_t num_sends = plan.sends.size();
+  size_t slot_bytes = 0;
+  for (const RecvPiece& p : plan.recvs) {
+    if (p.scratch) slot_bytes = std::max(slot_bytes, p.nbytes);
+  }
+  transport::Region* slots = nullptr;
+  if (slot_bytes > 0) {
+    KOLO_ASSIGN_OR_RETURN(slots, scratch.Get(device, slot_bytes * kRecvDepth));
+  }
+  transport::Pair* left = num_recvs > 0 ? &device.pair(plan.left) : nullptr;
+  transport::Pair* right = num_sends > 0 ? &device.pair(plan.right) : nullptr;
+  const size_t elem = DataTypeSize(dtype);
+
+  size_t recvs_posted = 0, recvs_done = 0, sends_posted = 0, sends_done = 0;
+  auto post = [&]() -> Status {
+    while (recvs_posted < num_recvs && recvs_posted - recvs_done < kRecvDepth) {
+      const RecvPiece& p = plan.recvs[recvs_posted];
+      const uint64_t tag = CollectiveTag(op, sequence, static_cast<uint32_t>(recvs_posted));
+      KOLO_RETURN_IF_ERROR(
+          p.scratch ? left->Recv(*slots, (recvs_posted % kRecvDepth) * slot_bytes, p.nbytes, tag)
+                    : left->Recv(buf, p.offset, p.nbytes, tag));
+      ++recvs_posted;
+    }
+    while (sends_posted < num_sends && sends_posted - sends_done < kSendDepth) {
+      const SendPiece& p = plan.sends[sends_posted];
+      if (p.after >= 0 && static_cast<size_t>(p.after) >= recvs_done) break;
+      KOLO_RETURN_IF_ERROR(
+          right->Send(buf, p.offset, p.nbytes,
+                      CollectiveTag(op, sequence, static_cast<uint32_t>(sends_posted))));
+      ++sends_posted;
+    }
+    return Status::OK();
+  };
+
+  PhaseScope phase(comm, plan.split == 0 ? plan.second : plan.first);
+  std::vector<transport::Completion> done;
+  done.reserve(2 * (kRecvDepth + kSendDepth));
+  Status s = post();
+  while (s.ok() && (recvs_done < num_recvs || sends_done < num_sends)) {
+    done.clear();
+    s = device.Poll(&done, comm.timeout);
+    for (size_t i = 0; s.ok() && i < done.size(); ++i) {
+      const transport::Completion& c = done[i];
+      if (c.kind == transport::OpKind::kSend) {
+        ++sends_done;
+        continue;
+      }
+      const RecvPiece& p = plan.recvs[recvs_done];
+      if (c.nbytes != p.nbytes) {
+        s = ProtocolError(
+            "rank {} sent {} bytes for piece {} where {} were expected (do all ranks pass the "
+            "same sizes?)",
+            plan.left, c.nbytes, recvs_done, p.nbytes);
+        break;
+      }
+      if (p.scratch && reduce) {
+        ReduceSum(dtype, buf.data() + p.offset,
+                  slots->data() + (recvs_done % kRecvDepth) * slot_bytes, p.nbytes / elem);
+      }
+      if (++recvs_done == plan.split) phase.Switch(plan.second);
+    }
+    if (s.ok()) s = post();
+  }
+  if (!s.ok()) return s.WithContext(fmt::format("rank {}: {}", comm.rank(), what));
+  return Status::OK();
+}
+
+}  // namespace kolo::collectives

@@ -1,0 +1,54 @@
+// The chunk-pipelined ring engine the ring collectives share (internal).
+//
+// A collective is described as the stream of pieces this rank receives from its left neighbour
+// and the stream it sends to its right neighbour. A send may wait for one receive (it forwards
+// what arrived, after reducing it). The engine keeps `kRecvDepth` receives and `kSendDepth` sends
+// posted ahead, reduces each piece the moment it arrives and sends what it unblocks at once.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "engine/collectives/collectives.h"
+#include "engine/collectives/tags.h"
+
+namespace kolo::collectives {
+
+struct RecvPiece {
+  size_t offset;  // bytes into the buffer region where the piece belongs
+  size_t nbytes;
+  bool scratch;  // arrives in scratch and is then reduced into the buffer (if reducing)
+};
+
+struct SendPiece {
+  size_t offset;
+  size_t nbytes;
+  int64_t after;  // index of the receive that must be done first; -1 for none
+};
+
+struct RingPlan {
+  int left = -1;
+  int right = -1;
+  std::vector<RecvPiece> recvs;
+  std::vector<SendPiece> sends;
+  // Phases for the timeline: `first` covers receives [0, split), `second` the rest.
+  Phase first = Phase::kSendRecv;
+  Phase second = Phase::kSendRecv;
+  size_t split = 0;
+};
+
+// Splits [0, count) elements into `parts` near-equal ranges (the first count % parts one longer).
+// Returns the start of each range plus count at the end.
+std::vector<size_t> EvenSplit(size_t count, int parts);
+
+// Appends the pieces of bytes [offset, offset + nbytes) cut every `piece_bytes` bytes.
+void AppendPieces(size_t offset, size_t nbytes, size_t piece_bytes, std::vector<RecvPiece>* out);
+
+// Runs `plan` on buf. When `reduce` is true, scratch pieces are summed (ReduceSum, `dtype`) into
+// the buffer; otherwise they are received and dropped. `what` names the call in errors.
+Status RunRing(Comm& comm, transport::Region& buf, const RingPlan& plan, OpCode op,
+               uint32_t sequence, DataType dtype, bool reduce, Scratch& scratch,
+               const std::string& what);
+
+}  // namespace kolo::collectives

@@ -1,0 +1,162 @@
+// The ring collectives: each is a plan of pieces (pipeline.h) run by RunRing.
+#include <algorithm>
+#include <numeric>
+
+#include "engine/collectives/collectives.h"
+#include "engine/collectives/pipeline.h"
+
+namespace kolo::collectives {
+namespace {
+
+int Mod(int a, int n) { return ((a % n) + n) % n; }
+
+Status CheckComm(const Comm& comm) {
+  if (comm.device == nullptr) return InvalidArgument("collective called with a null device");
+  if (comm.chunk_bytes == 0) return InvalidArgument("chunk_bytes is 0; it must be positive");
+  return Status::OK();
+}
+
+Status CheckRange(const transport::Region& buf, size_t offset, size_t nbytes, const char* what) {
+  if (offset > buf.size() || nbytes > buf.size() - offset) {
+    return InvalidArgument("{}: bytes [{}, {}) exceed the {}-byte buffer", what, offset,
+                           offset + nbytes, buf.size());
+  }
+  return Status::OK();
+}
+
+// Pieces of `seg` sizes cut at `piece_bytes`, as sends after receive `after` onward (-1: none).
+void AppendSends(const std::vector<RecvPiece>& pieces, size_t first, size_t count, bool chained,
+                 std::vector<SendPiece>* out) {
+  for (size_t k = first; k < first + count; ++k) {
+    out->push_back(SendPiece{pieces[k].offset, pieces[k].nbytes,
+                             chained ? static_cast<int64_t>(k) : int64_t{-1}});
+  }
+}
+
+// Reduce-scatter then allgather over the ring. Receive step t of rank r gets segment r-1-t
+// (reduce-scatter, t < n-1) or r-(t-n+1) (allgather); send step t forwards what receive step t-1
+// produced, and send step 0 is rank r's own segment r.
+RingPlan AllreducePlan(int rank, int n, size_t offset, size_t count, size_t elem,
+                       size_t chunk_bytes) {
+  const size_t piece = std::max(elem, chunk_bytes / elem * elem);
+  const std::vector<size_t> bounds = EvenSplit(count, n);
+  auto segment = [&](int s, std::vector<RecvPiece>* out, bool scratch) {
+    const size_t i = static_cast<size_t>(Mod(s, n));
+    const size_t first = out->size();
+    AppendPieces(offset + bounds[i] * elem, (bounds[i + 1] - bounds[i]) * elem, piece, out);
+    for (size_t k = first; k < out->size(); ++k) (*out)[k].scratch = scratch;
+    return out->size() - first;
+  };
+  RingPlan plan;
+  plan.left = Mod(rank - 1, n);
+  plan.right = Mod(rank + 1, n);
+  plan.first = Phase::kReduceScatter;
+  plan.second = Phase::kAllgather;
+  size_t last_step = 0;
+  for (int t = 0; t < 2 * (n - 1); ++t) {
+    const bool scatter = t < n - 1;
+    last_step = segment(scatter ? rank - 1 - t : rank - (t - n + 1), &plan.recvs, scatter);
+    if (t == n - 2) plan.split = plan.recvs.size();
+  }
+  std::vector<RecvPiece> own;
+  segment(rank, &own, false);
+  AppendSends(own, 0, own.size(), false, &plan.sends);
+  AppendSends(plan.recvs, 0, plan.recvs.size() - last_step, true, &plan.sends);
+  return plan;
+}
+
+Status Allreduce(Comm& comm, transport::Region& buf, size_t offset_bytes, size_t count,
+                 DataType dtype, Scratch& scratch, bool reduce) {
+  KOLO_RETURN_IF_ERROR(CheckComm(comm));
+  const uint32_t sequence = comm.sequence++;
+  const size_t elem = DataTypeSize(dtype);
+  const char* name = reduce ? "ring allreduce" : "ring exchange";
+  if (count > (buf.size() + elem - 1) / elem) {
+    return InvalidArgument("{}: {} {} elements exceed the {}-byte buffer", name, count,
+                           DataTypeName(dtype), buf.size());
+  }
+  KOLO_RETURN_IF_ERROR(CheckRange(buf, offset_bytes, count * elem, name));
+  const int n = comm.size();
+  if (n == 1 || count == 0) return Status::OK();
+  RingPlan plan = AllreducePlan(comm.rank(), n, offset_bytes, count, elem, comm.chunk_bytes);
+  if (!reduce) plan.first = plan.second = Phase::kSendRecv;
+  return RunRing(comm, buf, plan, reduce ? OpCode::kAllreduce : OpCode::kExchange, sequence, dtype,
+                 reduce, scratch,
+                 fmt::format("{} of {} {} elements", name, count, DataTypeName(dtype)));
+}
+
+}  // namespace
+
+Status RingAllreduce(Comm& comm, transport::Region& buf, size_t offset_bytes, size_t count,
+                     DataType dtype, Scratch& scratch) {
+  return Allreduce(comm, buf, offset_bytes, count, dtype, scratch, /*reduce=*/true);
+}
+
+Status RingExchangeNoReduce(Comm& comm, transport::Region& buf, size_t offset_bytes, size_t count,
+                            DataType dtype, Scratch& scratch) {
+  return Allreduce(comm, buf, offset_bytes, count, dtype, scratch, /*reduce=*/false);
+}
+
+Status RingBroadcast(Comm& comm, transport::Region& buf, size_t offset_bytes, size_t nbytes,
+                     int root) {
+  KOLO_RETURN_IF_ERROR(CheckComm(comm));
+  const uint32_t sequence = comm.sequence++;
+  const int n = comm.size();
+  if (root < 0 || root >= n) {
+    return InvalidArgument("ring broadcast: root {} is not a rank (size {})", root, n);
+  }
+  KOLO_RETURN_IF_ERROR(CheckRange(buf, offset_bytes, nbytes, "ring broadcast"));
+  if (n == 1 || nbytes == 0) return Status::OK();
+  // Position p = rank - root along the ring: p receives from p-1 and forwards to p+1.
+  const int position = Mod(comm.rank() - root, n);
+  RingPlan plan;
+  plan.left = Mod(comm.rank() - 1, n);
+  plan.right = Mod(comm.rank() + 1, n);
+  plan.first = plan.second = Phase::kBroadcast;
+  std::vector<RecvPiece> pieces;
+  AppendPieces(offset_bytes, nbytes, comm.chunk_bytes, &pieces);
+  if (position > 0) plan.recvs = pieces;
+  if (position < n - 1) AppendSends(pieces, 0, pieces.size(), position > 0, &plan.sends);
+  Scratch unused;
+  return RunRing(comm, buf, plan, OpCode::kBroadcast, sequence, DataType::kUInt8, false, unused,
+                 fmt::format("ring broadcast of {} bytes from rank {}", nbytes, root));
+}
+
+Status RingAllgatherv(Comm& comm, transport::Region& buf, size_t offset_bytes,
+                      const std::vector<size_t>& bytes_per_rank) {
+  KOLO_RETURN_IF_ERROR(CheckComm(comm));
+  const uint32_t sequence = comm.sequence++;
+  const int n = comm.size();
+  if (bytes_per_rank.size() != static_cast<size_t>(n)) {
+    return InvalidArgument("ring allgatherv: {} block sizes given for {} ranks",
+                           bytes_per_rank.size(), n);
+  }
+  std::vector<size_t> displ(static_cast<size_t>(n) + 1, offset_bytes);
+  for (int r = 0; r < n; ++r) displ[r + 1] = displ[r] + bytes_per_rank[static_cast<size_t>(r)];
+  KOLO_RETURN_IF_ERROR(CheckRange(buf, offset_bytes, displ[static_cast<size_t>(n)] - offset_bytes,
+                                  "ring allgatherv"));
+  if (n == 1) return Status::OK();
+  // Step s: send block rank-s, receive block rank-s-1; step s > 0 forwards what step s-1 received.
+  RingPlan plan;
+  plan.left = Mod(comm.rank() - 1, n);
+  plan.right = Mod(comm.rank() + 1, n);
+  plan.first = plan.second = Phase::kAllgather;
+  size_t last_step = 0;
+  auto block = [&](int b, std::vector<RecvPiece>* out) {
+    const size_t i = static_cast<size_t>(Mod(b, n));
+    const size_t before = out->size();
+    AppendPieces(displ[i], displ[i + 1] - displ[i], comm.chunk_bytes, out);
+    return out->size() - before;
+  };
+  for (int s = 0; s < n - 1; ++s) last_step = block(comm.rank() - s - 1, &plan.recvs);
+  std::vector<RecvPiece> own;
+  block(comm.rank(), &own);
+  AppendSends(own, 0, own.size(), false, &plan.sends);
+  AppendSends(plan.recvs, 0, plan.recvs.size() - last_step, true, &plan.sends);
+  Scratch unused;
+  return RunRing(
+      comm, buf, plan, OpCode::kAllgatherv, sequence, DataType::kUInt8, false, unused,
+      fmt::format("ring allgatherv of {} bytes", displ[static_cast<size_t>(n)] - offset_bytes));
+}
+
+}  // namespace kolo::collectives

@@ -1,0 +1,423 @@
+// The ring collectives over the real TCP transport, ranks as threads, against references computed
+// here independently of the code under test.
+#include "engine/collectives/collectives.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "engine/bootstrap/store.h"
+#include "engine/transport/tcp/device.h"
+
+namespace kolo::collectives {
+namespace {
+
+using std::chrono::milliseconds;
+using transport::Device;
+using transport::Region;
+
+template <typename Fn>
+std::vector<Status> RunRanks(int n, Fn fn) {
+  std::vector<Status> out(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { out[static_cast<size_t>(r)] = fn(r); });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+// n ranks connected over loopback, each with its own Comm and Scratch.
+class Job {
+ public:
+  explicit Job(int n, size_t chunk_bytes = 64 << 10) : n_(n) {
+    devices_.resize(static_cast<size_t>(n));
+    transport::tcp::TcpOptions options;
+    options.secret = "collectives-test-secret";
+    auto statuses = RunRanks(n, [&](int r) -> Status {
+      KOLO_ASSIGN_OR_RETURN(devices_[static_cast<size_t>(r)],
+                            transport::tcp::Connect(options, store_, r, n));
+      return Status::OK();
+    });
+    for (const Status& s : statuses) EXPECT_TRUE(s.ok()) << s.ToString();
+    comms_.resize(static_cast<size_t>(n));
+    scratch_.resize(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      comms_[r].device = devices_[r].get();
+      comms_[r].chunk_bytes = chunk_bytes;
+      comms_[r].timeout = milliseconds(20000);
+    }
+  }
+  bool ok() const {
+    for (const auto& d : devices_) {
+      if (!d) return false;
+    }
+    return true;
+  }
+  int size() const { return n_; }
+  Device& device(int r) { return *devices_[static_cast<size_t>(r)]; }
+  Comm& comm(int r) { return comms_[static_cast<size_t>(r)]; }
+  Scratch& scratch(int r) { return scratch_[static_cast<size_t>(r)]; }
+  // Runs fn(rank) on every rank; if a rank fails it aborts its device so the others stop too.
+  template <typename Fn>
+  std::vector<Status> Run(Fn fn) {
+    return RunRanks(n_, [&](int r) -> Status {
+      Status s = fn(r);
+      if (!s.ok()) device(r).Abort(s);
+      return s;
+    });
+  }
+
+ private:
+  int n_;
+  bootstrap::InMemoryStore store_;
+  std::vector<std::unique_ptr<Device>> devices_;
+  std::vector<Comm> comms_;
+  std::vector<Scratch> scratch_;
+};
+
+void ExpectAllOk(const std::vector<Status>& statuses) {
+  for (size_t r = 0; r < statuses.size(); ++r) {
+    EXPECT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r].ToString();
+  }
+}
+
+// Stores integer v as element i of a `dtype` array (uint8 and integers wrap).
+void SetInt(DataType dtype, uint8_t* p, size_t i, int64_t v) {
+  auto put = [&](auto x) { std::memcpy(p + i * sizeof x, &x, sizeof x); };
+  switch (dtype) {
+    case DataType::kFloat32:
+      put(static_cast<float>(v));
+      break;
+    case DataType::kFloat64:
+      put(static_cast<double>(v));
+      break;
+    case DataType::kFloat16:
+      put(FloatToHalf(static_cast<float>(v)));
+      break;
+    case DataType::kBFloat16:
+      put(FloatToBFloat16(static_cast<float>(v)));
+      break;
+    case DataType::kInt32:
+      put(static_cast<int32_t>(v));
+      break;
+    case DataType::kInt64:
+      put(v);
+      break;
+    case DataType::kUInt8:
+      put(static_cast<uint8_t>(v));
+      break;
+  }
+}
+
+// Small integers: every partial sum of up to 8 ranks is exact in every dtype, whatever the order.
+int64_t Value(int rank, size_t i) { return static_cast<int64_t>((i * 7 + rank * 13) % 11) - 5; }
+
+constexpr size_t kGuard = 24;  // bytes before and after the data that must stay untouched
+
+// Fills rank r's buffer (with guards), runs RingAllreduce on every rank and checks every buffer
+// against the reference sum.
+void CheckAllreduce(Job& job, DataType dtype, size_t count) {
+  const int n = job.size();
+  const size_t elem = DataTypeSize(dtype);
+  std::vector<uint8_t> expected(count * elem);
+  for (size_t i = 0; i < count; ++i) {
+    int64_t sum = 0;
+    for (int r = 0; r < n; ++r) sum += Value(r, i);
+    SetInt(dtype, expected.data(), i, sum);
+  }
+  std::vector<std::vector<uint8_t>> bufs(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    auto& b = bufs[static_cast<size_t>(r)];
+    b.assign(count * elem + 2 * kGuard, 0xa5);
+    for (size_t i = 0; i < count; ++i) SetInt(dtype, b.data() + kGuard, i, Value(r, i));
+  }
+  auto statuses = job.Run([&](int r) -> Status {
+    auto& b = bufs[static_cast<size_t>(r)];
+    KOLO_ASSIGN_OR_RETURN(auto region, job.device(r).Register(b.data(), b.size()));
+    return RingAllreduce(job.comm(r), *region, kGuard, count, dtype, job.scratch(r));
+  });
+  ExpectAllOk(statuses);
+  for (int r = 0; r < n; ++r) {
+    const auto& b = bufs[static_cast<size_t>(r)];
+    EXPECT_EQ(std::memcmp(b.data() + kGuard, expected.data(), expected.size()), 0)
+        << "rank " << r << " of " << n << ", " << count << " " << DataTypeName(dtype);
+    for (size_t g = 0; g < kGuard; ++g) {
+      ASSERT_EQ(b[g], 0xa5) << "rank " << r << " wrote before its buffer";
+      ASSERT_EQ(b[kGuard + expected.size() + g], 0xa5) << "rank " << r << " wrote past its buffer";
+    }
+  }
+}
+
+class RingAllreduceTest : public ::testing::TestWithParam<std::tuple<int, DataType>> {};
+
+TEST_P(RingAllreduceTest, MatchesReferenceSum) {
+  const auto [n, dtype] = GetParam();
+  // A small chunk, so that the larger sizes move as many pipelined pieces.
+  Job job(n, 64 << 10);
+  ASSERT_TRUE(job.ok());
+  for (size_t count : {size_t{0}, size_t{1}, size_t{7}, static_cast<size_t>(n - 1),
+                       static_cast<size_t>(n + 1), size_t{1000003}}) {
+    SCOPED_TRACE(::testing::Message() << "count " << count);
+    CheckAllreduce(job, dtype, count);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksByDtype, RingAllreduceTest,
+                         ::testing::Combine(::testing::Range(1, 9),
+                                            ::testing::ValuesIn(AllDataTypes())),
+                         [](const auto& info) {
+                           return "np" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  DataTypeName(std::get<1>(info.param));
+                         });
+
+TEST(RingAllreduce, SixtyFourMiBFloat32) {
+  for (int n : {2, 4}) {
+    Job job(n, 1 << 20);
+    ASSERT_TRUE(job.ok());
+    CheckAllreduce(job, DataType::kFloat32, (64 << 20) / 4);
+  }
+}
+
+TEST(RingAllreduce, OddChunkSizesAndPhases) {
+  // A chunk that is not a multiple of the element size, and the timeline's phase callbacks.
+  Job job(3, 1001);
+  ASSERT_TRUE(job.ok());
+  std::vector<std::vector<std::string>> phases(3);
+  for (int r = 0; r < 3; ++r) {
+    job.comm(r).on_phase = [&phases, r](Phase p, bool start) {
+      phases[static_cast<size_t>(r)].push_back(std::string(start ? "+" : "-") + PhaseName(p));
+    };
+  }
+  CheckAllreduce(job, DataType::kFloat64, 10007);
+  const std::vector<std::string> want = {"+REDUCE_SCATTER", "-REDUCE_SCATTER", "+ALLGATHER",
+                                         "-ALLGATHER"};
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(phases[static_cast<size_t>(r)], want) << "rank " << r;
+}
+
+TEST(RingExchangeNoReduce, MovesExactlyTheAllreduceBytes) {
+  for (int n : {2, 3, 5}) {
+    Job job(n);
+    ASSERT_TRUE(job.ok());
+    const size_t count = 100003;  // uneven segments
+    const size_t elem = 4;
+    std::vector<size_t> seg(static_cast<size_t>(n));
+    for (int s = 0; s < n; ++s) seg[s] = (count / n + (static_cast<size_t>(s) < count % n)) * elem;
+    std::vector<std::vector<uint64_t>> moved(static_cast<size_t>(n));
+    for (const bool reduce : {false, true}) {
+      std::vector<std::vector<uint8_t>> bufs(static_cast<size_t>(n),
+                                             std::vector<uint8_t>(count * elem));
+      auto statuses = job.Run([&](int r) -> Status {
+        Device& d = job.device(r);
+        const uint64_t sent0 = d.bytes_sent(), received0 = d.bytes_received();
+        KOLO_ASSIGN_OR_RETURN(auto region, d.Register(bufs[r].data(), bufs[r].size()));
+        KOLO_RETURN_IF_ERROR(reduce ? RingAllreduce(job.comm(r), *region, 0, count,
+                                                    DataType::kFloat32, job.scratch(r))
+                                    : RingExchangeNoReduce(job.comm(r), *region, 0, count,
+                                                           DataType::kFloat32, job.scratch(r)));
+        moved[r].push_back(d.bytes_sent() - sent0);
+        moved[r].push_back(d.bytes_received() - received0);
+        return Status::OK();
+      });
+      ExpectAllOk(statuses);
+    }
+    const size_t total = count * elem;
+    for (int r = 0; r < n; ++r) {
+      // Each rank sends every segment but r+1 (reduce-scatter) and every one but r+2 (allgather),
+      // and receives every segment but r and every one but r+1.
+      const uint64_t sent = 2 * total - seg[(r + 1) % n] - seg[(r + 2) % n];
+      const uint64_t received = 2 * total - seg[r] - seg[(r + 1) % n];
+      EXPECT_EQ(moved[r], (std::vector<uint64_t>{sent, received, sent, received}))
+          << "rank " << r << " of " << n;
+    }
+  }
+}
+
+TEST(RingBroadcast, FromEveryRoot) {
+  for (int n : {1, 2, 3, 5}) {
+    Job job(n, 64 << 10);
+    ASSERT_TRUE(job.ok());
+    for (size_t nbytes : {size_t{0}, size_t{1}, size_t{(1 << 20) + 3}}) {
+      for (int root = 0; root < n; ++root) {
+        std::vector<std::vector<uint8_t>> bufs(static_cast<size_t>(n));
+        for (int r = 0; r < n; ++r) {
+          bufs[r].assign(nbytes + 8, static_cast<uint8_t>(r));
+          for (size_t i = 0; r == root && i < nbytes; ++i) {
+            bufs[r][i + 4] = static_cast<uint8_t>(i * 31 + root);
+          }
+        }
+        auto statuses = job.Run([&](int r) -> Status {
+          KOLO_ASSIGN_OR_RETURN(auto region,
+                                job.device(r).Register(bufs[r].data(), bufs[r].size()));
+          return RingBroadcast(job.comm(r), *region, 4, nbytes, root);
+        });
+        ExpectAllOk(statuses);
+        for (int r = 0; r < n; ++r) {
+          EXPECT_TRUE(std::equal(bufs[r].begin() + 4, bufs[r].end() - 4, bufs[root].begin() + 4))
+              << "rank " << r << " of " << n << ", root " << root << ", " << nbytes << " bytes";
+          EXPECT_EQ(bufs[r].back(), static_cast<uint8_t>(r));
+        }
+      }
+    }
+    auto empty = job.device(0).Register(nullptr, 0);
+    ASSERT_TRUE(empty.ok());
+    EXPECT_EQ(RingBroadcast(job.comm(0), **empty, 0, 0, n).code(), StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(RingAllgatherv, UnevenBlocksIncludingEmptyOnes) {
+  for (int n : {1, 2, 3, 4, 7}) {
+    Job job(n, 4096);
+    ASSERT_TRUE(job.ok());
+    std::vector<size_t> sizes(static_cast<size_t>(n));
+    size_t total = 0;
+    for (int r = 0; r < n; ++r) total += sizes[r] = r % 3 == 1 ? 0 : (r * 12347 + 5) % 20000;
+    std::vector<uint8_t> expected;
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < sizes[r]; ++i) expected.push_back(static_cast<uint8_t>(r * 7 + i));
+    }
+    std::vector<std::vector<uint8_t>> bufs(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      bufs[r].assign(total + 16, 0);
+      size_t displ = 0;
+      for (int q = 0; q < r; ++q) displ += sizes[q];
+      std::copy(expected.begin() + static_cast<std::ptrdiff_t>(displ),
+                expected.begin() + static_cast<std::ptrdiff_t>(displ + sizes[r]),
+                bufs[r].begin() + 16 + static_cast<std::ptrdiff_t>(displ));
+    }
+    auto statuses = job.Run([&](int r) -> Status {
+      KOLO_ASSIGN_OR_RETURN(auto region, job.device(r).Register(bufs[r].data(), bufs[r].size()));
+      return RingAllgatherv(job.comm(r), *region, 16, sizes);
+    });
+    ExpectAllOk(statuses);
+    for (int r = 0; r < n; ++r) {
+      EXPECT_TRUE(std::equal(expected.begin(), expected.end(), bufs[r].begin() + 16))
+          << "rank " << r << " of " << n;
+    }
+  }
+}
+
+TEST(BitwiseAllreduce, AndThenOrWords) {
+  for (int n = 1; n <= 8; ++n) {
+    Job job(n);
+    ASSERT_TRUE(job.ok());
+    constexpr size_t kAnd = 3, kOr = 2;
+    std::mt19937_64 rng(static_cast<uint64_t>(n));
+    std::vector<std::vector<uint64_t>> words(static_cast<size_t>(n));
+    std::vector<uint64_t> want(kAnd + kOr);
+    for (size_t w = 0; w < kAnd + kOr; ++w) want[w] = w < kAnd ? ~uint64_t{0} : 0;
+    for (int r = 0; r < n; ++r) {
+      for (size_t w = 0; w < kAnd + kOr; ++w) {
+        // Dense bits for AND, sparse for OR, so neither result is trivially all-0 or all-1.
+        const uint64_t v = w < kAnd ? rng() | rng() | rng() : rng() & rng() & rng();
+        words[r].push_back(v);
+        want[w] = w < kAnd ? want[w] & v : want[w] | v;
+      }
+    }
+    auto statuses = job.Run([&](int r) -> Status {
+      KOLO_ASSIGN_OR_RETURN(auto region,
+                            job.device(r).Register(words[r].data(), 8 * words[r].size()));
+      return BitwiseAllreduce(job.comm(r), *region, kAnd, kOr, job.scratch(r));
+    });
+    ExpectAllOk(statuses);
+    for (int r = 0; r < n; ++r) EXPECT_EQ(words[r], want) << "rank " << r << " of " << n;
+  }
+}
+
+TEST(Messages, GatherAndBroadcastFromEveryRoot) {
+  for (int n : {1, 2, 3, 5}) {
+    Job job(n);
+    ASSERT_TRUE(job.ok());
+    auto message = [](int r, int round) {
+      std::vector<uint8_t> m(static_cast<size_t>((r * 977 + round * 13) % 3000));
+      if (r == 1) m.clear();  // an empty message
+      for (size_t i = 0; i < m.size(); ++i) m[i] = static_cast<uint8_t>(i + r + round);
+      return m;
+    };
+    for (int root = 0; root < n; ++root) {
+      std::vector<std::vector<std::vector<uint8_t>>> gathered(static_cast<size_t>(n));
+      std::vector<std::vector<uint8_t>> broadcast(static_cast<size_t>(n));
+      auto statuses = job.Run([&](int r) -> Status {
+        KOLO_ASSIGN_OR_RETURN(gathered[r], GatherMessages(job.comm(r), root, message(r, root)));
+        KOLO_ASSIGN_OR_RETURN(broadcast[r],
+                              BroadcastMessage(job.comm(r), root, message(root, root + 100)));
+        return Status::OK();
+      });
+      ExpectAllOk(statuses);
+      ASSERT_EQ(gathered[root].size(), static_cast<size_t>(n));
+      for (int r = 0; r < n; ++r) {
+        EXPECT_EQ(gathered[root][r], message(r, root)) << "from rank " << r;
+        EXPECT_EQ(broadcast[r], message(root, root + 100)) << "at rank " << r;
+      }
+    }
+  }
+}
+
+TEST(Messages, PointToPointAndBarrier) {
+  Job job(5);
+  ASSERT_TRUE(job.ok());
+  std::atomic<int> entered{0};
+  auto statuses = job.Run([&](int r) -> Status {
+    Comm& comm = job.comm(r);
+    // A ring of point-to-point messages, one of them empty.
+    const std::vector<uint8_t> mine(r == 2 ? 0 : 100 + r, static_cast<uint8_t>(r));
+    KOLO_RETURN_IF_ERROR(r % 2 == 0 ? SendMessage(comm, (r + 1) % 5, mine, 0xabc) : Status::OK());
+    KOLO_ASSIGN_OR_RETURN(auto got, RecvMessage(comm, (r + 4) % 5, 0xabc));
+    KOLO_RETURN_IF_ERROR(r % 2 == 1 ? SendMessage(comm, (r + 1) % 5, mine, 0xabc) : Status::OK());
+    const int left = (r + 4) % 5;
+    if (got != std::vector<uint8_t>(left == 2 ? 0 : 100 + left, static_cast<uint8_t>(left))) {
+      return Internal("rank {}: wrong message from rank {}", r, left);
+    }
+    // Nobody leaves the barrier before the last rank (which is late) has entered it.
+    std::this_thread::sleep_for(milliseconds(r == 3 ? 200 : 0));
+    entered.fetch_add(1);
+    KOLO_RETURN_IF_ERROR(Barrier(comm));
+    if (entered.load() != 5) return Internal("rank {} left the barrier early", r);
+    return Status::OK();
+  });
+  ExpectAllOk(statuses);
+}
+
+TEST(Collectives, MismatchedCallsFailWithProtocolError) {
+  Job job(2);
+  ASSERT_TRUE(job.ok());
+  for (int r = 0; r < 2; ++r) job.comm(r).timeout = milliseconds(5000);
+  std::vector<std::vector<float>> bufs(2, std::vector<float>(1000, 1.0f));
+  auto statuses = job.Run([&](int r) -> Status {
+    KOLO_ASSIGN_OR_RETURN(auto region, job.device(r).Register(bufs[r].data(), 4000));
+    if (r == 0)
+      return RingAllreduce(job.comm(r), *region, 0, 1000, DataType::kFloat32, job.scratch(r));
+    return RingBroadcast(job.comm(r), *region, 0, 4000, 1);
+  });
+  EXPECT_TRUE(statuses[0].code() == StatusCode::kProtocol ||
+              statuses[1].code() == StatusCode::kProtocol)
+      << statuses[0].ToString() << " / " << statuses[1].ToString();
+}
+
+TEST(Collectives, AbortingRankFailsTheOthers) {
+  Job job(4);
+  ASSERT_TRUE(job.ok());
+  std::vector<std::vector<float>> bufs(4, std::vector<float>(1 << 20, 1.0f));
+  auto statuses = RunRanks(4, [&](int r) -> Status {
+    if (r == 2) {
+      job.device(r).Abort(Internal("rank 2 ran out of memory"));
+      return Status::OK();
+    }
+    KOLO_ASSIGN_OR_RETURN(auto region, job.device(r).Register(bufs[r].data(), 4 << 20));
+    return RingAllreduce(job.comm(r), *region, 0, 1 << 20, DataType::kFloat32, job.scratch(r));
+  });
+  for (int r : {0, 1, 3}) {
+    EXPECT_TRUE(statuses[r].code() == StatusCode::kAborted ||
+                statuses[r].code() == StatusCode::kUnavailable)
+        << statuses[r].ToString();
+    EXPECT_NE(statuses[r].message().find("rank 2"), std::string::npos) << statuses[r].message();
+  }
+}
+
+}  // namespace
+}  // namespace kolo::collectives

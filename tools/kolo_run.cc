@@ -1,2 +1,358 @@
-// placeholder replaced by the bootstrap work: kolo-run launcher
-int main() { return 1; }
+// kolo-run: starts N local ranks of a kolo program without MPI.
+//
+//   kolo-run -np N [--timeout-s S] [--iface X] [--] CMD ARGS...
+//
+// The launcher hosts the rendezvous store (a TcpStoreServer on 127.0.0.1 with a fresh job secret)
+// and starts every rank with KOLO_RANK, KOLO_SIZE, KOLO_LOCAL_RANK, KOLO_LOCAL_SIZE,
+// KOLO_STORE_ADDR and KOLO_JOB_SECRET set (KOLO_IFACE too with --iface). Ranks inherit stdin,
+// stdout and stderr unchanged. When a rank fails (non-zero exit or a signal), the launcher says
+// which, sends SIGTERM to the others and SIGKILL after a grace period, and exits non-zero; the exit
+// code is the failing rank's code (128 + signal if it was killed), 124 on --timeout-s, or
+// 128 + signal when the launcher itself was interrupted. Each rank runs in its own process group,
+// which is killed as a whole, and dies with the launcher (PR_SET_PDEATHSIG).
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/bootstrap/rendezvous.h"
+#include "engine/bootstrap/tcp_store.h"
+
+extern char** environ;
+
+namespace {
+
+using kolo::bootstrap::Clock;
+constexpr auto kKillGrace = std::chrono::seconds(5);   // SIGTERM -> SIGKILL
+constexpr auto kReapBound = std::chrono::seconds(10);  // SIGKILL -> give up waiting
+
+void Say(const std::string& text) {
+  const std::string line = "kolo-run: " + text + "\n";
+  [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, line.data(), line.size());
+}
+
+bool IsLauncherOption(const std::string& a) {
+  return a == "-n" || a == "--np" || a == "--timeout-s" || a == "--iface";
+}
+
+// Splits argv into the launcher's own arguments (with "-np" spelled "--np", which CLI11 accepts)
+// and the command, which starts at the first word that is not an option or an option's value.
+void SplitArgs(int argc, char** argv, std::vector<std::string>* own,
+               std::vector<std::string>* command) {
+  own->push_back(argv[0]);
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a.size() < 2 || a[0] != '-') break;
+    if (a == "-np") a = "--np";
+    if (a.rfind("-np=", 0) == 0) a = "-" + a;
+    own->push_back(a);
+    if (IsLauncherOption(a) && i + 1 < argc) own->push_back(argv[++i]);
+  }
+  for (; i < argc; ++i) command->push_back(argv[i]);
+}
+
+// The executable that execve should run: `name` itself if it has a slash, else the first match on
+// PATH. Resolved before fork, because only async-signal-safe calls may follow fork.
+std::string FindExecutable(const std::string& name) {
+  if (name.find('/') != std::string::npos) return ::access(name.c_str(), X_OK) == 0 ? name : "";
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    const std::string dir = end > start ? dirs.substr(start, end - start) : ".";
+    const std::string candidate = dir + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  return "";
+}
+
+bool IsRankVariable(const std::string& name) {
+  static const char* kNames[] = {"KOLO_RANK",       "KOLO_SIZE",       "KOLO_LOCAL_RANK",
+                                 "KOLO_LOCAL_SIZE", "KOLO_STORE_ADDR", "KOLO_JOB_SECRET"};
+  for (const char* n : kNames) {
+    if (name == n) return true;
+  }
+  // A kolo-run started under mpirun must not let its ranks believe mpirun launched them.
+  return name.rfind("OMPI_COMM_WORLD_", 0) == 0;
+}
+
+class Launcher {
+ public:
+  Launcher(int np, double timeout_s) : np_(np), timeout_s_(timeout_s) {}
+
+  // Runs the job to completion and returns the launcher's exit code.
+  int Run(const std::string& exe, const std::vector<std::string>& command,
+          const std::vector<std::string>& base_env, const std::string& store_addr,
+          const std::string& secret, int signal_fd);
+
+ private:
+  bool Spawn(int rank, const std::string& exe, const std::vector<std::string>& command,
+             const std::vector<std::string>& env);
+  void Reap();
+  void SignalAll(int sig);
+  void BeginTermination(int exit_code);
+  void OnSignal(int sig);
+
+  const int np_;
+  const double timeout_s_;
+  std::map<pid_t, int> alive_;  // pid (= its process group) -> rank
+  std::vector<pid_t> groups_;   // every rank's process group, alive or not
+  bool terminating_ = false;
+  int exit_code_ = 0;
+  Clock::time_point kill_at_ = Clock::time_point::max();
+  Clock::time_point give_up_at_ = Clock::time_point::max();
+};
+
+bool Launcher::Spawn(int rank, const std::string& exe, const std::vector<std::string>& command,
+                     const std::vector<std::string>& env) {
+  std::vector<char*> argv;
+  for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+
+  // The child reports a failed execve through this pipe; a successful one closes it (CLOEXEC).
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    Say(fmt::format("rank {}: pipe2 failed: {}", rank, std::strerror(errno)));
+    return false;
+  }
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    Say(fmt::format("rank {}: fork failed: {}", rank, std::strerror(errno)));
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    return false;
+  }
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // the launcher died before prctl took effect
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::close(pipe_fds[0]);
+    ::execve(exe.c_str(), argv.data(), envp.data());
+    const int err = errno;
+    [[maybe_unused]] ssize_t w = ::write(pipe_fds[1], &err, sizeof(err));
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also here, so the group exists before we might signal it
+  ::close(pipe_fds[1]);
+  alive_[pid] = rank;
+  groups_.push_back(pid);
+  int err = 0;
+  ssize_t r;
+  do {
+    r = ::read(pipe_fds[0], &err, sizeof(err));
+  } while (r < 0 && errno == EINTR);
+  ::close(pipe_fds[0]);
+  if (r == static_cast<ssize_t>(sizeof(err))) {
+    Say(fmt::format("rank {}: cannot execute '{}': {}", rank, exe, std::strerror(err)));
+    return false;
+  }
+  return true;
+}
+
+void Launcher::SignalAll(int sig) {
+  for (const auto& [pid, rank] : alive_) ::kill(-pid, sig);
+}
+
+void Launcher::BeginTermination(int exit_code) {
+  if (terminating_) return;
+  terminating_ = true;
+  exit_code_ = exit_code;
+  SignalAll(SIGTERM);
+  kill_at_ = Clock::now() + kKillGrace;
+}
+
+void Launcher::Reap() {
+  for (;;) {
+    int st = 0;
+    const pid_t pid = ::waitpid(-1, &st, WNOHANG);
+    if (pid <= 0) return;
+    auto it = alive_.find(pid);
+    if (it == alive_.end()) continue;
+    const int rank = it->second;
+    alive_.erase(it);
+    if (terminating_) continue;  // stopped by us; the cause was already reported
+    if (WIFEXITED(st) && WEXITSTATUS(st) != 0) {
+      Say(fmt::format("rank {} exited with code {}; stopping the other {} ranks", rank,
+                      WEXITSTATUS(st), alive_.size()));
+      BeginTermination(WEXITSTATUS(st));
+    } else if (WIFSIGNALED(st)) {
+      Say(fmt::format("rank {} killed by signal {} ({}); stopping the other {} ranks", rank,
+                      WTERMSIG(st), strsignal(WTERMSIG(st)), alive_.size()));
+      BeginTermination(128 + WTERMSIG(st));
+    }
+  }
+}
+
+void Launcher::OnSignal(int sig) {
+  if (terminating_) {
+    // A second interrupt while the ranks are being stopped: stop waiting for them.
+    Say(fmt::format("received {} again; sending SIGKILL to {} ranks", strsignal(sig),
+                    alive_.size()));
+    SignalAll(SIGKILL);
+    kill_at_ = Clock::now();
+    return;
+  }
+  Say(fmt::format("received {}; forwarding it to {} ranks", strsignal(sig), alive_.size()));
+  SignalAll(sig);
+  terminating_ = true;
+  exit_code_ = 128 + sig;
+  kill_at_ = Clock::now() + kKillGrace;
+}
+
+int Launcher::Run(const std::string& exe, const std::vector<std::string>& command,
+                  const std::vector<std::string>& base_env, const std::string& store_addr,
+                  const std::string& secret, int signal_fd) {
+  for (int rank = 0; rank < np_; ++rank) {
+    std::vector<std::string> env = base_env;
+    env.push_back(fmt::format("KOLO_RANK={}", rank));
+    env.push_back(fmt::format("KOLO_SIZE={}", np_));
+    env.push_back(fmt::format("KOLO_LOCAL_RANK={}", rank));
+    env.push_back(fmt::format("KOLO_LOCAL_SIZE={}", np_));
+    env.push_back("KOLO_STORE_ADDR=" + store_addr);
+    env.push_back("KOLO_JOB_SECRET=" + secret);
+    if (!Spawn(rank, exe, command, env)) {
+      BeginTermination(127);
+      break;
+    }
+  }
+  const auto job_deadline =
+      timeout_s_ > 0
+          ? Clock::now() + std::chrono::microseconds(static_cast<int64_t>(timeout_s_ * 1e6))
+          : Clock::time_point::max();
+  while (!alive_.empty()) {
+    const auto now = Clock::now();
+    if (!terminating_ && now >= job_deadline) {
+      Say(fmt::format("timed out after {} s (--timeout-s); stopping all {} ranks", timeout_s_,
+                      alive_.size()));
+      BeginTermination(124);
+    }
+    if (terminating_ && now >= kill_at_ && give_up_at_ == Clock::time_point::max()) {
+      Say(fmt::format("{} ranks still running {} s after SIGTERM; sending SIGKILL", alive_.size(),
+                      kKillGrace.count()));
+      SignalAll(SIGKILL);
+      give_up_at_ = now + kReapBound;
+    }
+    if (now >= give_up_at_) {
+      Say(fmt::format("{} ranks did not exit after SIGKILL (uninterruptible?); giving up",
+                      alive_.size()));
+      break;
+    }
+    auto next =
+        std::min({job_deadline, terminating_ ? kill_at_ : Clock::time_point::max(), give_up_at_});
+    int wait_ms = -1;
+    if (next != Clock::time_point::max()) {
+      wait_ms = static_cast<int>(std::clamp<int64_t>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1, 0,
+          1 << 30));
+    }
+    pollfd p{signal_fd, POLLIN, 0};
+    const int rc = ::poll(&p, 1, wait_ms);
+    if (rc > 0) {
+      signalfd_siginfo info;
+      while (::read(signal_fd, &info, sizeof(info)) == static_cast<ssize_t>(sizeof(info))) {
+        if (info.ssi_signo != SIGCHLD) OnSignal(static_cast<int>(info.ssi_signo));
+      }
+    }
+    Reap();  // SIGCHLDs coalesce, so reap whatever has exited on every wake-up
+  }
+  // Whatever a rank left behind in its process group goes with it.
+  for (pid_t g : groups_) ::kill(-g, SIGKILL);
+  return exit_code_;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> own;
+  std::vector<std::string> command;
+  SplitArgs(argc, argv, &own, &command);
+
+  CLI::App app{"kolo-run: start N local ranks of a kolo program without MPI"};
+  app.footer("Usage: kolo-run -np N [--timeout-s S] [--iface X] [--] CMD ARGS...");
+  int np = 0;
+  double timeout_s = 0;
+  std::string iface;
+  app.add_option("-n,--np", np, "number of ranks to start (also -np)")
+      ->required()
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--timeout-s", timeout_s, "stop every rank after this many seconds")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--iface", iface, "interface or IPv4 address the ranks listen on (KOLO_IFACE)");
+  std::vector<const char*> own_argv;
+  for (const auto& a : own) own_argv.push_back(a.c_str());
+  try {
+    app.parse(static_cast<int>(own_argv.size()), own_argv.data());
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (command.empty()) {
+    Say("no command given. Usage: kolo-run -np N [--timeout-s S] [--iface X] [--] CMD ARGS...");
+    return 2;
+  }
+  const std::string exe = FindExecutable(command[0]);
+  if (exe.empty()) {
+    Say(fmt::format("command '{}' not found or not executable", command[0]));
+    return 127;
+  }
+
+  // Signals are handled synchronously through a signalfd; block them before any thread starts so
+  // that the store's thread inherits the mask and never takes them.
+  sigset_t mask;
+  sigemptyset(&mask);
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&mask, s);
+  ::sigprocmask(SIG_BLOCK, &mask, nullptr);
+  const int signal_fd = ::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (signal_fd < 0) {
+    Say(fmt::format("signalfd failed: {}", std::strerror(errno)));
+    return 1;
+  }
+
+  kolo::bootstrap::TcpStoreServerOptions so;
+  so.host = "127.0.0.1";
+  so.secret = kolo::bootstrap::GenerateSecret();
+  auto server = kolo::bootstrap::TcpStoreServer::Start(so);
+  if (!server.ok()) {
+    Say("cannot start the rendezvous store: " + server.status().ToString());
+    return 1;
+  }
+
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string kv(*e);
+    const std::string name = kv.substr(0, kv.find('='));
+    if (IsRankVariable(name) || (!iface.empty() && name == "KOLO_IFACE")) continue;
+    env.push_back(kv);
+  }
+  if (!iface.empty()) env.push_back("KOLO_IFACE=" + iface);
+
+  Launcher launcher(np, timeout_s);
+  const int code = launcher.Run(exe, command, env, (*server)->address(), so.secret, signal_fd);
+  (*server)->Stop();
+  return code;
+}

@@ -1,0 +1,167 @@
+#include "engine/bootstrap/rendezvous.h"
+
+#include <fcntl.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+
+#include "engine/common/logging.h"
+#include "kolo/config.h"
+
+#if KOLO_HAVE_MPI
+#include "engine/bootstrap/mpi/mpi_env.h"
+#endif
+
+namespace kolo::bootstrap {
+namespace {
+
+// The only place that knows whether this build has MPI: everything below calls these two.
+#if KOLO_HAVE_MPI
+Status MpiStart(const Options& options) {
+  KOLO_RETURN_IF_ERROR(mpi::EnsureInitialized());
+  mpi::FinalizeAtExit();
+  return mpi::CheckWorld(options.rank, options.size);
+}
+Status MpiBroadcastFromRoot(std::string* data) { return mpi::BroadcastString(data, 0); }
+#else
+Status MpiStart(const Options&) {
+  return FailedPrecondition(
+      "launched by mpirun (OMPI_COMM_WORLD_SIZE is set), but this build of kolo has no MPI: "
+      "rebuild with MPI (libopenmpi-dev) or launch with kolo-run");
+}
+Status MpiBroadcastFromRoot(std::string*) { return MpiStart(Options()); }
+#endif
+
+std::chrono::milliseconds PeerTimeout(const Options& options) {
+  return std::chrono::milliseconds(static_cast<int64_t>(options.peer_timeout_s * 1000.0));
+}
+
+bool FillRandom(uint8_t* buf, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::getrandom(buf + got, n - got, 0);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+    } else if (r < 0 && errno != EINTR) {
+      break;
+    }
+  }
+  if (got == n) return true;
+  // Kernels without getrandom (ENOSYS) still have the device.
+  UniqueFd fd(::open("/dev/urandom", O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return false;
+  got = 0;
+  while (got < n) {
+    const ssize_t r = ::read(fd.get(), buf + got, n - got);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+    } else if (r == 0 || errno != EINTR) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Under mpirun: rank 0 serves the store and tells everyone where it is and what the secret is.
+Status StartOverMpi(const Options& options, Rendezvous* rv) {
+  KOLO_RETURN_IF_ERROR(MpiStart(options));
+  std::string payload;
+  if (options.rank == 0) {
+    // A failure on rank 0 still goes through the broadcast, so that no rank waits in it forever.
+    TcpStoreServerOptions so;
+    so.host = rv->listen_addr;
+    so.secret = options.job_secret.empty() ? GenerateSecret() : options.job_secret;
+    auto server = TcpStoreServer::Start(so);
+    if (server.ok()) {
+      rv->server = std::move(server).value();
+      payload = "ok " + rv->server->address() + " " + so.secret;
+    } else {
+      payload = "error " + server.status().ToString();
+    }
+  }
+  KOLO_RETURN_IF_ERROR(MpiBroadcastFromRoot(&payload));
+  if (payload.rfind("error ", 0) == 0) {
+    return Unavailable("rank 0 could not start the rendezvous store: {}", payload.substr(6));
+  }
+  const size_t sp = payload.find(' ', 3);
+  if (payload.rfind("ok ", 0) != 0 || sp == std::string::npos) {
+    return Internal("malformed rendezvous broadcast from rank 0 ({} bytes)", payload.size());
+  }
+  const std::string addr = payload.substr(3, sp - 3);
+  rv->secret = payload.substr(sp + 1);
+  KOLO_ASSIGN_OR_RETURN(auto client,
+                        TcpStoreClient::Connect(addr, rv->secret, PeerTimeout(options)));
+  rv->store = client.get();
+  rv->owned_store = std::move(client);
+  return Status::OK();
+}
+
+}  // namespace
+
+std::string GenerateSecret() {
+  uint8_t bytes[16] = {};
+  if (!FillRandom(bytes, sizeof(bytes))) {
+    // No kernel randomness at all: refuse to run with a guessable secret.
+    KOLO_LOG(kError, "neither getrandom nor /dev/urandom is usable; cannot make a job secret");
+    std::abort();
+  }
+  std::string hex;
+  hex.reserve(32);
+  for (uint8_t b : bytes) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
+StatusOr<Rendezvous> StartRendezvous(const Options& options, Store* external) {
+  Rendezvous rv;
+  KOLO_ASSIGN_OR_RETURN(rv.listen_addr, ResolveListenAddress(options));
+
+  if (external != nullptr) {
+    // Threads sharing one store must agree on the secret without talking; the store's identity,
+    // salted once per process, gives them a common value that other processes cannot predict.
+    static const std::string salt = GenerateSecret().substr(0, 16);
+    rv.store = external;
+    rv.secret = !options.job_secret.empty()
+                    ? options.job_secret
+                    : fmt::format("{}{:016x}", salt, reinterpret_cast<uintptr_t>(external));
+    return rv;
+  }
+
+  if (!options.store_addr.empty()) {
+    if (options.job_secret.empty()) {
+      return InvalidArgument(
+          "KOLO_STORE_ADDR={} is set but KOLO_JOB_SECRET is not: the store only serves clients "
+          "that present the job's secret (kolo-run sets both)",
+          options.store_addr);
+    }
+    rv.secret = options.job_secret;
+    auto client = TcpStoreClient::Connect(options.store_addr, rv.secret, PeerTimeout(options));
+    if (!client.ok()) return client.status().WithContext(fmt::format("rank {}", options.rank));
+    rv.store = client->get();
+    rv.owned_store = std::move(client).value();
+    return rv;
+  }
+
+  if (options.launched_by_mpirun) {
+    Status s = StartOverMpi(options, &rv);
+    if (!s.ok()) return s.WithContext(fmt::format("rank {}: rendezvous over MPI", options.rank));
+    return rv;
+  }
+
+  if (options.size == 1) {
+    rv.secret = options.job_secret.empty() ? GenerateSecret() : options.job_secret;
+    rv.owned_store = std::make_unique<InMemoryStore>();
+    rv.store = rv.owned_store.get();
+    return rv;
+  }
+
+  return InvalidArgument(
+      "size={} but no launcher was found: start several ranks with mpirun (e.g. `mpirun -np {} "
+      "PROGRAM`) or kolo-run (`kolo-run -np {} PROGRAM`), which set OMPI_COMM_WORLD_* or "
+      "KOLO_STORE_ADDR and KOLO_JOB_SECRET",
+      options.size, options.size, options.size);
+}
+
+}  // namespace kolo::bootstrap

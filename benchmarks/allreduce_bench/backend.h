@@ -1,0 +1,82 @@
+// One measured allreduce implementation: a row label in the table.
+//
+// The harness (sweep.h) drives each Backend through, per buffer size:
+//   Bind(in, out, count)            untimed: register buffers, build per-size state
+//   { BeforeIteration(); RunOnce(); } x (warmup + iters)   only RunOnce is timed
+//   Unbind()                        untimed: drop per-size state
+// `in` holds this rank's input and must not be changed by the backend; `out` receives the
+// result (op applied over every rank's input). Every RunOnce is collective: all ranks call it for
+// the same size in the same order. Methods are called from the main thread only.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "benchmarks/allreduce_bench/bench_config.h"
+#include "benchmarks/allreduce_bench/reference.h"
+#include "engine/common/options.h"
+#include "engine/common/status.h"
+
+namespace kolo::bootstrap {
+class Store;
+}
+namespace kolo::transport {
+class Device;
+}
+
+namespace kolo::bench {
+
+class Control;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // The row label: "ring", "mpi", "mpi-direct", "gloo-ring", "gloo-ring-chunked", "link".
+  virtual std::string name() const = 0;
+  virtual BackendKind kind() const = 0;
+  // False for `link`, which moves the bytes without reducing them: its output is not checked.
+  virtual bool reduces() const { return true; }
+
+  virtual Status Bind(HostBuffer& in, HostBuffer& out, size_t count) = 0;
+  virtual Status BeforeIteration() { return Status::OK(); }
+  virtual Status RunOnce() = 0;
+  virtual void Unbind() {}
+};
+
+// What backends are built from. Pointers are owned by the caller and outlive every Backend.
+struct BackendEnv {
+  const BenchConfig* config = nullptr;
+  Options options;                      // engine options: environment, then flags
+  bootstrap::Store* store = nullptr;    // the job's rendezvous store (callers prefix their keys)
+  std::string listen_addr;              // IPv4 address this rank's transports bind
+  transport::Device* device = nullptr;  // kolo TCP device (for link); null if not connected
+  Control* control = nullptr;
+  int engine_starts = 0;  // engines started so far (each gets its own key prefix)
+};
+
+// Whether this build and launch can run `kind`; the error names the backend, why not, and what to
+// do (FailedPrecondition). Checked for every requested backend before any rank connects.
+Status CheckBackendAvailable(BackendKind kind, const Options& options);
+
+// True if `kind` needs the rendezvous store / the kolo TCP device in BackendEnv.
+bool NeedsStore(BackendKind kind);
+bool NeedsDevice(BackendKind kind);
+
+// The control channel for this launch: MPI under mpirun (initialising MPI if nobody has), else
+// LocalControl for a single rank, else collectives over `device`. True from ControlNeedsDevice
+// when `device` must be connected before MakeControl.
+bool ControlNeedsDevice(const Options& options);
+StatusOr<std::unique_ptr<Control>> MakeControl(const Options& options, transport::Device* device);
+
+// After a rank-local failure under mpirun: MPI_Abort, so that no rank waits forever in a
+// collective for this one (and this one does not wait in MPI_Finalize for them). Returns if MPI
+// is not in use.
+void AbortJobAfterError(const Options& options, int exit_code);
+
+// Builds the rows of `kind` (gloo gives two: gloo-ring and gloo-ring-chunked). Collective: every
+// rank calls it for the same kinds in the same order.
+StatusOr<std::vector<std::unique_ptr<Backend>>> MakeBackends(BackendKind kind, BackendEnv& env);
+
+}  // namespace kolo::bench

@@ -1,0 +1,188 @@
+#include "benchmarks/allreduce_bench/bench_config.h"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <sstream>
+
+#include "benchmarks/allreduce_bench/tensor_sets.h"
+#include "engine/common/options.h"
+
+namespace kolo::bench {
+namespace {
+
+constexpr BackendKind kAllBackends[] = {BackendKind::kRing, BackendKind::kMpi,
+                                        BackendKind::kMpiDirect, BackendKind::kGloo,
+                                        BackendKind::kLink};
+constexpr const char* kBackendList = "ring, mpi, mpi-direct, gloo, link";
+
+StatusOr<std::vector<BackendKind>> ParseBackends(const std::string& list) {
+  std::vector<BackendKind> out;
+  std::stringstream in(list);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    bool found = false;
+    for (BackendKind k : kAllBackends) {
+      if (item == BackendKindName(k)) {
+        if (std::find(out.begin(), out.end(), k) == out.end()) out.push_back(k);
+        found = true;
+      }
+    }
+    if (!found) {
+      return InvalidArgument("--backend '{}' is unknown: allowed are a comma list of {}", item,
+                             kBackendList);
+    }
+  }
+  if (out.empty()) {
+    return InvalidArgument("--backend '{}' names no backend: allowed are a comma list of {}", list,
+                           kBackendList);
+  }
+  return out;
+}
+
+// Everything is taken as text and converted by kolo's parsers, so that every error has the same
+// shape: the flag, the value, what is allowed.
+struct RawFlags {
+  std::string minbytes = "8", maxbytes = "256M", stepfactor = "2", dtype = "float32", op = "sum";
+  std::string iters = "20", warmup = "5", backend = "ring", check = "1", fusion = "both";
+  std::string fusion_threshold_mb, cycle_time_ms, json, tensors;
+};
+
+Status Convert(const RawFlags& raw, BenchConfig* c) {
+  KOLO_ASSIGN_OR_RETURN(c->min_bytes, ParseByteSize("--minbytes", raw.minbytes));
+  KOLO_ASSIGN_OR_RETURN(c->max_bytes, ParseByteSize("--maxbytes", raw.maxbytes));
+  KOLO_ASSIGN_OR_RETURN(c->step_factor, ParseInt("--stepfactor", raw.stepfactor, 2, 1 << 20));
+  auto dtype = ParseDataType(raw.dtype);
+  if (!dtype.ok()) return dtype.status().WithContext("--dtype");
+  c->dtype = *dtype;
+  if (raw.op == "sum") {
+    c->op = ReduceOp::kSum;
+  } else if (raw.op == "avg" || raw.op == "average") {
+    c->op = ReduceOp::kAverage;
+  } else {
+    return InvalidArgument("--op '{}' is unknown: allowed are sum, avg", raw.op);
+  }
+  KOLO_ASSIGN_OR_RETURN(int64_t iters, ParseInt("--iters", raw.iters, 1, 1000000));
+  KOLO_ASSIGN_OR_RETURN(int64_t warmup, ParseInt("--warmup", raw.warmup, 0, 1000000));
+  c->iters = static_cast<int>(iters);
+  c->warmup = static_cast<int>(warmup);
+  KOLO_ASSIGN_OR_RETURN(c->backends, ParseBackends(raw.backend));
+  KOLO_ASSIGN_OR_RETURN(c->check, ParseBool("--check", raw.check));
+  if (raw.fusion == "on") {
+    c->fusion = FusionMode::kOn;
+  } else if (raw.fusion == "off") {
+    c->fusion = FusionMode::kOff;
+  } else if (raw.fusion == "both") {
+    c->fusion = FusionMode::kBoth;
+  } else {
+    return InvalidArgument("--fusion '{}' is unknown: allowed are on, off, both", raw.fusion);
+  }
+  if (!raw.fusion_threshold_mb.empty()) {
+    KOLO_ASSIGN_OR_RETURN(c->fusion_threshold_mb, ParseDouble("--fusion-threshold-mb",
+                                                              raw.fusion_threshold_mb, 0, 1 << 20));
+  }
+  if (!raw.cycle_time_ms.empty()) {
+    KOLO_ASSIGN_OR_RETURN(c->cycle_time_ms,
+                          ParseDouble("--cycle-time-ms", raw.cycle_time_ms, 1e-3, 10000));
+  }
+  c->json_path = raw.json;
+  c->tensors = raw.tensors;
+
+  if (c->min_bytes < 1) return InvalidArgument("--minbytes={} must be at least 1", c->min_bytes);
+  if (c->max_bytes < c->min_bytes) {
+    return InvalidArgument("--maxbytes={} is below --minbytes={}: allowed is maxbytes >= minbytes",
+                           c->max_bytes, c->min_bytes);
+  }
+  if (!c->tensors.empty()) {
+    // Fails early, before any rank connects, for an unknown model name.
+    KOLO_RETURN_IF_ERROR(MakeTensorSet(c->tensors).status());
+    for (BackendKind k : c->backends) {
+      if (!IsEngineBackend(k)) {
+        return InvalidArgument(
+            "--tensors measures kolo's engine: --backend '{}' is not allowed with it (allowed are "
+            "ring, mpi)",
+            BackendKindName(k));
+      }
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+const char* BackendKindName(BackendKind kind) {
+  switch (kind) {
+    case BackendKind::kRing:
+      return "ring";
+    case BackendKind::kMpi:
+      return "mpi";
+    case BackendKind::kMpiDirect:
+      return "mpi-direct";
+    case BackendKind::kGloo:
+      return "gloo";
+    case BackendKind::kLink:
+      return "link";
+  }
+  return "unknown";
+}
+
+bool IsEngineBackend(BackendKind kind) {
+  return kind == BackendKind::kRing || kind == BackendKind::kMpi;
+}
+
+StatusOr<ParsedFlags> ParseBenchFlags(int argc, char** argv) {
+  ParsedFlags parsed;
+  RawFlags raw;
+  CLI::App app(
+      "kolo-allreduce-bench: allreduce bus bandwidth of kolo's engine and its peers (MPI, Gloo, "
+      "the link ceiling), nccl-tests style. Launch with mpirun or kolo-run.");
+  app.add_option("-b,--minbytes", raw.minbytes, "smallest buffer (bytes; K, M, G suffixes)")
+      ->capture_default_str();
+  app.add_option("-e,--maxbytes", raw.maxbytes, "largest buffer (bytes; K, M, G suffixes)")
+      ->capture_default_str();
+  app.add_option("-f,--stepfactor", raw.stepfactor, "size multiplier between rows (integer >= 2)")
+      ->capture_default_str();
+  app.add_option("--dtype", raw.dtype, "element type (any kolo dtype)")->capture_default_str();
+  app.add_option("--op", raw.op, "reduction: sum or avg")->capture_default_str();
+  app.add_option("-n,--iters", raw.iters, "timed iterations per row")->capture_default_str();
+  app.add_option("-w,--warmup", raw.warmup, "untimed iterations before them")
+      ->capture_default_str();
+  app.add_option("--backend", raw.backend, std::string("comma list of: ") + kBackendList)
+      ->capture_default_str();
+  app.add_option("--fusion-threshold-mb", raw.fusion_threshold_mb,
+                 "engine fusion threshold (MiB; overrides KOLO_FUSION_THRESHOLD_BYTES)");
+  app.add_option("--cycle-time-ms", raw.cycle_time_ms,
+                 "engine cycle time (ms; overrides KOLO_CYCLE_TIME_MS)");
+  app.add_option("--json", raw.json, "write every setting and row as JSON to this file (rank 0)");
+  app.add_option("--check", raw.check, "verify results against a local reference (1 or 0)")
+      ->capture_default_str();
+  app.add_option(
+      "--tensors", raw.tensors,
+      std::string("one step's gradients of a model instead of the sweep: ") + TensorSetNames());
+  app.add_option("--fusion", raw.fusion, "with --tensors: on, off or both")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    parsed.help = true;
+    parsed.help_text = app.help();
+    return parsed;
+  } catch (const CLI::ParseError& e) {
+    return InvalidArgument("{} (see --help)", e.what());
+  }
+  KOLO_RETURN_IF_ERROR(Convert(raw, &parsed.config));
+  for (int i = 0; i < argc; ++i) parsed.config.argv.emplace_back(argv[i]);
+  return parsed;
+}
+
+std::vector<int64_t> SweepSizes(const BenchConfig& config) {
+  const int64_t elem = static_cast<int64_t>(DataTypeSize(config.dtype));
+  std::vector<int64_t> sizes;
+  for (int64_t s = config.min_bytes; s <= config.max_bytes;) {
+    const int64_t rounded = std::max<int64_t>(elem, s / elem * elem);
+    if (sizes.empty() || rounded > sizes.back()) sizes.push_back(rounded);
+    if (s > config.max_bytes / config.step_factor) break;  // next step would pass max (or wrap)
+    s *= config.step_factor;
+  }
+  return sizes;
+}
+
+}  // namespace kolo::bench

@@ -1,0 +1,67 @@
+// kolo-allreduce-bench's settings: the command line, parsed and checked once.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/common/dtype.h"
+#include "engine/common/status.h"
+#include "engine/engine.h"
+
+namespace kolo::bench {
+
+// What one `--backend` name measures.
+enum class BackendKind {
+  kRing,       // kolo Engine, ring backend over kolo's TCP transport
+  kMpi,        // kolo Engine, MPI backend (MPI_Allreduce on the fusion buffer)
+  kMpiDirect,  // peer: plain MPI_Allreduce on a buffer allocated once
+  kGloo,       // peer: gloo::AllreduceRing and gloo::AllreduceRingChunked over Gloo's TCP
+  kLink,       // ceiling: collectives::RingExchangeNoReduce on a kolo TCP Device
+};
+// "ring", "mpi", "mpi-direct", "gloo", "link".
+const char* BackendKindName(BackendKind kind);
+// True for the backends that run through kolo::Engine (ring, mpi).
+bool IsEngineBackend(BackendKind kind);
+
+enum class FusionMode { kOn, kOff, kBoth };
+
+struct BenchConfig {
+  // Size sweep: min_bytes, min_bytes * step_factor, ... up to max_bytes (inclusive).
+  int64_t min_bytes = 8;
+  int64_t max_bytes = 256LL << 20;
+  int64_t step_factor = 2;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  int iters = 20;  // timed iterations per (size, backend)
+  int warmup = 5;  // untimed iterations before them
+  // In the order given on the command line, without duplicates.
+  std::vector<BackendKind> backends = {BackendKind::kRing};
+  // Engine settings from flags; unset means the environment's value (or the default).
+  std::optional<double> fusion_threshold_mb;  // MiB; 0 disables fusion
+  std::optional<double> cycle_time_ms;
+  std::string json_path;  // written by rank 0; empty = no JSON
+  bool check = true;      // verify every backend's result against the local reference
+  // Step mode instead of the size sweep: one step's gradients of this model (tensor_sets.h).
+  std::string tensors;
+  FusionMode fusion = FusionMode::kBoth;
+  // The command line as given, for the report.
+  std::vector<std::string> argv;
+};
+
+struct ParsedFlags {
+  BenchConfig config;
+  bool help = false;  // --help was given: print help_text and exit 0
+  std::string help_text;
+};
+
+// Parses and validates the command line. Errors (InvalidArgument) name the flag, the value and
+// what is allowed. Does not check what this build or launch supports (see backends.h).
+StatusOr<ParsedFlags> ParseBenchFlags(int argc, char** argv);
+
+// The buffer sizes of the sweep, in bytes: each a whole number of `dtype` elements (rounded
+// down, at least one element), increasing, without duplicates.
+std::vector<int64_t> SweepSizes(const BenchConfig& config);
+
+}  // namespace kolo::bench

@@ -1,0 +1,123 @@
+#include "benchmarks/allreduce_bench/engine_rows.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+
+#include "engine/collectives/collectives.h"
+#include "engine/transport/transport.h"
+
+namespace kolo::bench {
+namespace {
+
+// A collective that stalls fails inside the engine after the peer timeout; the extra margin only
+// matters if the engine itself is stuck.
+std::chrono::milliseconds WaitTimeout(const Options& o) {
+  return std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout_s * 2000.0) + 10000);
+}
+
+class EngineRow final : public Backend {
+ public:
+  EngineRow(BackendKind kind, BackendEnv& env) : kind_(kind), env_(env) {}
+
+  std::string name() const override { return BackendKindName(kind_); }
+  BackendKind kind() const override { return kind_; }
+
+  Status Bind(HostBuffer& in, HostBuffer& out, size_t count) override {
+    KOLO_ASSIGN_OR_RETURN(started_, StartEngine(env_, kind_));
+    in_ = in.data();
+    out_ = out.data();
+    count_ = count;
+    tensor_ = fmt::format("bench/allreduce/{}", count);
+    return Status::OK();
+  }
+
+  Status RunOnce() override {
+    KOLO_ASSIGN_OR_RETURN(
+        Handle h, started_.engine->AllreduceAsync(tensor_, in_, out_, env_.config->dtype,
+                                                  {static_cast<int64_t>(count_)}, env_.config->op));
+    return started_.engine->Wait(h, WaitTimeout(env_.options));
+  }
+
+  void Unbind() override {
+    if (!started_.engine) return;
+    StopEngine(started_).IgnoreError();  // a failure already surfaced in RunOnce
+  }
+
+ private:
+  BackendKind kind_;
+  BackendEnv& env_;
+  StartedEngine started_;
+  const void* in_ = nullptr;
+  void* out_ = nullptr;
+  size_t count_ = 0;
+  std::string tensor_;
+};
+
+class LinkRow final : public Backend {
+ public:
+  explicit LinkRow(BackendEnv& env) : env_(env) {
+    comm_.device = env.device;
+    comm_.chunk_bytes = static_cast<size_t>(env.options.ring_chunk_bytes);
+    comm_.timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(env.options.peer_timeout_s * 1000.0));
+  }
+
+  std::string name() const override { return "link"; }
+  BackendKind kind() const override { return BackendKind::kLink; }
+  bool reduces() const override { return false; }
+
+  Status Bind(HostBuffer&, HostBuffer& out, size_t count) override {
+    KOLO_ASSIGN_OR_RETURN(region_, env_.device->Register(out.data(), out.size()));
+    count_ = count;
+    return Status::OK();
+  }
+
+  Status RunOnce() override {
+    return collectives::RingExchangeNoReduce(comm_, *region_, 0, count_, env_.config->dtype,
+                                             scratch_);
+  }
+
+  void Unbind() override { region_.reset(); }
+
+ private:
+  BackendEnv& env_;
+  collectives::Comm comm_;
+  collectives::Scratch scratch_;
+  std::unique_ptr<transport::Region> region_;
+  size_t count_ = 0;
+};
+
+}  // namespace
+
+StatusOr<StartedEngine> StartEngine(BackendEnv& env, BackendKind kind,
+                                    std::optional<int64_t> fusion_threshold_bytes) {
+  Options o = env.options;
+  o.backend = BackendKindName(kind);
+  if (fusion_threshold_bytes) o.fusion_threshold_bytes = *fusion_threshold_bytes;
+  StartedEngine started;
+  started.store = std::make_unique<bootstrap::PrefixStore>(
+      fmt::format("bench/engine/{}/", env.engine_starts++), *env.store);
+  auto engine = Engine::Create(o, started.store.get());
+  if (!engine.ok()) {
+    return engine.status().WithContext(
+        fmt::format("starting the engine for backend '{}'", o.backend));
+  }
+  started.engine = std::move(engine).value();
+  return started;
+}
+
+Status StopEngine(StartedEngine& started) {
+  Status s = started.engine->Shutdown();
+  started.engine.reset();
+  started.store.reset();
+  return s;
+}
+
+std::unique_ptr<Backend> MakeEngineRow(BackendKind kind, BackendEnv& env) {
+  return std::make_unique<EngineRow>(kind, env);
+}
+
+std::unique_ptr<Backend> MakeLinkRow(BackendEnv& env) { return std::make_unique<LinkRow>(env); }
+
+}  // namespace kolo::bench

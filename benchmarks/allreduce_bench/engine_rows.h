@@ -1,0 +1,39 @@
+// The rows measured through kolo itself: `ring` and `mpi` (kolo::Engine with that backend) and
+// `link` (collectives::RingExchangeNoReduce on the job's kolo TCP Device: the same ring moving the
+// same bytes with no reduction, the ceiling the ring's bus bandwidth is read against).
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "benchmarks/allreduce_bench/backend.h"
+#include "engine/bootstrap/store.h"
+#include "engine/engine.h"
+
+namespace kolo::bench {
+
+// An Engine joined to the job through the rendezvous store, under a key prefix of its own.
+// Members are declared so that the engine goes before the store view it was created with.
+struct StartedEngine {
+  std::unique_ptr<bootstrap::PrefixStore> store;
+  std::unique_ptr<Engine> engine;
+};
+
+// Starts an Engine with env.options, the backend of `kind` (ring or mpi) and, if given, another
+// fusion threshold. Collective: every rank calls it in the same order (the n-th call of each rank
+// joins the same key prefix). REQUIRES: env.store != nullptr; IsEngineBackend(kind).
+StatusOr<StartedEngine> StartEngine(BackendEnv& env, BackendKind kind,
+                                    std::optional<int64_t> fusion_threshold_bytes = std::nullopt);
+
+// Shuts the engine down (collectively) and releases it; returns the shutdown's status.
+Status StopEngine(StartedEngine& started);
+
+// `ring` or `mpi`: an Engine per buffer size, started in Bind and shut down in Unbind, so that no
+// idle engine's background cycle (one bit-vector exchange per cycle time) runs while another row
+// is measured. One allreduce of the whole buffer per RunOnce, submitted and waited for.
+std::unique_ptr<Backend> MakeEngineRow(BackendKind kind, BackendEnv& env);
+
+// `link`. REQUIRES: env.device != nullptr.
+std::unique_ptr<Backend> MakeLinkRow(BackendEnv& env);
+
+}  // namespace kolo::bench

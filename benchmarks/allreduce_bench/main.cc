@@ -1,0 +1,192 @@
+// kolo-allreduce-bench: allreduce bus bandwidth of kolo's engine and its peers, nccl-tests style.
+//
+// Exit status: 0 success; 2 a configuration error (bad flag, unknown or unavailable backend),
+// found before any rank connects; 1 a failure while running (named on stderr by the failing rank).
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <string>
+
+#include "benchmarks/allreduce_bench/backend.h"
+#include "benchmarks/allreduce_bench/bench_config.h"
+#include "benchmarks/allreduce_bench/control.h"
+#include "benchmarks/allreduce_bench/report.h"
+#include "benchmarks/allreduce_bench/step_bench.h"
+#include "benchmarks/allreduce_bench/sweep.h"
+#include "engine/bootstrap/rendezvous.h"
+#include "engine/common/logging.h"
+#include "engine/common/options.h"
+#include "engine/transport/tcp/device.h"
+
+namespace kolo::bench {
+namespace {
+
+constexpr int kExitRunFailed = 1;
+constexpr int kExitBadConfig = 2;
+
+std::string HostName() {
+  char buf[HOST_NAME_MAX + 1] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
+
+void Print(bool rank0, const std::string& text) {
+  if (!rank0) return;
+  std::fputs(text.c_str(), stdout);
+  std::fflush(stdout);
+}
+
+// Engine flags override the environment; then every requested backend must be runnable here.
+Status Configure(const BenchConfig& config, Options* options) {
+  if (config.fusion_threshold_mb) {
+    options->fusion_threshold_bytes =
+        static_cast<int64_t>(*config.fusion_threshold_mb * 1024.0 * 1024.0);
+  }
+  if (config.cycle_time_ms) options->cycle_time_ms = *config.cycle_time_ms;
+  KOLO_RETURN_IF_ERROR(options->Validate());
+  const int64_t max_count = config.max_bytes / static_cast<int64_t>(DataTypeSize(config.dtype));
+  for (BackendKind kind : config.backends) {
+    KOLO_RETURN_IF_ERROR(CheckBackendAvailable(kind, *options));
+    if ((kind == BackendKind::kGloo || kind == BackendKind::kMpiDirect) && config.tensors.empty() &&
+        max_count > INT_MAX) {
+      return InvalidArgument(
+          "--maxbytes={} is {} elements of {}: backend {} counts in int (at most "
+          "{} elements)",
+          config.max_bytes, max_count, DataTypeName(config.dtype), BackendKindName(kind), INT_MAX);
+    }
+  }
+  return Status::OK();
+}
+
+Status Run(const BenchConfig& config, Options options) {
+  SetLogLevel(options.log_level);
+  if (options.size > 1) SetLogRank(options.rank);
+  const bool rank0 = options.rank == 0;
+  bool need_store = false;
+  bool need_device = ControlNeedsDevice(options);
+  for (BackendKind kind : config.backends) {
+    need_store = need_store || NeedsStore(kind);
+    need_device = need_device || NeedsDevice(kind);
+  }
+
+  // Declared before everything that uses the store or the device, so destroyed after them.
+  bootstrap::Rendezvous rv;
+  if (need_store || need_device) {
+    KOLO_ASSIGN_OR_RETURN(rv, bootstrap::StartRendezvous(options));
+    // Engines started later join through this store; they must present the same secret.
+    options.job_secret = rv.secret;
+  }
+  std::unique_ptr<bootstrap::PrefixStore> link_store;
+  std::unique_ptr<transport::Device> device;
+  if (need_device) {
+    link_store = std::make_unique<bootstrap::PrefixStore>("bench/link/", *rv.store);
+    transport::tcp::TcpOptions tcp;
+    tcp.listen_addr = rv.listen_addr;
+    tcp.socket_buffer_bytes = options.socket_buffer_bytes;
+    tcp.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.peer_timeout_s * 1000));
+    tcp.secret = rv.secret;
+    tcp.busy_poll = options.busy_poll;
+    auto connected = transport::tcp::Connect(tcp, *link_store, options.rank, options.size);
+    if (!connected.ok()) {
+      return connected.status().WithContext(
+          fmt::format("rank {}: connecting the benchmark's device", options.rank));
+    }
+    device = std::move(connected).value();
+  }
+  KOLO_ASSIGN_OR_RETURN(std::unique_ptr<Control> control, MakeControl(options, device.get()));
+
+  RunInfo info;
+  info.config = &config;
+  info.options = options;
+  KOLO_ASSIGN_OR_RETURN(info.hosts, control->AllgatherStrings(HostName()));
+  info.launcher = options.launched_by_mpirun    ? "mpirun"
+                  : !options.store_addr.empty() ? "kolo-run"
+                                                : "none";
+  info.control = control->name();
+
+  BackendEnv env;
+  env.config = &config;
+  env.options = options;
+  env.store = rv.store;
+  env.listen_addr = rv.listen_addr;
+  env.device = device.get();
+  env.control = control.get();
+
+  std::vector<SweepRow> sweep;
+  std::vector<RatioRow> ratios;
+  std::vector<StepRow> steps;
+  std::optional<TensorSet> set;
+  if (!config.tensors.empty()) {
+    KOLO_ASSIGN_OR_RETURN(set, MakeTensorSet(config.tensors));
+    for (BackendKind k : config.backends) info.rows.emplace_back(BackendKindName(k));
+    Print(rank0, FormatHeader(info) + FormatStepColumns(*set, config.dtype));
+    KOLO_ASSIGN_OR_RETURN(steps, RunSteps(config, *set, env, *control, [&](const StepRow& row) {
+                            Print(rank0, FormatStepRow(row));
+                          }));
+    Print(rank0, FormatStepGoal(*set, steps));
+  } else {
+    std::vector<std::unique_ptr<Backend>> rows;
+    for (BackendKind kind : config.backends) {
+      KOLO_ASSIGN_OR_RETURN(auto made, MakeBackends(kind, env));
+      for (auto& row : made) {
+        info.rows.push_back(row->name());
+        rows.push_back(std::move(row));
+      }
+    }
+    Print(rank0, FormatHeader(info) + FormatSweepColumns());
+    KOLO_ASSIGN_OR_RETURN(
+        sweep, RunSweep(config, rows, *control, [&](const std::vector<SweepRow>& at_size) {
+          Print(rank0, FormatSweepRows(at_size));
+        }));
+    ratios = ComputeRatios(sweep);
+    Print(rank0, FormatRatios(ratios));
+  }
+  if (rank0 && !config.json_path.empty()) {
+    KOLO_RETURN_IF_ERROR(
+        WriteJson(config.json_path, ToJson(info, sweep, ratios, set ? &*set : nullptr, steps)));
+  }
+  // Rank 0 serves the store: nobody may tear down while another rank still talks to it.
+  return control->Barrier();
+}
+
+int Main(int argc, char** argv) {
+  auto env_options = OptionsFromEnvironment();
+  // Configuration errors are the same on every rank: only rank 0 reports them.
+  const bool rank0 = !env_options.ok() || env_options->rank == 0;
+  auto parsed = ParseBenchFlags(argc, argv);
+  if (!parsed.ok()) {
+    if (rank0)
+      std::fprintf(stderr, "kolo-allreduce-bench: %s\n", parsed.status().ToString().c_str());
+    return kExitBadConfig;
+  }
+  if (parsed->help) {
+    Print(rank0, parsed->help_text);
+    return 0;
+  }
+  if (!env_options.ok()) {
+    std::fprintf(stderr, "kolo-allreduce-bench: environment: %s\n",
+                 env_options.status().ToString().c_str());
+    return kExitBadConfig;
+  }
+  Options options = *env_options;
+  Status s = Configure(parsed->config, &options);
+  if (!s.ok()) {
+    if (rank0) std::fprintf(stderr, "kolo-allreduce-bench: %s\n", s.ToString().c_str());
+    return kExitBadConfig;
+  }
+  s = Run(parsed->config, options);
+  if (!s.ok()) {
+    std::fprintf(stderr, "kolo-allreduce-bench: rank %d failed: %s\n", options.rank,
+                 s.ToString().c_str());
+    std::fflush(stderr);
+    AbortJobAfterError(options, kExitRunFailed);
+    return kExitRunFailed;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kolo::bench
+
+int main(int argc, char** argv) { return kolo::bench::Main(argc, argv); }

@@ -1,0 +1,143 @@
+// The one file that knows which optional peers this build has (KOLO_HAVE_MPI, KOLO_HAVE_GLOO);
+// everything else asks it.
+#include <chrono>
+
+#include "benchmarks/allreduce_bench/backend.h"
+#include "benchmarks/allreduce_bench/control.h"
+#include "benchmarks/allreduce_bench/device_control.h"
+#include "benchmarks/allreduce_bench/engine_rows.h"
+#include "kolo/config.h"
+
+#if KOLO_HAVE_MPI
+#include "benchmarks/allreduce_bench/mpi/mpi_peer.h"
+#include "engine/bootstrap/mpi/mpi_env.h"
+#endif
+#if KOLO_HAVE_GLOO
+#include "benchmarks/allreduce_bench/gloo/gloo_peer.h"
+#endif
+
+namespace kolo::bench {
+namespace {
+
+std::chrono::milliseconds PeerTimeout(const Options& o) {
+  return std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout_s * 1000.0));
+}
+
+#if KOLO_HAVE_MPI
+Status StartMpi(const Options& options) {
+  KOLO_RETURN_IF_ERROR(bootstrap::mpi::EnsureInitialized());
+  bootstrap::mpi::FinalizeAtExit();
+  return bootstrap::mpi::CheckWorld(options.rank, options.size);
+}
+#endif
+
+}  // namespace
+
+Status CheckBackendAvailable(BackendKind kind, const Options& options) {
+  const char* name = BackendKindName(kind);
+  switch (kind) {
+    case BackendKind::kRing:
+    case BackendKind::kLink:
+      return Status::OK();
+    case BackendKind::kMpi:
+    case BackendKind::kMpiDirect:
+      if (!KOLO_HAVE_MPI) {
+        return FailedPrecondition(
+            "--backend {}: this build has no MPI (rebuild with libopenmpi-dev); available here: "
+            "ring, link{}",
+            name, KOLO_HAVE_GLOO ? ", gloo" : "");
+      }
+      if (!options.launched_by_mpirun && options.size > 1) {
+        return FailedPrecondition(
+            "--backend {} needs a launch by mpirun (OMPI_COMM_WORLD_SIZE is unset); under kolo-run "
+            "use ring, link{}",
+            name, KOLO_HAVE_GLOO ? ", gloo" : "");
+      }
+      return Status::OK();
+    case BackendKind::kGloo:
+      if (!KOLO_HAVE_GLOO) {
+        return FailedPrecondition(
+            "--backend gloo: this build has no Gloo (install libgloo-dev and reconfigure); "
+            "available here: ring, link{}",
+            KOLO_HAVE_MPI ? ", mpi, mpi-direct" : "");
+      }
+      return Status::OK();
+  }
+  return InvalidArgument("unknown backend");
+}
+
+bool NeedsStore(BackendKind kind) {
+  return kind == BackendKind::kRing || kind == BackendKind::kMpi || kind == BackendKind::kGloo ||
+         kind == BackendKind::kLink;
+}
+
+bool NeedsDevice(BackendKind kind) { return kind == BackendKind::kLink; }
+
+bool ControlNeedsDevice(const Options& options) {
+  if (options.size == 1) return false;
+  return !(options.launched_by_mpirun && KOLO_HAVE_MPI);
+}
+
+StatusOr<std::unique_ptr<Control>> MakeControl(const Options& options, transport::Device* device) {
+#if KOLO_HAVE_MPI
+  if (options.launched_by_mpirun) {
+    KOLO_RETURN_IF_ERROR(StartMpi(options));
+    return mpi::MakeMpiControl();
+  }
+#endif
+  if (options.size == 1) return std::unique_ptr<Control>(std::make_unique<LocalControl>());
+  if (device == nullptr) return Internal("the control channel needs a connected device");
+  return MakeDeviceControl(*device, PeerTimeout(options));
+}
+
+void AbortJobAfterError(const Options& options, int exit_code) {
+#if KOLO_HAVE_MPI
+  if (options.launched_by_mpirun && options.size > 1) mpi::AbortWorld(exit_code);
+#else
+  (void)options;
+  (void)exit_code;
+#endif
+}
+
+StatusOr<std::vector<std::unique_ptr<Backend>>> MakeBackends(BackendKind kind, BackendEnv& env) {
+  KOLO_RETURN_IF_ERROR(CheckBackendAvailable(kind, env.options));
+  std::vector<std::unique_ptr<Backend>> rows;
+  switch (kind) {
+    case BackendKind::kRing:
+    case BackendKind::kMpi:
+      if (env.store == nullptr)
+        return Internal("backend {} needs the rendezvous store", BackendKindName(kind));
+      rows.push_back(MakeEngineRow(kind, env));
+      return rows;
+    case BackendKind::kLink:
+      if (env.device == nullptr) return Internal("backend link needs a connected device");
+      rows.push_back(MakeLinkRow(env));
+      return rows;
+    case BackendKind::kMpiDirect: {
+#if KOLO_HAVE_MPI
+      KOLO_RETURN_IF_ERROR(StartMpi(env.options));
+      KOLO_ASSIGN_OR_RETURN(auto peer, mpi::MakeMpiDirect(*env.config));
+      rows.push_back(std::move(peer));
+      return rows;
+#else
+      break;
+#endif
+    }
+    case BackendKind::kGloo: {
+#if KOLO_HAVE_GLOO
+      if (env.store == nullptr) return Internal("backend gloo needs the rendezvous store");
+      gloo::GlooSetup setup;
+      setup.rank = env.options.rank;
+      setup.size = env.options.size;
+      setup.listen_addr = env.listen_addr;
+      setup.timeout = PeerTimeout(env.options);
+      return gloo::MakeGlooPeers(*env.config, *env.store, setup);
+#else
+      break;
+#endif
+    }
+  }
+  return Internal("backend {} is not built", BackendKindName(kind));
+}
+
+}  // namespace kolo::bench

@@ -1,0 +1,280 @@
+#include "benchmarks/allreduce_bench/report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <map>
+
+namespace kolo::bench {
+namespace {
+
+std::string Bytes(int64_t b) {
+  if (b >= (1LL << 30) && b % (1LL << 30) == 0) return fmt::format("{} GiB", b >> 30);
+  if (b >= (1LL << 20) && b % (1LL << 20) == 0) return fmt::format("{} MiB", b >> 20);
+  if (b >= (1LL << 10) && b % (1LL << 10) == 0) return fmt::format("{} KiB", b >> 10);
+  return fmt::format("{} B", b);
+}
+
+std::string Ratio(const std::optional<double>& r) {
+  return r ? fmt::format("{:.3f}", *r) : std::string("-");
+}
+
+nlohmann::json OptionalJson(const std::optional<double>& v) {
+  return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
+
+nlohmann::json TimeJson(const TimeSummary& t) {
+  return {{"median_us", t.median_us}, {"min_us", t.min_us}, {"max_us", t.max_us}};
+}
+
+}  // namespace
+
+std::vector<RatioRow> ComputeRatios(const std::vector<SweepRow>& rows) {
+  struct AtSize {
+    std::optional<double> ring, link, gloo, mpi_direct;
+  };
+  std::map<int64_t, AtSize> by_size;
+  for (const SweepRow& r : rows) {
+    AtSize& a = by_size[r.bytes];
+    switch (r.kind) {
+      case BackendKind::kRing:
+        a.ring = r.busbw_gbs;
+        break;
+      case BackendKind::kLink:
+        a.link = r.busbw_gbs;
+        break;
+      case BackendKind::kMpiDirect:
+        a.mpi_direct = r.busbw_gbs;
+        break;
+      case BackendKind::kGloo:
+        a.gloo = std::max(a.gloo.value_or(0.0), r.busbw_gbs);
+        break;
+      case BackendKind::kMpi:
+        break;
+    }
+  }
+  auto ratio = [](const std::optional<double>& a,
+                  const std::optional<double>& b) -> std::optional<double> {
+    if (!a || !b || *b <= 0) return std::nullopt;
+    return *a / *b;
+  };
+  std::vector<RatioRow> out;
+  for (const auto& [bytes, a] : by_size) {
+    RatioRow r;
+    r.bytes = bytes;
+    r.ring_link = ratio(a.ring, a.link);
+    r.ring_gloo_best = ratio(a.ring, a.gloo);
+    r.ring_mpi_direct = ratio(a.ring, a.mpi_direct);
+    if (r.ring_link || r.ring_gloo_best || r.ring_mpi_direct) out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<std::string> DistinctHosts(const std::vector<std::string>& hosts) {
+  std::vector<std::string> out;
+  for (const std::string& h : hosts) {
+    if (std::find(out.begin(), out.end(), h) == out.end()) out.push_back(h);
+  }
+  return out;
+}
+
+std::string FormatHeader(const RunInfo& info) {
+  const BenchConfig& c = *info.config;
+  const Options& o = info.options;
+  const auto hosts = DistinctHosts(info.hosts);
+  std::string s;
+  s += fmt::format("# kolo-allreduce-bench: {} ranks on {} host(s) ({}), launcher {}, control {}\n",
+                   info.hosts.size(), hosts.size(), fmt::join(hosts, ", "), info.launcher,
+                   info.control);
+  s += fmt::format("# dtype {}, op {}, iters {}, warmup {}, check {}\n", DataTypeName(c.dtype),
+                   c.op == ReduceOp::kSum ? "sum" : "avg", c.iters, c.warmup,
+                   c.check ? "on" : "off");
+  if (c.tensors.empty()) {
+    s += fmt::format("# sizes {} .. {}, step factor {}; rows: {}\n", Bytes(c.min_bytes),
+                     Bytes(c.max_bytes), c.step_factor, fmt::join(info.rows, ", "));
+  } else {
+    s += fmt::format(
+        "# tensors {}, fusion {}; backends: {}\n", c.tensors,
+        c.fusion == FusionMode::kBoth ? "both" : (c.fusion == FusionMode::kOn ? "on" : "off"),
+        fmt::join(info.rows, ", "));
+  }
+  s += fmt::format(
+      "# engine: fusion threshold {} bytes, cycle time {} ms, cache {}, ring chunk {} bytes, "
+      "socket buffer {} bytes, listen {}\n",
+      o.fusion_threshold_bytes, o.cycle_time_ms, o.cache_capacity, o.ring_chunk_bytes,
+      o.socket_buffer_bytes, o.iface.empty() ? "auto" : o.iface);
+  s += "# time: median over iterations of the slowest rank's time; busbw = algbw * 2(n-1)/n\n";
+  return s;
+}
+
+std::string FormatSweepColumns() {
+  return fmt::format("#{:>12} {:>11} {:>9} {:>19} {:>11} {:>12} {:>12} {:>7} {:>10}\n", "size(B)",
+                     "count", "type", "backend", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong",
+                     "max_err");
+}
+
+std::string FormatSweepRows(const std::vector<SweepRow>& rows) {
+  std::string s;
+  for (const SweepRow& r : rows) {
+    const std::string label = r.backend + (r.best_of_kind ? "*" : "");
+    s += fmt::format(" {:>12} {:>11} {:>9} {:>19} {:>11.2f} {:>12.3f} {:>12.3f} {:>7} {:>10}\n",
+                     r.bytes, r.count, DataTypeName(r.dtype), label, r.time.median_us, r.algbw_gbs,
+                     r.busbw_gbs, r.checked ? fmt::format("{}", r.wrong) : std::string("n/a"),
+                     r.checked ? fmt::format("{:.3g}", r.max_error) : std::string("n/a"));
+  }
+  return s;
+}
+
+std::string FormatRatios(const std::vector<RatioRow>& ratios) {
+  if (ratios.empty()) return "# ratios: no size has ring and a peer (link, gloo, mpi-direct)\n";
+  std::string s = "#\n# bus bandwidth ratios (ring / peer)\n";
+  s += fmt::format("#{:>12} {:>10} {:>16} {:>16}\n", "size(B)", "ring/link", "ring/gloo(best)",
+                   "ring/mpi-direct");
+  for (const RatioRow& r : ratios) {
+    s += fmt::format(" {:>12} {:>10} {:>16} {:>16}\n", r.bytes, Ratio(r.ring_link),
+                     Ratio(r.ring_gloo_best), Ratio(r.ring_mpi_direct));
+  }
+  return s;
+}
+
+std::string FormatStepColumns(const TensorSet& set, DataType dtype) {
+  std::string s = fmt::format("# model {}: {} tensors, {} parameters, {} bytes of {}\n", set.model,
+                              set.tensors.size(), set.total_elements(),
+                              set.total_elements() * static_cast<int64_t>(DataTypeSize(dtype)),
+                              DataTypeName(dtype));
+  s += fmt::format("#{:>7} {:>6} {:>13} {:>11} {:>11} {:>7} {:>12} {:>9} {:>9} {:>8} {:>9} {:>7}\n",
+                   "backend", "fusion", "threshold(B)", "step(us)", "single(us)", "ratio",
+                   "busbw(GB/s)", "negot/st", "hits/st", "coll/st", "coord_us", "#wrong");
+  return s;
+}
+
+std::string FormatStepRow(const StepRow& r) {
+  return fmt::format(
+      " {:>7} {:>6} {:>13} {:>11.1f} {:>11.1f} {:>7.3f} {:>12.3f} {:>9.2f} {:>9.1f} "
+      "{:>8.2f} {:>9.1f} {:>7}\n",
+      r.backend, r.fusion ? "on" : "off", r.fusion_threshold_bytes, r.step.median_us,
+      r.single.median_us, r.ratio, r.step_busbw_gbs, r.negotiations, r.cache_hits, r.collectives,
+      r.coordination_us, r.checked ? fmt::format("{}", r.wrong) : std::string("n/a"));
+}
+
+std::string FormatStepGoal(const TensorSet& set, const std::vector<StepRow>& rows) {
+  if (set.model != "resnet101") return "";
+  std::string s;
+  for (const StepRow& r : rows) {
+    if (!r.fusion) continue;
+    s += fmt::format(
+        "# goal ({}): ResNet-101 fused step / single allreduce = {:.3f} (goal <= {}): "
+        "{}\n",
+        r.backend, r.ratio, kResNet101FusedRatioGoal,
+        r.ratio <= kResNet101FusedRatioGoal ? "met" : "NOT met");
+  }
+  return s;
+}
+
+nlohmann::json ToJson(const RunInfo& info, const std::vector<SweepRow>& sweep,
+                      const std::vector<RatioRow>& ratios, const TensorSet* set,
+                      const std::vector<StepRow>& steps) {
+  const BenchConfig& c = *info.config;
+  const Options& o = info.options;
+  nlohmann::json doc;
+  std::vector<std::string> backends;
+  for (BackendKind k : c.backends) backends.emplace_back(BackendKindName(k));
+  doc["settings"] = {
+      {"minbytes", c.min_bytes},
+      {"maxbytes", c.max_bytes},
+      {"stepfactor", c.step_factor},
+      {"dtype", DataTypeName(c.dtype)},
+      {"op", c.op == ReduceOp::kSum ? "sum" : "avg"},
+      {"iters", c.iters},
+      {"warmup", c.warmup},
+      {"backends", backends},
+      {"rows", info.rows},
+      {"check", c.check},
+      {"tensors", c.tensors},
+      {"fusion",
+       c.fusion == FusionMode::kBoth ? "both" : (c.fusion == FusionMode::kOn ? "on" : "off")},
+      {"fusion_threshold_bytes", o.fusion_threshold_bytes},
+      {"cycle_time_ms", o.cycle_time_ms},
+      {"cache_capacity", o.cache_capacity},
+      {"ring_chunk_bytes", o.ring_chunk_bytes},
+      {"socket_buffer_bytes", o.socket_buffer_bytes},
+      {"peer_timeout_s", o.peer_timeout_s},
+      {"iface", o.iface},
+      {"argv", c.argv},
+  };
+  doc["ranks"] = info.hosts.size();
+  doc["hosts"] = DistinctHosts(info.hosts);
+  doc["rank_hosts"] = info.hosts;
+  doc["launcher"] = info.launcher;
+  doc["control"] = info.control;
+  nlohmann::json rows = nlohmann::json::array();
+  for (const SweepRow& r : sweep) {
+    nlohmann::json j = {{"bytes", r.bytes},
+                        {"count", r.count},
+                        {"dtype", DataTypeName(r.dtype)},
+                        {"backend", r.backend},
+                        {"kind", BackendKindName(r.kind)},
+                        {"time", TimeJson(r.time)},
+                        {"algbw_gbs", r.algbw_gbs},
+                        {"busbw_gbs", r.busbw_gbs},
+                        {"best_of_kind", r.best_of_kind},
+                        {"checked", r.checked}};
+    j["wrong"] = r.checked ? nlohmann::json(r.wrong) : nlohmann::json(nullptr);
+    j["max_error"] = r.checked ? nlohmann::json(r.max_error) : nlohmann::json(nullptr);
+    rows.push_back(std::move(j));
+  }
+  doc["rows"] = std::move(rows);
+  nlohmann::json rj = nlohmann::json::array();
+  for (const RatioRow& r : ratios) {
+    rj.push_back({{"bytes", r.bytes},
+                  {"ring_link", OptionalJson(r.ring_link)},
+                  {"ring_gloo_best", OptionalJson(r.ring_gloo_best)},
+                  {"ring_mpi_direct", OptionalJson(r.ring_mpi_direct)}});
+  }
+  doc["ratios"] = std::move(rj);
+  if (set != nullptr) {
+    nlohmann::json sj = {{"model", set->model},
+                         {"tensors", set->tensors.size()},
+                         {"parameters", set->total_elements()}};
+    nlohmann::json sr = nlohmann::json::array();
+    for (const StepRow& r : steps) {
+      sr.push_back(
+          {{"backend", r.backend},
+           {"fusion", r.fusion},
+           {"fusion_threshold_bytes", r.fusion_threshold_bytes},
+           {"bytes", r.bytes},
+           {"step", TimeJson(r.step)},
+           {"single", TimeJson(r.single)},
+           {"ratio", r.ratio},
+           {"step_busbw_gbs", r.step_busbw_gbs},
+           {"per_step",
+            {{"negotiations", r.negotiations},
+             {"cache_hits", r.cache_hits},
+             {"collectives", r.collectives},
+             {"coordination_us", r.coordination_us}}},
+           {"checked", r.checked},
+           {"wrong", r.checked ? nlohmann::json(r.wrong) : nlohmann::json(nullptr)},
+           {"max_error", r.checked ? nlohmann::json(r.max_error) : nlohmann::json(nullptr)}});
+    }
+    sj["rows"] = std::move(sr);
+    if (set->model == "resnet101") sj["fused_ratio_goal"] = kResNet101FusedRatioGoal;
+    doc["step"] = std::move(sj);
+  }
+  return doc;
+}
+
+Status WriteJson(const std::string& path, const nlohmann::json& doc) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return ErrnoStatus(StatusCode::kInvalidArgument, "open --json " + path, errno);
+  const std::string text = doc.dump(2) + "\n";
+  const size_t n = std::fwrite(text.data(), 1, text.size(), f);
+  const int write_errno = errno;
+  if (std::fclose(f) != 0 || n != text.size()) {
+    return ErrnoStatus(StatusCode::kInternal, "write --json " + path, write_errno);
+  }
+  return Status::OK();
+}
+
+}  // namespace kolo::bench

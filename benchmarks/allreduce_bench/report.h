@@ -1,0 +1,59 @@
+// What rank 0 prints and writes: the nccl-tests-style table, the ratio summary, the step table of
+// `--tensors`, and the JSON document of `--json`. Pure formatting; no communication.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "benchmarks/allreduce_bench/bench_config.h"
+#include "benchmarks/allreduce_bench/step_bench.h"
+#include "benchmarks/allreduce_bench/sweep.h"
+#include "benchmarks/allreduce_bench/tensor_sets.h"
+#include "engine/common/options.h"
+
+namespace kolo::bench {
+
+struct RunInfo {
+  const BenchConfig* config = nullptr;
+  Options options;                 // the engine settings every engine row starts from
+  std::vector<std::string> hosts;  // host name of each rank, in rank order
+  std::string launcher;            // "mpirun", "kolo-run" or "none" (single rank)
+  std::string control;             // what carried control messages: "mpi", "tcp", "local"
+  std::vector<std::string> rows;   // the row labels measured, in order
+};
+
+// Ring's bus bandwidth over each peer's at one size; unset where either is missing.
+struct RatioRow {
+  int64_t bytes = 0;
+  std::optional<double> ring_link;
+  std::optional<double> ring_gloo_best;
+  std::optional<double> ring_mpi_direct;
+};
+std::vector<RatioRow> ComputeRatios(const std::vector<SweepRow>& rows);
+
+// Distinct host names, in order of first appearance.
+std::vector<std::string> DistinctHosts(const std::vector<std::string>& hosts);
+
+// "# ..." lines: ranks, hosts, dtype, op and every setting.
+std::string FormatHeader(const RunInfo& info);
+// The column titles, then one line per row. The best of several rows of one kind ends in '*'.
+std::string FormatSweepColumns();
+std::string FormatSweepRows(const std::vector<SweepRow>& rows);
+// The ratio table, or a line saying no size had both rows.
+std::string FormatRatios(const std::vector<RatioRow>& ratios);
+
+std::string FormatStepColumns(const TensorSet& set, DataType dtype);
+std::string FormatStepRow(const StepRow& row);
+// The verdict on the ResNet-101 fused-step goal, if `rows` has such a row; else empty.
+std::string FormatStepGoal(const TensorSet& set, const std::vector<StepRow>& rows);
+
+nlohmann::json ToJson(const RunInfo& info, const std::vector<SweepRow>& sweep,
+                      const std::vector<RatioRow>& ratios, const TensorSet* set,
+                      const std::vector<StepRow>& steps);
+// Writes `doc` to `path` (pretty-printed); the error names the path and errno.
+Status WriteJson(const std::string& path, const nlohmann::json& doc);
+
+}  // namespace kolo::bench

@@ -1,0 +1,187 @@
+#include "benchmarks/allreduce_bench/step_bench.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "benchmarks/allreduce_bench/engine_rows.h"
+#include "benchmarks/allreduce_bench/reference.h"
+
+namespace kolo::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kDefaultFusionThresholdBytes = 64LL << 20;
+
+std::chrono::milliseconds WaitTimeout(const Options& o) {
+  return std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout_s * 2000.0) + 10000);
+}
+
+struct Measured {
+  std::vector<double> step_us;
+  std::vector<double> single_us;
+  Engine::Stats before, after;
+  CheckResult check;
+};
+
+class StepRunner {
+ public:
+  StepRunner(const BenchConfig& config, const TensorSet& set, const Options& options,
+             HostBuffer& in, HostBuffer& out)
+      : config_(config), set_(set), timeout_(WaitTimeout(options)), in_(in), out_(out) {
+    const size_t elem = DataTypeSize(config.dtype);
+    size_t offset = 0;
+    for (const TensorSpec& t : set.tensors) {
+      offsets_.push_back(offset);
+      offset += static_cast<size_t>(NumElements(t.shape)) * elem;
+    }
+    total_count_ = offset / elem;
+  }
+
+  // Every tensor in backprop order, then a wait for all of them.
+  Status Step(Engine& engine) {
+    handles_.clear();
+    for (size_t i = 0; i < set_.tensors.size(); ++i) {
+      const TensorSpec& t = set_.tensors[i];
+      KOLO_ASSIGN_OR_RETURN(Handle h, engine.AllreduceAsync(t.name, in_.data() + offsets_[i],
+                                                            out_.data() + offsets_[i],
+                                                            config_.dtype, t.shape, config_.op));
+      handles_.push_back(h);
+    }
+    for (Handle h : handles_) KOLO_RETURN_IF_ERROR(engine.Wait(h, timeout_));
+    return Status::OK();
+  }
+
+  Status Single(Engine& engine) {
+    KOLO_ASSIGN_OR_RETURN(
+        Handle h,
+        engine.AllreduceAsync(set_.model + "/single", in_.data(), out_.data(), config_.dtype,
+                              {static_cast<int64_t>(total_count_)}, config_.op));
+    return engine.Wait(h, timeout_);
+  }
+
+  // warmup + iters runs of `fn`, the last `iters` timed into *times.
+  template <typename F>
+  Status Repeat(int warmup, F&& fn, std::vector<double>* times) {
+    for (int i = 0; i < warmup + config_.iters; ++i) {
+      const auto t0 = Clock::now();
+      KOLO_RETURN_IF_ERROR(fn());
+      const auto t1 = Clock::now();
+      if (i >= warmup) times->push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    }
+    return Status::OK();
+  }
+
+  void Check(int ranks, CheckResult* acc) {
+    if (!config_.check) return;
+    const CheckResult r = CheckOutput(config_.dtype, out_.data(), total_count_, ranks, config_.op);
+    acc->wrong += r.wrong;
+    acc->max_error = std::max(acc->max_error, r.max_error);
+  }
+
+  Status Measure(Engine& engine, Control& control, Measured* m) {
+    std::memset(out_.data(), 0xff, out_.size());
+    KOLO_RETURN_IF_ERROR(control.Barrier());
+    // Warm-up steps first, so that the statistics cover only the timed steps.
+    for (int i = 0; i < config_.warmup; ++i) KOLO_RETURN_IF_ERROR(Step(engine));
+    m->before = engine.stats();
+    KOLO_RETURN_IF_ERROR(Repeat(
+        0, [&] { return Step(engine); }, &m->step_us));
+    m->after = engine.stats();
+    Check(control.size(), &m->check);
+
+    std::memset(out_.data(), 0xff, out_.size());
+    KOLO_RETURN_IF_ERROR(control.Barrier());
+    KOLO_RETURN_IF_ERROR(Repeat(
+        config_.warmup, [&] { return Single(engine); }, &m->single_us));
+    Check(control.size(), &m->check);
+    return Status::OK();
+  }
+
+ private:
+  const BenchConfig& config_;
+  const TensorSet& set_;
+  std::chrono::milliseconds timeout_;
+  HostBuffer& in_;
+  HostBuffer& out_;
+  std::vector<size_t> offsets_;
+  size_t total_count_ = 0;
+  std::vector<Handle> handles_;
+};
+
+StatusOr<StepRow> MeasureOne(const BenchConfig& config, const TensorSet& set, BackendEnv& env,
+                             Control& control, BackendKind kind, int64_t threshold, HostBuffer& in,
+                             HostBuffer& out) {
+  KOLO_ASSIGN_OR_RETURN(StartedEngine started, StartEngine(env, kind, threshold));
+  StepRunner runner(config, set, env.options, in, out);
+  Measured m;
+  Status s = runner.Measure(*started.engine, control, &m);
+  Status stop = StopEngine(started);
+  KOLO_RETURN_IF_ERROR(s);
+  KOLO_RETURN_IF_ERROR(stop);
+
+  std::vector<double> mine = m.step_us;
+  mine.insert(mine.end(), m.single_us.begin(), m.single_us.end());
+  mine.push_back(static_cast<double>(m.check.wrong));
+  mine.push_back(m.check.max_error);
+  KOLO_ASSIGN_OR_RETURN(std::vector<double> all, control.AllgatherDoubles(mine));
+  const size_t stride = mine.size();
+  const int n = config.iters;
+  std::vector<double> steps, singles;
+  StepRow row;
+  for (int r = 0; r < control.size(); ++r) {
+    const double* base = all.data() + r * stride;
+    steps.insert(steps.end(), base, base + n);
+    singles.insert(singles.end(), base + n, base + 2 * n);
+    row.wrong += static_cast<int64_t>(base[2 * n]);
+    row.max_error = std::max(row.max_error, base[2 * n + 1]);
+  }
+  row.backend = BackendKindName(kind);
+  row.fusion = threshold > 0;
+  row.fusion_threshold_bytes = threshold;
+  row.bytes = set.total_elements() * static_cast<int64_t>(DataTypeSize(config.dtype));
+  row.step = Summarize(steps, control.size(), n);
+  row.single = Summarize(singles, control.size(), n);
+  row.ratio = row.single.median_us > 0 ? row.step.median_us / row.single.median_us : 0;
+  row.step_busbw_gbs =
+      BusBandwidth(AlgBandwidth(row.bytes, row.step.median_us * 1e-6), control.size());
+  row.negotiations = static_cast<double>(m.after.negotiations - m.before.negotiations) / n;
+  row.cache_hits = static_cast<double>(m.after.cache_hits - m.before.cache_hits) / n;
+  row.collectives = static_cast<double>(m.after.collectives - m.before.collectives) / n;
+  row.coordination_us = (m.after.coordination_us - m.before.coordination_us) / n;
+  row.checked = config.check;
+  return row;
+}
+
+}  // namespace
+
+StatusOr<std::vector<StepRow>> RunSteps(const BenchConfig& config, const TensorSet& set,
+                                        BackendEnv& env, Control& control,
+                                        const std::function<void(const StepRow&)>& on_row) {
+  int64_t on_threshold = env.options.fusion_threshold_bytes;
+  if (config.fusion_threshold_mb) {
+    on_threshold = static_cast<int64_t>(*config.fusion_threshold_mb * 1024 * 1024);
+  } else if (on_threshold <= 0) {
+    on_threshold = kDefaultFusionThresholdBytes;
+  }
+  std::vector<int64_t> thresholds;
+  if (config.fusion != FusionMode::kOff) thresholds.push_back(on_threshold);
+  if (config.fusion != FusionMode::kOn) thresholds.push_back(0);
+
+  const size_t bytes = static_cast<size_t>(set.total_elements()) * DataTypeSize(config.dtype);
+  HostBuffer in(bytes);
+  HostBuffer out(bytes);
+  FillInput(config.dtype, in.data(), static_cast<size_t>(set.total_elements()), control.rank());
+  std::vector<StepRow> rows;
+  for (BackendKind kind : config.backends) {
+    for (int64_t threshold : thresholds) {
+      KOLO_ASSIGN_OR_RETURN(StepRow row,
+                            MeasureOne(config, set, env, control, kind, threshold, in, out));
+      on_row(row);
+      rows.push_back(std::move(row));
+    }
+  }
+  return rows;
+}
+
+}  // namespace kolo::bench

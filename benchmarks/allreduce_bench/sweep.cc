@@ -1,0 +1,133 @@
+#include "benchmarks/allreduce_bench/sweep.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+
+namespace kolo::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+StatusOr<SweepRow> MeasureRow(const BenchConfig& config, Backend& backend, HostBuffer& in,
+                              HostBuffer& out, int64_t bytes, Control& control) {
+  const size_t count = static_cast<size_t>(bytes) / DataTypeSize(config.dtype);
+  std::memset(out.data(), 0xff, out.size());
+  const std::string where = fmt::format("{} at {} bytes", backend.name(), bytes);
+  Status s = backend.Bind(in, out, count);
+  if (!s.ok()) return s.WithContext(where);
+
+  std::vector<double> times(static_cast<size_t>(config.iters));
+  s = control.Barrier();
+  for (int i = 0; s.ok() && i < config.warmup + config.iters; ++i) {
+    s = backend.BeforeIteration();
+    if (!s.ok()) break;
+    const auto t0 = Clock::now();
+    s = backend.RunOnce();
+    const auto t1 = Clock::now();
+    if (i >= config.warmup) {
+      times[static_cast<size_t>(i - config.warmup)] =
+          std::chrono::duration<double, std::micro>(t1 - t0).count();
+    }
+  }
+  backend.Unbind();
+  if (!s.ok()) return s.WithContext(where);
+
+  SweepRow row;
+  row.bytes = bytes;
+  row.count = static_cast<int64_t>(count);
+  row.dtype = config.dtype;
+  row.backend = backend.name();
+  row.kind = backend.kind();
+  row.checked = config.check && backend.reduces();
+  CheckResult check;
+  if (row.checked) check = CheckOutput(config.dtype, out.data(), count, control.size(), config.op);
+
+  // One gather per row: this rank's times, then its check result.
+  std::vector<double> mine = times;
+  mine.push_back(static_cast<double>(check.wrong));
+  mine.push_back(check.max_error);
+  KOLO_ASSIGN_OR_RETURN(std::vector<double> all, control.AllgatherDoubles(mine));
+  const size_t stride = mine.size();
+  std::vector<double> per_rank_times;
+  for (int r = 0; r < control.size(); ++r) {
+    const double* base = all.data() + r * stride;
+    per_rank_times.insert(per_rank_times.end(), base, base + config.iters);
+    row.wrong += static_cast<int64_t>(base[config.iters]);
+    row.max_error = std::max(row.max_error, base[config.iters + 1]);
+  }
+  row.time = Summarize(per_rank_times, control.size(), config.iters);
+  row.algbw_gbs = AlgBandwidth(bytes, row.time.median_us * 1e-6);
+  row.busbw_gbs = BusBandwidth(row.algbw_gbs, control.size());
+  return row;
+}
+
+// Among rows of one kind at one size (gloo's two algorithms), marks the fastest.
+void MarkBest(std::vector<SweepRow>& rows) {
+  std::map<BackendKind, int> count;
+  for (const SweepRow& r : rows) ++count[r.kind];
+  for (auto& [kind, n] : count) {
+    if (n < 2) continue;
+    SweepRow* best = nullptr;
+    for (SweepRow& r : rows) {
+      if (r.kind == kind && (best == nullptr || r.time.median_us < best->time.median_us)) best = &r;
+    }
+    best->best_of_kind = true;
+  }
+}
+
+}  // namespace
+
+TimeSummary Summarize(const std::vector<double>& per_rank_times, int ranks, int iters) {
+  std::vector<double> worst(static_cast<size_t>(iters), 0.0);
+  for (int r = 0; r < ranks; ++r) {
+    for (int i = 0; i < iters; ++i) {
+      worst[i] = std::max(worst[i], per_rank_times[static_cast<size_t>(r * iters + i)]);
+    }
+  }
+  TimeSummary t;
+  if (worst.empty()) return t;
+  t.median_us = Median(worst);
+  t.min_us = *std::min_element(worst.begin(), worst.end());
+  t.max_us = *std::max_element(worst.begin(), worst.end());
+  return t;
+}
+
+double AlgBandwidth(int64_t bytes, double seconds) {
+  return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0;
+}
+
+double BusBandwidth(double algbw, int ranks) { return algbw * 2.0 * (ranks - 1) / ranks; }
+
+StatusOr<std::vector<SweepRow>> RunSweep(
+    const BenchConfig& config, std::vector<std::unique_ptr<Backend>>& rows, Control& control,
+    const std::function<void(const std::vector<SweepRow>&)>& on_size) {
+  std::vector<SweepRow> all;
+  for (int64_t bytes : SweepSizes(config)) {
+    // Both buffers are allocated once per size and pre-faulted; every row reuses them.
+    HostBuffer in(static_cast<size_t>(bytes));
+    HostBuffer out(static_cast<size_t>(bytes));
+    FillInput(config.dtype, in.data(), static_cast<size_t>(bytes) / DataTypeSize(config.dtype),
+              control.rank());
+    std::vector<SweepRow> size_rows;
+    for (auto& backend : rows) {
+      KOLO_ASSIGN_OR_RETURN(SweepRow row, MeasureRow(config, *backend, in, out, bytes, control));
+      size_rows.push_back(std::move(row));
+    }
+    MarkBest(size_rows);
+    on_size(size_rows);
+    all.insert(all.end(), size_rows.begin(), size_rows.end());
+  }
+  return all;
+}
+
+}  // namespace kolo::bench

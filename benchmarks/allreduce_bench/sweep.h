@@ -1,0 +1,52 @@
+// The size sweep: for each buffer size, every row in turn (interleaved, so that drifting machine
+// load hits every backend alike), with the timing and checking rules of the benchmark.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "benchmarks/allreduce_bench/backend.h"
+#include "benchmarks/allreduce_bench/control.h"
+
+namespace kolo::bench {
+
+// Per-iteration times (microseconds) reduced over ranks: iteration i's time is the largest any
+// rank measured for it; median, min and max are over iterations.
+struct TimeSummary {
+  double median_us = 0;
+  double min_us = 0;
+  double max_us = 0;
+};
+TimeSummary Summarize(const std::vector<double>& per_rank_times, int ranks, int iters);
+
+struct SweepRow {
+  int64_t bytes = 0;
+  int64_t count = 0;
+  DataType dtype = DataType::kFloat32;
+  std::string backend;  // row label
+  BackendKind kind = BackendKind::kRing;
+  TimeSummary time;
+  double algbw_gbs = 0;       // bytes / median time, GB/s (1e9 bytes per second)
+  double busbw_gbs = 0;       // algbw * 2 (ranks - 1) / ranks
+  bool checked = false;       // false for link and with --check 0
+  int64_t wrong = 0;          // summed over ranks
+  double max_error = 0;       // largest over ranks
+  bool best_of_kind = false;  // the fastest of several rows of one kind (gloo's two algorithms)
+};
+
+// algbw and busbw in GB/s for `bytes` moved in `seconds` by `ranks` ranks.
+double AlgBandwidth(int64_t bytes, double seconds);
+double BusBandwidth(double algbw, int ranks);
+
+// Runs the sweep of `config` over `rows`. Collective. `on_size` is called on every rank after each
+// size with that size's rows (rank 0 prints them). Allocates the input and output buffers once
+// per size (pre-faulted); the output is poisoned (all bits set) before each row so that a row
+// that writes nothing cannot pass the check.
+StatusOr<std::vector<SweepRow>> RunSweep(
+    const BenchConfig& config, std::vector<std::unique_ptr<Backend>>& rows, Control& control,
+    const std::function<void(const std::vector<SweepRow>&)>& on_size);
+
+}  // namespace kolo::bench

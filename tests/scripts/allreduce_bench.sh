@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# Smoke test of kolo-allreduce-bench: every backend over a tiny size range under kolo-run and
+# mpirun (2 ranks), a ResNet-101 step, flag errors, and the JSON report.
+# $1: the build's bin directory. Exit 77 (skip) if mpirun is missing, after the kolo-run part.
+set -u -o pipefail
+
+BIN=${1:?usage: allreduce_bench.sh BUILD_BIN_DIR}
+BENCH=$BIN/kolo-allreduce-bench
+KOLO_RUN=$BIN/kolo-run
+[[ -x $BENCH ]] || { echo "FAIL: $BENCH not built"; exit 1; }
+[[ -x $KOLO_RUN ]] || { echo "FAIL: $KOLO_RUN not built"; exit 1; }
+command -v python3 >/dev/null || { echo "SKIP: python3 is needed to read the JSON"; exit 77; }
+
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+MPIRUN_ARGS=(--oversubscribe --allow-run-as-root --mca btl self,tcp --mca btl_tcp_if_include lo
+             --mca oob_tcp_if_include lo -x MALLOC_MMAP_THRESHOLD_=4294967295)
+TINY=(-b 8 -e 64K -f 16 -n 3 -w 1)
+failures=0
+
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# run NAME CMD...: runs with a time limit, keeps the output in $WORK/NAME.out, returns the status.
+run() {
+  local name=$1; shift
+  timeout 300 "$@" >"$WORK/$name.out" 2>&1
+  local rc=$?
+  echo "--- $name (exit $rc): $*"
+  tail -n 40 "$WORK/$name.out"
+  return $rc
+}
+
+# check_sweep NAME JSON ROW...: every expected row label at every size, nothing wrong, ratios.
+check_sweep() {
+  local name=$1 json=$2; shift 2
+  python3 - "$json" "$@" <<'EOF' || fail "$name: JSON check"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+want = sys.argv[2:]
+rows = doc["rows"]
+sizes = sorted({r["bytes"] for r in rows})
+assert sizes == [8, 128, 2048, 32768], f"sizes {sizes}"
+assert doc["ranks"] == 2, doc["ranks"]
+for label in want:
+    got = [r for r in rows if r["backend"] == label]
+    assert len(got) == len(sizes), f"{label}: {len(got)} rows for {len(sizes)} sizes"
+    for r in got:
+        assert r["time"]["min_us"] <= r["time"]["median_us"] <= r["time"]["max_us"], r
+        assert r["time"]["median_us"] > 0 and r["busbw_gbs"] > 0, r
+        if label != "link":
+            assert r["checked"] and r["wrong"] == 0, f"{label} at {r['bytes']}: {r['wrong']} wrong"
+if "link" in want and "ring" in want:
+    assert all(x["ring_link"] is not None for x in doc["ratios"]), doc["ratios"]
+print(f"ok: {len(rows)} rows, labels {want}")
+EOF
+}
+
+# check_table NAME ROW...: the printed table has each row label and a zero #wrong on every line.
+check_table() {
+  local name=$1; shift
+  local out=$WORK/$name.out
+  grep -q "busbw(GB/s)" "$out" || fail "$name: no table header"
+  for label in "$@"; do
+    grep -Eq "^ +[0-9]+ +[0-9]+ +float32 +$label\*? " "$out" || fail "$name: no row for $label"
+  done
+  if awk '/^ +[0-9]+ +[0-9]+ +[a-z0-9]+ +[a-z-]+\*? /{ if ($8 != "0" && $8 != "n/a") bad=1 } END{ exit !bad }' "$out"; then
+    fail "$name: a row has wrong elements"
+  fi
+}
+
+check_steps() {
+  local name=$1 json=$2 rows=$3
+  python3 - "$json" "$rows" <<'EOF' || fail "$name: step JSON check"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+step = doc["step"]
+assert step["model"] == "resnet101" and step["tensors"] == 314, step
+assert step["parameters"] == 44549160, step["parameters"]
+assert len(step["rows"]) == int(sys.argv[2]), len(step["rows"])
+for r in step["rows"]:
+    assert r["wrong"] == 0, r
+    assert r["step"]["median_us"] > 0 and r["single"]["median_us"] > 0 and r["ratio"] > 0, r
+    assert r["per_step"]["cache_hits"] + r["per_step"]["negotiations"] > 0, r
+    if not r["fusion"]:
+        assert r["per_step"]["collectives"] == 314, r
+print("ok:", [(r["backend"], r["fusion"], round(r["ratio"], 3)) for r in step["rows"]])
+EOF
+}
+
+# Which optional peers this build has: the benchmark says so (exit 2) at one rank.
+HAVE_GLOO=1
+"$BENCH" --backend gloo -b 8 -e 8 -n 1 -w 0 >/dev/null 2>&1 || HAVE_GLOO=0
+echo "gloo peer built: $HAVE_GLOO"
+
+# --- Errors: clear message, non-zero status, no hang.
+expect_error() {
+  local name=$1 pattern=$2; shift 2
+  run "$name" "$@"
+  local rc=$?
+  [[ $rc -ne 0 && $rc -ne 124 ]] || fail "$name: exit $rc, expected a configuration error"
+  grep -q -- "$pattern" "$WORK/$name.out" || fail "$name: message lacks '$pattern'"
+}
+expect_error bad_flag "bogus" "$BENCH" --bogus
+expect_error bad_backend "allowed are a comma list of ring, mpi, mpi-direct, gloo, link" \
+  "$BENCH" --backend ring,nccl
+expect_error bad_dtype "float8" "$BENCH" --dtype float8
+expect_error bad_size "maxbytes" "$BENCH" -b 1M -e 1K
+expect_error bad_tensors "allowed are resnet101" "$BENCH" --tensors alexnet
+expect_error mpi_under_kolo_run "needs a launch by mpirun" \
+  "$KOLO_RUN" -np 2 --timeout-s 60 "$BENCH" --backend mpi-direct -e 64
+
+# --- kolo-run, 2 ranks: every backend it can run.
+KR_BACKENDS=ring,link
+KR_ROWS=(ring link)
+if [[ $HAVE_GLOO == 1 ]]; then KR_BACKENDS+=,gloo; KR_ROWS+=(gloo-ring gloo-ring-chunked); fi
+if run kr_sweep "$KOLO_RUN" -np 2 --timeout-s 280 "$BENCH" "${TINY[@]}" --backend "$KR_BACKENDS" \
+    --json "$WORK/kr_sweep.json"; then
+  check_table kr_sweep "${KR_ROWS[@]}"
+  check_sweep kr_sweep "$WORK/kr_sweep.json" "${KR_ROWS[@]}"
+else
+  fail "kr_sweep: non-zero exit"
+fi
+if run kr_half "$KOLO_RUN" -np 2 --timeout-s 280 "$BENCH" "${TINY[@]}" --backend "$KR_BACKENDS" \
+    --dtype bfloat16 --op avg --json "$WORK/kr_half.json"; then
+  check_sweep kr_half "$WORK/kr_half.json" "${KR_ROWS[@]}"
+else
+  fail "kr_half: non-zero exit"
+fi
+if run kr_int "$KOLO_RUN" -np 2 --timeout-s 280 "$BENCH" "${TINY[@]}" --backend "$KR_BACKENDS" \
+    --dtype int32 --op avg --json "$WORK/kr_int.json"; then
+  check_sweep kr_int "$WORK/kr_int.json" "${KR_ROWS[@]}"
+else
+  fail "kr_int: non-zero exit"
+fi
+if run kr_steps "$KOLO_RUN" -np 2 --timeout-s 280 "$BENCH" --tensors resnet101 --iters 2 -w 1 \
+    --json "$WORK/kr_steps.json"; then
+  grep -q "goal (ring)" "$WORK/kr_steps.out" || fail "kr_steps: no goal line"
+  check_steps kr_steps "$WORK/kr_steps.json" 2
+else
+  fail "kr_steps: non-zero exit"
+fi
+
+# --- mpirun, 2 ranks: every backend.
+if ! command -v mpirun >/dev/null; then
+  [[ $failures -eq 0 ]] || { echo "FAILED: $failures check(s)"; exit 1; }
+  echo "SKIP: mpirun not found (the kolo-run part passed)"
+  exit 77
+fi
+MR_BACKENDS=ring,link,mpi-direct,mpi
+MR_ROWS=(ring link mpi-direct mpi)
+if [[ $HAVE_GLOO == 1 ]]; then MR_BACKENDS+=,gloo; MR_ROWS+=(gloo-ring gloo-ring-chunked); fi
+if run mr_sweep mpirun "${MPIRUN_ARGS[@]}" -np 2 "$BENCH" "${TINY[@]}" --backend "$MR_BACKENDS" \
+    --json "$WORK/mr_sweep.json"; then
+  check_table mr_sweep "${MR_ROWS[@]}"
+  check_sweep mr_sweep "$WORK/mr_sweep.json" "${MR_ROWS[@]}"
+  grep -q "ring/mpi-direct" "$WORK/mr_sweep.out" || fail "mr_sweep: no ratio table"
+else
+  fail "mr_sweep: non-zero exit"
+fi
+if run mr_int mpirun "${MPIRUN_ARGS[@]}" -np 2 "$BENCH" "${TINY[@]}" --backend ring,mpi-direct \
+    --dtype uint8 --json "$WORK/mr_int.json"; then
+  check_sweep mr_int "$WORK/mr_int.json" ring mpi-direct
+else
+  fail "mr_int: non-zero exit"
+fi
+if run mr_steps mpirun "${MPIRUN_ARGS[@]}" -np 2 "$BENCH" --tensors resnet101 --iters 2 -w 1 \
+    --backend ring,mpi --json "$WORK/mr_steps.json"; then
+  check_steps mr_steps "$WORK/mr_steps.json" 4
+else
+  fail "mr_steps: non-zero exit"
+fi
+expect_error mr_bad_flag "allowed are sum, avg" mpirun "${MPIRUN_ARGS[@]}" -np 2 "$BENCH" --op max
+
+if [[ $failures -ne 0 ]]; then
+  echo "FAILED: $failures check(s)"
+  exit 1
+fi
+echo "PASSED"

@@ -1,7 +1,8 @@
 // Reduction kernels on the CPU, vectorised for every dtype.
 //
 // float16 and bfloat16 are accumulated in float32 and rounded once per element (round to nearest
-// even). Integers wrap on overflow (two's complement), as MPI_SUM does in practice.
+// even). Integers wrap on overflow (two's complement), as MPI_SUM does in practice. A NaN result
+// is a NaN; its sign and payload are unspecified (they may differ between CPUs).
 // All functions are thread-safe (no state) and accept count == 0. Pointers need no alignment.
 #pragma once
 
@@ -19,8 +20,13 @@ void ReduceSum3(DataType dtype, void* dst, const void* a, const void* b, size_t 
 
 // data[i] = data[i] * factor. Floating types multiply in their own precision (float16/bfloat16 via
 // float32); integer types compute data[i] * factor in double and truncate toward zero, so that
-// averaging integers gives the sum divided by the rank count, truncated.
+// averaging integers gives the sum divided by the rank count, truncated. Integer results saturate
+// at the type's limits (a NaN product gives 0). factor == 1.0 leaves data unchanged, bit for bit.
 void Scale(DataType dtype, void* data, size_t count, double factor);
+
+// dst[i] = src[i] * factor with Scale's semantics, in one pass (a scaled copy). dst may equal src;
+// otherwise they must not overlap. factor == 1.0 is a plain copy.
+void ScaleCopy(DataType dtype, void* dst, const void* src, size_t count, double factor);
 
 // dst[i] &= src[i], dst[i] |= src[i] over 64-bit words (response-cache bit vectors).
 void BitAnd(uint64_t* dst, const uint64_t* src, size_t words);

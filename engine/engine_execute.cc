@@ -21,9 +21,11 @@ std::string UpperName(const char* s) {
 
 }  // namespace
 
-Status Engine::Impl::ExecuteAllreduce(const std::vector<Response>& responses, size_t begin,
-                                      size_t end, size_t bytes, bool fused) {
-  const coordinator::Request& first = responses[begin].request;
+Status Engine::Impl::ExecuteAllreduce(const std::vector<Response>& responses,
+                                      const fusion::Group& group) {
+  const coordinator::Request& first = responses[group.members[0]].request;
+  const size_t bytes = group.bytes;
+  const bool fused = group.fused;
   const DataType dtype = first.dtype;
   const size_t elem = DataTypeSize(dtype);
   const bool average = first.reduce_op == static_cast<uint8_t>(ReduceOp::kAverage);
@@ -32,9 +34,9 @@ Status Engine::Impl::ExecuteAllreduce(const std::vector<Response>& responses, si
   const std::string op_name = UpperName(backend.name()) + "_ALLREDUCE";
 
   group_names.clear();
-  for (size_t i = begin; i < end; ++i) group_names.push_back(responses[i].request.name);
+  for (size_t i : group.members) group_names.push_back(responses[i].request.name);
   const std::string args = fmt::format("{{\"bytes\":{},\"tensors\":{},\"dtype\":\"{}\"}}", bytes,
-                                       end - begin, DataTypeName(dtype));
+                                       group.members.size(), DataTypeName(dtype));
   for (const auto& n : group_names) TimelineBegin(n, "ALLREDUCE", args);
   if (timeline) {
     comm.on_phase = [this](collectives::Phase phase, bool starting) {
@@ -52,9 +54,9 @@ Status Engine::Impl::ExecuteAllreduce(const std::vector<Response>& responses, si
   if (fused) {
     KOLO_RETURN_IF_ERROR(fusion_buffer.Reserve(bytes));
     std::vector<fusion::CopyEntry> copies;
-    copies.reserve(end - begin);
+    copies.reserve(group.members.size());
     size_t offset = 0;
-    for (size_t i = begin; i < end; ++i) {
+    for (size_t i : group.members) {
       const TensorEntry& e = PendingEntry(responses[i].request.name);
       const size_t n = responses[i].bytes();
       copies.push_back({e.in, fusion_buffer.data() + offset, n});
@@ -70,10 +72,10 @@ Status Engine::Impl::ExecuteAllreduce(const std::vector<Response>& responses, si
 
     if (status.ok()) {
       offset = 0;
-      for (size_t i = begin; i < end; ++i) {
-        TensorEntry& e = PendingEntry(responses[i].request.name);
-        copies[i - begin] = {fusion_buffer.data() + offset, e.out, responses[i].bytes()};
-        offset += responses[i].bytes();
+      for (size_t k = 0; k < group.members.size(); ++k) {
+        const Response& r = responses[group.members[k]];
+        copies[k] = {fusion_buffer.data() + offset, PendingEntry(r.request.name).out, r.bytes()};
+        offset += r.bytes();
       }
       for (const auto& n : group_names) TimelineBegin(n, "MEMCPY_OUT_FUSION_BUFFER");
       fusion::UnpackEntries(copies.data(), copies.size(), dtype, scale);

@@ -22,6 +22,7 @@
 #include "engine/coordinator/response_cache.h"
 #include "engine/engine.h"
 #include "engine/fusion/fusion_buffer.h"
+#include "engine/fusion/planner.h"
 #include "engine/timeline/timeline.h"
 #include "engine/transport/transport.h"
 
@@ -57,8 +58,8 @@ struct Engine::Impl {
   Status CoordinatorRound(std::vector<coordinator::Response>* responses);
   void InspectStalls(std::vector<coordinator::Response>* errors);
   Status Execute(const std::vector<coordinator::Response>& responses);
-  Status ExecuteAllreduce(const std::vector<coordinator::Response>& responses, size_t begin,
-                          size_t end, size_t bytes, bool fused);
+  Status ExecuteAllreduce(const std::vector<coordinator::Response>& responses,
+                          const fusion::Group& group);
   Status ExecuteBroadcast(const coordinator::Response& response);
   Status ExecuteAllgather(const coordinator::Response& response);
   backends::Backend& BackendFor(const coordinator::Request& request);

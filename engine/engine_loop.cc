@@ -314,14 +314,14 @@ Status Engine::Impl::Execute(const std::vector<Response>& responses) {
   }
   for (const fusion::Group& g :
        fusion::PlanFusion(responses, static_cast<size_t>(options.fusion_threshold_bytes))) {
-    const Response& first = responses[g.begin];
+    const Response& first = responses[g.members[0]];
     if (first.is_error()) {
       Complete(first.request.name, Status(StatusCode::kInvalidArgument, first.error));
       continue;
     }
     switch (first.request.type) {
       case CollectiveType::kAllreduce:
-        KOLO_RETURN_IF_ERROR(ExecuteAllreduce(responses, g.begin, g.end, g.bytes, g.fused));
+        KOLO_RETURN_IF_ERROR(ExecuteAllreduce(responses, g));
         break;
       case CollectiveType::kBroadcast:
         KOLO_RETURN_IF_ERROR(ExecuteBroadcast(first));

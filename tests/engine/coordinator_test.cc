@@ -164,11 +164,13 @@ TEST(ResponseCache, IdenticalOperationSequencesGiveIdenticalBits) {
   }
   for (int b = 0; b < 16; ++b) {
     ASSERT_EQ(x.Occupied(b), y.Occupied(b));
-    if (x.Occupied(b)) EXPECT_EQ(x.Get(b).request.name, y.Get(b).request.name);
+    if (x.Occupied(b)) {
+      EXPECT_EQ(x.Get(b).request.name, y.Get(b).request.name);
+    }
   }
 }
 
-TEST(FusionPlanner, GroupsConsecutiveCompatibleTensorsUpToThreshold) {
+TEST(FusionPlanner, GroupsCompatibleTensorsUpToThresholdLookingAhead) {
   std::vector<Response> rs;
   auto add = [&](const std::string& n, int64_t count, DataType d = DataType::kFloat32,
                  CollectiveType t = CollectiveType::kAllreduce) {
@@ -176,24 +178,26 @@ TEST(FusionPlanner, GroupsConsecutiveCompatibleTensorsUpToThreshold) {
     r.request = Req(n, {count}, d, t);
     rs.push_back(r);
   };
-  add("a", 100);                  // 400 B
-  add("b", 100);                  // 400 B
-  add("c", 100);                  // 400 B -> exceeds 1000 with a, b
-  add("d", 10, DataType::kInt32); // other dtype
-  add("e", 1000);                 // 4000 B > threshold: alone
-  add("f", 10, DataType::kFloat32, CollectiveType::kBroadcast);
-  add("g", 10);
+  add("a", 100);                   // 0: 400 B
+  add("b", 10, DataType::kInt32);  // 1: other dtype, skipped over by a's group
+  add("c", 100);                   // 2: 400 B -> joins a
+  add("d", 100);                   // 3: 400 B -> would exceed 1000 with a, c
+  add("e", 1000);                  // 4: 4000 B > threshold: alone
+  add("f", 10, DataType::kFloat32, CollectiveType::kBroadcast);  // 5: alone
+  add("g", 10);                    // 6: 40 B -> joins a, c (840 B)
   auto groups = fusion::PlanFusion(rs, 1000);
-  ASSERT_EQ(groups.size(), 6u);
-  EXPECT_EQ(groups[0].begin, 0u);
-  EXPECT_EQ(groups[0].end, 2u);
+  ASSERT_EQ(groups.size(), 5u);
+  EXPECT_EQ(groups[0].members, (std::vector<size_t>{0, 2, 6}));
   EXPECT_TRUE(groups[0].fused);
-  EXPECT_EQ(groups[0].bytes, 800u);
-  EXPECT_EQ(groups[1].end - groups[1].begin, 1u);  // c
+  EXPECT_EQ(groups[0].bytes, 840u);
+  EXPECT_EQ(groups[1].members, (std::vector<size_t>{1}));
   EXPECT_FALSE(groups[1].fused);
-  EXPECT_EQ(groups[3].begin, 4u);  // e alone
-  EXPECT_FALSE(groups[3].fused);
-  EXPECT_EQ(groups[5].begin, 6u);
+  EXPECT_EQ(groups[2].members, (std::vector<size_t>{3}));
+  EXPECT_EQ(groups[3].members, (std::vector<size_t>{4}));
+  EXPECT_EQ(groups[4].members, (std::vector<size_t>{5}));
+  size_t planned = 0;
+  for (const auto& g : groups) planned += g.members.size();
+  EXPECT_EQ(planned, rs.size());
   auto none = fusion::PlanFusion(rs, 0);
   EXPECT_EQ(none.size(), rs.size());
   for (const auto& g : none) EXPECT_FALSE(g.fused);

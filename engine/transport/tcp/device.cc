@@ -169,10 +169,42 @@ class TcpDevice final : public Device {
       if (waiting.empty() || Clock::now() >= deadline) break;
       ::poll(waiting.data(), waiting.size(), RemainingMs(deadline));
     }
+    DrainUntilPeersClose(deadline);
     for (auto& p : pairs_) {
       if (p) p->Close();
     }
     listener_.reset();
+  }
+
+  // Closing a socket whose receive queue holds unread bytes sends a reset, and a reset makes the
+  // peer's kernel drop what it has not yet read — our farewell frame among it. So: half-close,
+  // then read and discard until each peer closes its side (peers close promptly once they have
+  // read the farewell) or the deadline passes.
+  void DrainUntilPeersClose(Clock::time_point deadline) {
+    std::vector<pollfd> open;
+    for (auto& p : pairs_) {
+      if (!p) continue;
+      ::shutdown(p->fd(), SHUT_WR);
+      open.push_back({p->fd(), POLLIN, 0});
+    }
+    char sink[64 * 1024];
+    while (!open.empty() && Clock::now() < deadline) {
+      if (::poll(open.data(), open.size(), RemainingMs(deadline)) <= 0) break;
+      for (size_t i = 0; i < open.size();) {
+        bool done = false;
+        if (open[i].revents & (POLLIN | POLLHUP | POLLERR)) {
+          const ssize_t n = ::recv(open[i].fd, sink, sizeof sink, MSG_DONTWAIT);
+          done = n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR);
+        }
+        if (done) {
+          open[i] = open.back();
+          open.pop_back();
+        } else {
+          open[i].revents = 0;
+          ++i;
+        }
+      }
+    }
   }
 
   const int size_;

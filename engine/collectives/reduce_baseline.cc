@@ -21,15 +21,39 @@ void Store(uint8_t* p, size_t i, T v) {
   std::memcpy(p + i * sizeof(T), &v, sizeof(T));
 }
 
+// 16-byte vectors of T (GCC/Clang vector extension; SSE2 on x86-64). Plain loops are not
+// vectorised at -O2 here: dst may equal a or b, and the cheap cost model refuses the run-time
+// overlap checks that would need.
+template <typename T>
+struct Vec16 {
+  typedef T type __attribute__((vector_size(16)));
+};
+
+// d[i] = op(a[i], b[i]); op takes and returns either two Vec16<T> or two T.
+template <typename T, typename Op>
+void Elementwise(uint8_t* d, const uint8_t* a, const uint8_t* b, size_t n, Op op) {
+  using V = typename Vec16<T>::type;
+  constexpr size_t kLanes = sizeof(V) / sizeof(T);
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    V va, vb;
+    std::memcpy(&va, a + i * sizeof(T), sizeof(V));
+    std::memcpy(&vb, b + i * sizeof(T), sizeof(V));
+    const V r = op(va, vb);
+    std::memcpy(d + i * sizeof(T), &r, sizeof(V));
+  }
+  for (; i < n; ++i) Store<T>(d, i, op(Load<T>(a, i), Load<T>(b, i)));
+}
+
 // Integers are added as their unsigned counterparts: same bits, but wraparound is defined.
 template <typename U>
 void SumWrapping(uint8_t* d, const uint8_t* a, const uint8_t* b, size_t n) {
-  for (size_t i = 0; i < n; ++i) Store<U>(d, i, static_cast<U>(Load<U>(a, i) + Load<U>(b, i)));
+  Elementwise<U>(d, a, b, n, [](auto x, auto y) { return decltype(x)(x + y); });
 }
 
 template <typename T>
 void SumFloat(uint8_t* d, const uint8_t* a, const uint8_t* b, size_t n) {
-  for (size_t i = 0; i < n; ++i) Store<T>(d, i, Load<T>(a, i) + Load<T>(b, i));
+  Elementwise<T>(d, a, b, n, [](auto x, auto y) { return x + y; });
 }
 
 template <float (*kToFloat)(uint16_t), uint16_t (*kFromFloat)(float)>
@@ -84,7 +108,7 @@ void ScaleInt(uint8_t* d, const uint8_t* s, size_t n, double factor) {
 
 template <typename T>
 void ScaleFloat(uint8_t* d, const uint8_t* s, size_t n, T factor) {
-  for (size_t i = 0; i < n; ++i) Store<T>(d, i, Load<T>(s, i) * factor);
+  Elementwise<T>(d, s, s, n, [factor](auto x, auto) { return x * factor; });
 }
 
 template <float (*kToFloat)(uint16_t), uint16_t (*kFromFloat)(float)>

@@ -1,10 +1,10 @@
 #include "benchmarks/allreduce_bench/reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <new>
 #include <vector>
 
 namespace kolo::bench {
@@ -123,13 +123,21 @@ int64_t WrapToType(DataType dtype, int64_t v) {
 
 }  // namespace
 
-HostBuffer::HostBuffer(size_t bytes) : size_(bytes) {
-  const size_t rounded = (bytes + kPage - 1) / kPage * kPage;
-  void* p = std::aligned_alloc(kPage, rounded == 0 ? kPage : rounded);
-  if (p == nullptr) throw std::bad_alloc();
+StatusOr<HostBuffer> HostBuffer::Allocate(size_t bytes) {
+  const size_t rounded = std::max(kPage, (bytes + kPage - 1) / kPage * kPage);
+  void* p = std::aligned_alloc(kPage, rounded);
+  if (p == nullptr) {
+    return InvalidArgument(
+        "cannot allocate a {}-byte buffer: not enough memory for this size on "
+        "this rank (lower --maxbytes or run fewer ranks per host)",
+        bytes);
+  }
   // Writing every byte (not one per page) also defeats the kernel's zero-page sharing.
   std::memset(p, 0, rounded);
-  data_.reset(static_cast<uint8_t*>(p));
+  HostBuffer buffer;
+  buffer.data_.reset(static_cast<uint8_t*>(p));
+  buffer.size_ = bytes;
+  return buffer;
 }
 
 void HostBuffer::Free::operator()(uint8_t* p) const { std::free(p); }

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "engine/common/dtype.h"
+#include "engine/common/status.h"
 #include "engine/engine.h"
 
 namespace kolo::bench {
@@ -22,7 +23,9 @@ namespace kolo::bench {
 class HostBuffer {
  public:
   HostBuffer() = default;
-  explicit HostBuffer(size_t bytes);
+  // A zero-filled, pre-faulted buffer of `bytes`; InvalidArgument naming the size (and the rank's
+  // memory as the likely cause) if the allocation fails.
+  static StatusOr<HostBuffer> Allocate(size_t bytes);
   uint8_t* data() const { return data_.get(); }
   size_t size() const { return size_; }
 

@@ -169,8 +169,8 @@ StatusOr<std::vector<StepRow>> RunSteps(const BenchConfig& config, const TensorS
   if (config.fusion != FusionMode::kOn) thresholds.push_back(0);
 
   const size_t bytes = static_cast<size_t>(set.total_elements()) * DataTypeSize(config.dtype);
-  HostBuffer in(bytes);
-  HostBuffer out(bytes);
+  KOLO_ASSIGN_OR_RETURN(HostBuffer in, HostBuffer::Allocate(bytes));
+  KOLO_ASSIGN_OR_RETURN(HostBuffer out, HostBuffer::Allocate(bytes));
   FillInput(config.dtype, in.data(), static_cast<size_t>(set.total_elements()), control.rank());
   std::vector<StepRow> rows;
   for (BackendKind kind : config.backends) {

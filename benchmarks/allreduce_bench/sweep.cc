@@ -114,8 +114,8 @@ StatusOr<std::vector<SweepRow>> RunSweep(
   std::vector<SweepRow> all;
   for (int64_t bytes : SweepSizes(config)) {
     // Both buffers are allocated once per size and pre-faulted; every row reuses them.
-    HostBuffer in(static_cast<size_t>(bytes));
-    HostBuffer out(static_cast<size_t>(bytes));
+    KOLO_ASSIGN_OR_RETURN(HostBuffer in, HostBuffer::Allocate(static_cast<size_t>(bytes)));
+    KOLO_ASSIGN_OR_RETURN(HostBuffer out, HostBuffer::Allocate(static_cast<size_t>(bytes)));
     FillInput(config.dtype, in.data(), static_cast<size_t>(bytes) / DataTypeSize(config.dtype),
               control.rank());
     std::vector<SweepRow> size_rows;

@@ -1,12 +1,14 @@
 // One measured allreduce implementation: a row label in the table.
 //
 // The harness (sweep.h) drives each Backend through, per buffer size:
-//   Bind(in, out, count)            untimed: register buffers, build per-size state
-//   { BeforeIteration(); RunOnce(); } x (warmup + iters)   only RunOnce is timed
-//   Unbind()                        untimed: drop per-size state
-// `in` holds this rank's input and must not be changed by the backend; `out` receives the
-// result (op applied over every rank's input). Every RunOnce is collective: all ranks call it for
-// the same size in the same order. Methods are called from the main thread only.
+//   Bind(buf, count)        untimed: register the buffer, build per-size state
+//   RunOnce() x (warmup + iters), each timed on its own
+//   Unbind()                untimed: drop per-size state
+// Every row reduces `buf` in place, as a trainer reduces its gradients: RunOnce replaces the
+// `count` elements in buf with `op` applied over every rank's buf. The harness restores this
+// rank's input into buf before each RunOnce (untimed), the same way for every row. Every RunOnce
+// is collective: all ranks call it for the same size in the same order. Methods are called from
+// the main thread only.
 #pragma once
 
 #include <cstddef>
@@ -39,8 +41,7 @@ class Backend {
   // False for `link`, which moves the bytes without reducing them: its output is not checked.
   virtual bool reduces() const { return true; }
 
-  virtual Status Bind(HostBuffer& in, HostBuffer& out, size_t count) = 0;
-  virtual Status BeforeIteration() { return Status::OK(); }
+  virtual Status Bind(HostBuffer& buf, size_t count) = 0;
   virtual Status RunOnce() = 0;
   virtual void Unbind() {}
 };

@@ -23,10 +23,9 @@ class EngineRow final : public Backend {
   std::string name() const override { return BackendKindName(kind_); }
   BackendKind kind() const override { return kind_; }
 
-  Status Bind(HostBuffer& in, HostBuffer& out, size_t count) override {
+  Status Bind(HostBuffer& buf, size_t count) override {
     KOLO_ASSIGN_OR_RETURN(started_, StartEngine(env_, kind_));
-    in_ = in.data();
-    out_ = out.data();
+    buf_ = buf.data();
     count_ = count;
     tensor_ = fmt::format("bench/allreduce/{}", count);
     return Status::OK();
@@ -34,7 +33,7 @@ class EngineRow final : public Backend {
 
   Status RunOnce() override {
     KOLO_ASSIGN_OR_RETURN(
-        Handle h, started_.engine->AllreduceAsync(tensor_, in_, out_, env_.config->dtype,
+        Handle h, started_.engine->AllreduceAsync(tensor_, buf_, buf_, env_.config->dtype,
                                                   {static_cast<int64_t>(count_)}, env_.config->op));
     return started_.engine->Wait(h, WaitTimeout(env_.options));
   }
@@ -48,8 +47,7 @@ class EngineRow final : public Backend {
   BackendKind kind_;
   BackendEnv& env_;
   StartedEngine started_;
-  const void* in_ = nullptr;
-  void* out_ = nullptr;
+  void* buf_ = nullptr;
   size_t count_ = 0;
   std::string tensor_;
 };
@@ -67,8 +65,8 @@ class LinkRow final : public Backend {
   BackendKind kind() const override { return BackendKind::kLink; }
   bool reduces() const override { return false; }
 
-  Status Bind(HostBuffer&, HostBuffer& out, size_t count) override {
-    KOLO_ASSIGN_OR_RETURN(region_, env_.device->Register(out.data(), out.size()));
+  Status Bind(HostBuffer& buf, size_t count) override {
+    KOLO_ASSIGN_OR_RETURN(region_, env_.device->Register(buf.data(), buf.size()));
     count_ = count;
     return Status::OK();
   }

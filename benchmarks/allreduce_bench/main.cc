@@ -1,7 +1,8 @@
 // kolo-allreduce-bench: allreduce bus bandwidth of kolo's engine and its peers, nccl-tests style.
 //
 // Exit status: 0 success; 2 a configuration error (bad flag, unknown or unavailable backend),
-// found before any rank connects; 1 a failure while running (named on stderr by the failing rank).
+// found before any rank connects; 1 a failure while running (named on stderr by the failing rank);
+// 3 every row ran but some result was wrong (every rank agrees, from the gathered check counts).
 #include <unistd.h>
 
 #include <climits>
@@ -24,6 +25,7 @@ namespace {
 
 constexpr int kExitRunFailed = 1;
 constexpr int kExitBadConfig = 2;
+constexpr int kExitWrongResults = 3;
 
 std::string HostName() {
   char buf[HOST_NAME_MAX + 1] = {};
@@ -59,7 +61,8 @@ Status Configure(const BenchConfig& config, Options* options) {
   return Status::OK();
 }
 
-Status Run(const BenchConfig& config, Options options) {
+// Sets *wrong_rows to the number of checked rows with a wrong element (the same on every rank).
+Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
   SetLogLevel(options.log_level);
   if (options.size > 1) SetLogRank(options.rank);
   const bool rank0 = options.rank == 0;
@@ -142,6 +145,13 @@ Status Run(const BenchConfig& config, Options options) {
     ratios = ComputeRatios(sweep);
     Print(rank0, FormatRatios(ratios));
   }
+  for (const SweepRow& r : sweep) *wrong_rows += r.checked && r.wrong != 0;
+  for (const StepRow& r : steps) *wrong_rows += r.checked && r.wrong != 0;
+  if (config.check) {
+    Print(rank0, *wrong_rows == 0 ? std::string("# check: every result matches the reference\n")
+                                  : fmt::format("# check: FAILED: {} row(s) have wrong elements\n",
+                                                *wrong_rows));
+  }
   if (rank0 && !config.json_path.empty()) {
     KOLO_RETURN_IF_ERROR(
         WriteJson(config.json_path, ToJson(info, sweep, ratios, set ? &*set : nullptr, steps)));
@@ -175,7 +185,8 @@ int Main(int argc, char** argv) {
     if (rank0) std::fprintf(stderr, "kolo-allreduce-bench: %s\n", s.ToString().c_str());
     return kExitBadConfig;
   }
-  s = Run(parsed->config, options);
+  int wrong_rows = 0;
+  s = Run(parsed->config, options, &wrong_rows);
   if (!s.ok()) {
     std::fprintf(stderr, "kolo-allreduce-bench: rank %d failed: %s\n", options.rank,
                  s.ToString().c_str());
@@ -183,7 +194,7 @@ int Main(int argc, char** argv) {
     AbortJobAfterError(options, kExitRunFailed);
     return kExitRunFailed;
   }
-  return 0;
+  return wrong_rows == 0 ? 0 : kExitWrongResults;
 }
 
 }  // namespace

@@ -27,8 +27,8 @@ struct Measured {
 class StepRunner {
  public:
   StepRunner(const BenchConfig& config, const TensorSet& set, const Options& options,
-             HostBuffer& in, HostBuffer& out)
-      : config_(config), set_(set), timeout_(WaitTimeout(options)), in_(in), out_(out) {
+             const HostBuffer& in, HostBuffer& buf)
+      : config_(config), set_(set), timeout_(WaitTimeout(options)), in_(in), buf_(buf) {
     const size_t elem = DataTypeSize(config.dtype);
     size_t offset = 0;
     for (const TensorSpec& t : set.tensors) {
@@ -38,14 +38,15 @@ class StepRunner {
     total_count_ = offset / elem;
   }
 
-  // Every tensor in backprop order, then a wait for all of them.
+  // Every tensor in backprop order, then a wait for all of them. In place, as a trainer reduces
+  // its gradients.
   Status Step(Engine& engine) {
     handles_.clear();
     for (size_t i = 0; i < set_.tensors.size(); ++i) {
       const TensorSpec& t = set_.tensors[i];
-      KOLO_ASSIGN_OR_RETURN(Handle h, engine.AllreduceAsync(t.name, in_.data() + offsets_[i],
-                                                            out_.data() + offsets_[i],
-                                                            config_.dtype, t.shape, config_.op));
+      uint8_t* grad = buf_.data() + offsets_[i];
+      KOLO_ASSIGN_OR_RETURN(
+          Handle h, engine.AllreduceAsync(t.name, grad, grad, config_.dtype, t.shape, config_.op));
       handles_.push_back(h);
     }
     for (Handle h : handles_) KOLO_RETURN_IF_ERROR(engine.Wait(h, timeout_));
@@ -55,45 +56,46 @@ class StepRunner {
   Status Single(Engine& engine) {
     KOLO_ASSIGN_OR_RETURN(
         Handle h,
-        engine.AllreduceAsync(set_.model + "/single", in_.data(), out_.data(), config_.dtype,
+        engine.AllreduceAsync(set_.model + "/single", buf_.data(), buf_.data(), config_.dtype,
                               {static_cast<int64_t>(total_count_)}, config_.op));
     return engine.Wait(h, timeout_);
   }
 
-  // warmup + iters runs of `fn`, the last `iters` timed into *times.
+  // `untimed` then `timed` runs of `fn`, the timed ones appended to *times. Before each run
+  // (untimed), the gradients are restored from this rank's input.
   template <typename F>
-  Status Repeat(int warmup, F&& fn, std::vector<double>* times) {
-    for (int i = 0; i < warmup + config_.iters; ++i) {
+  Status Repeat(int untimed, int timed, F&& fn, std::vector<double>* times) {
+    for (int i = 0; i < untimed + timed; ++i) {
+      std::memcpy(buf_.data(), in_.data(), buf_.size());
       const auto t0 = Clock::now();
       KOLO_RETURN_IF_ERROR(fn());
       const auto t1 = Clock::now();
-      if (i >= warmup) times->push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      if (i >= untimed)
+        times->push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     }
     return Status::OK();
   }
 
   void Check(int ranks, CheckResult* acc) {
     if (!config_.check) return;
-    const CheckResult r = CheckOutput(config_.dtype, out_.data(), total_count_, ranks, config_.op);
+    const CheckResult r = CheckOutput(config_.dtype, buf_.data(), total_count_, ranks, config_.op);
     acc->wrong += r.wrong;
     acc->max_error = std::max(acc->max_error, r.max_error);
   }
 
   Status Measure(Engine& engine, Control& control, Measured* m) {
-    std::memset(out_.data(), 0xff, out_.size());
     KOLO_RETURN_IF_ERROR(control.Barrier());
     // Warm-up steps first, so that the statistics cover only the timed steps.
-    for (int i = 0; i < config_.warmup; ++i) KOLO_RETURN_IF_ERROR(Step(engine));
+    auto step = [&] { return Step(engine); };
+    KOLO_RETURN_IF_ERROR(Repeat(config_.warmup, 0, step, &m->step_us));
     m->before = engine.stats();
-    KOLO_RETURN_IF_ERROR(Repeat(
-        0, [&] { return Step(engine); }, &m->step_us));
+    KOLO_RETURN_IF_ERROR(Repeat(0, config_.iters, step, &m->step_us));
     m->after = engine.stats();
     Check(control.size(), &m->check);
 
-    std::memset(out_.data(), 0xff, out_.size());
     KOLO_RETURN_IF_ERROR(control.Barrier());
     KOLO_RETURN_IF_ERROR(Repeat(
-        config_.warmup, [&] { return Single(engine); }, &m->single_us));
+        config_.warmup, config_.iters, [&] { return Single(engine); }, &m->single_us));
     Check(control.size(), &m->check);
     return Status::OK();
   }
@@ -102,18 +104,18 @@ class StepRunner {
   const BenchConfig& config_;
   const TensorSet& set_;
   std::chrono::milliseconds timeout_;
-  HostBuffer& in_;
-  HostBuffer& out_;
+  const HostBuffer& in_;
+  HostBuffer& buf_;
   std::vector<size_t> offsets_;
   size_t total_count_ = 0;
   std::vector<Handle> handles_;
 };
 
 StatusOr<StepRow> MeasureOne(const BenchConfig& config, const TensorSet& set, BackendEnv& env,
-                             Control& control, BackendKind kind, int64_t threshold, HostBuffer& in,
-                             HostBuffer& out) {
+                             Control& control, BackendKind kind, int64_t threshold,
+                             const HostBuffer& in, HostBuffer& buf) {
   KOLO_ASSIGN_OR_RETURN(StartedEngine started, StartEngine(env, kind, threshold));
-  StepRunner runner(config, set, env.options, in, out);
+  StepRunner runner(config, set, env.options, in, buf);
   Measured m;
   Status s = runner.Measure(*started.engine, control, &m);
   Status stop = StopEngine(started);
@@ -170,13 +172,13 @@ StatusOr<std::vector<StepRow>> RunSteps(const BenchConfig& config, const TensorS
 
   const size_t bytes = static_cast<size_t>(set.total_elements()) * DataTypeSize(config.dtype);
   KOLO_ASSIGN_OR_RETURN(HostBuffer in, HostBuffer::Allocate(bytes));
-  KOLO_ASSIGN_OR_RETURN(HostBuffer out, HostBuffer::Allocate(bytes));
+  KOLO_ASSIGN_OR_RETURN(HostBuffer buf, HostBuffer::Allocate(bytes));
   FillInput(config.dtype, in.data(), static_cast<size_t>(set.total_elements()), control.rank());
   std::vector<StepRow> rows;
   for (BackendKind kind : config.backends) {
     for (int64_t threshold : thresholds) {
       KOLO_ASSIGN_OR_RETURN(StepRow row,
-                            MeasureOne(config, set, env, control, kind, threshold, in, out));
+                            MeasureOne(config, set, env, control, kind, threshold, in, buf));
       on_row(row);
       rows.push_back(std::move(row));
     }

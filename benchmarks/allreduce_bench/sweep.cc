@@ -19,18 +19,18 @@ double Median(std::vector<double> v) {
 }
 
 StatusOr<SweepRow> MeasureRow(const BenchConfig& config, Backend& backend, HostBuffer& in,
-                              HostBuffer& out, int64_t bytes, Control& control) {
+                              HostBuffer& buf, int64_t bytes, Control& control) {
   const size_t count = static_cast<size_t>(bytes) / DataTypeSize(config.dtype);
-  std::memset(out.data(), 0xff, out.size());
   const std::string where = fmt::format("{} at {} bytes", backend.name(), bytes);
-  Status s = backend.Bind(in, out, count);
+  Status s = backend.Bind(buf, count);
   if (!s.ok()) return s.WithContext(where);
 
   std::vector<double> times(static_cast<size_t>(config.iters));
   s = control.Barrier();
   for (int i = 0; s.ok() && i < config.warmup + config.iters; ++i) {
-    s = backend.BeforeIteration();
-    if (!s.ok()) break;
+    // Untimed: every iteration starts from this rank's input (rows reduce in place). A row that
+    // reduced nothing would leave the input, which differs from the sum at more than one rank.
+    std::memcpy(buf.data(), in.data(), static_cast<size_t>(bytes));
     const auto t0 = Clock::now();
     s = backend.RunOnce();
     const auto t1 = Clock::now();
@@ -50,7 +50,7 @@ StatusOr<SweepRow> MeasureRow(const BenchConfig& config, Backend& backend, HostB
   row.kind = backend.kind();
   row.checked = config.check && backend.reduces();
   CheckResult check;
-  if (row.checked) check = CheckOutput(config.dtype, out.data(), count, control.size(), config.op);
+  if (row.checked) check = CheckOutput(config.dtype, buf.data(), count, control.size(), config.op);
 
   // One gather per row: this rank's times, then its check result.
   std::vector<double> mine = times;
@@ -115,12 +115,12 @@ StatusOr<std::vector<SweepRow>> RunSweep(
   for (int64_t bytes : SweepSizes(config)) {
     // Both buffers are allocated once per size and pre-faulted; every row reuses them.
     KOLO_ASSIGN_OR_RETURN(HostBuffer in, HostBuffer::Allocate(static_cast<size_t>(bytes)));
-    KOLO_ASSIGN_OR_RETURN(HostBuffer out, HostBuffer::Allocate(static_cast<size_t>(bytes)));
+    KOLO_ASSIGN_OR_RETURN(HostBuffer buf, HostBuffer::Allocate(static_cast<size_t>(bytes)));
     FillInput(config.dtype, in.data(), static_cast<size_t>(bytes) / DataTypeSize(config.dtype),
               control.rank());
     std::vector<SweepRow> size_rows;
     for (auto& backend : rows) {
-      KOLO_ASSIGN_OR_RETURN(SweepRow row, MeasureRow(config, *backend, in, out, bytes, control));
+      KOLO_ASSIGN_OR_RETURN(SweepRow row, MeasureRow(config, *backend, in, buf, bytes, control));
       size_rows.push_back(std::move(row));
     }
     MarkBest(size_rows);

@@ -42,9 +42,9 @@ double AlgBandwidth(int64_t bytes, double seconds);
 double BusBandwidth(double algbw, int ranks);
 
 // Runs the sweep of `config` over `rows`. Collective. `on_size` is called on every rank after each
-// size with that size's rows (rank 0 prints them). Allocates the input and output buffers once
-// per size (pre-faulted); the output is poisoned (all bits set) before each row so that a row
-// that writes nothing cannot pass the check.
+// size with that size's rows (rank 0 prints them). Allocates this rank's input and the working
+// buffer once per size (pre-faulted); each row reduces the working buffer in place, restored from
+// the input before every iteration (untimed), and the last iteration's result is checked.
 StatusOr<std::vector<SweepRow>> RunSweep(
     const BenchConfig& config, std::vector<std::unique_ptr<Backend>>& rows, Control& control,
     const std::function<void(const std::vector<SweepRow>&)>& on_size);

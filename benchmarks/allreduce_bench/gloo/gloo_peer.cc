@@ -70,16 +70,15 @@ class GlooRow final : public Backend {
   }
   BackendKind kind() const override { return BackendKind::kGloo; }
 
-  Status Bind(HostBuffer& in, HostBuffer& out, size_t count) override {
+  Status Bind(HostBuffer& buf, size_t count) override {
     if (count > static_cast<size_t>(INT_MAX)) {
       return InvalidArgument("{}: {} elements exceed Gloo's int count (at most {})", name(), count,
                              INT_MAX);
     }
-    in_ = in.data();
-    out_ = out.data();
+    buf_ = buf.data();
     count_ = count;
     return Guard("set-up", [&] {
-      std::vector<T*> ptrs = {reinterpret_cast<T*>(out_)};
+      std::vector<T*> ptrs = {reinterpret_cast<T*>(buf_)};
       const int n = static_cast<int>(count);
       if (algo_ == Algo::kRing) {
         algorithm_ = std::make_unique<::gloo::AllreduceRing<T>>(shared_->context, ptrs, n, fn_);
@@ -90,15 +89,10 @@ class GlooRow final : public Backend {
     });
   }
 
-  Status BeforeIteration() override {
-    std::memcpy(out_, in_, count_ * sizeof(T));
-    return Status::OK();
-  }
-
   Status RunOnce() override {
     KOLO_RETURN_IF_ERROR(Guard("allreduce", [&] { algorithm_->run(); }));
     if (op_ == ReduceOp::kAverage) {
-      collectives::Scale(dtype_, out_, count_, 1.0 / shared_->context->size);
+      collectives::Scale(dtype_, buf_, count_, 1.0 / shared_->context->size);
     }
     return Status::OK();
   }
@@ -125,8 +119,7 @@ class GlooRow final : public Backend {
   DataType dtype_;
   ReduceOp op_;
   std::unique_ptr<::gloo::Algorithm> algorithm_;
-  const uint8_t* in_ = nullptr;
-  uint8_t* out_ = nullptr;
+  uint8_t* buf_ = nullptr;
   size_t count_ = 0;
 };
 

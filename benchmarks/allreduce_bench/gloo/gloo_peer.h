@@ -3,8 +3,8 @@
 //
 // Compiled only in builds with Gloo; this header does not include Gloo's. Gloo's rendezvous runs
 // through an adapter over kolo's bootstrap Store (keys under "gloo/"), so the peer needs no
-// launcher of its own. Gloo's algorithms reduce in place: before each (untimed) iteration the
-// input is copied into the output buffer, and the algorithm runs on that. `--op avg` scales the
+// launcher of its own. Gloo's algorithms reduce in place, as every row does (backend.h); one
+// algorithm object per size is built in Bind (it allocates Gloo's inboxes). `--op avg` scales the
 // sum by 1/ranks inside the timed call. Gloo exceptions become Status (kUnavailable).
 #pragma once
 

@@ -130,21 +130,21 @@ class MpiDirect final : public Backend {
   std::string name() const override { return "mpi-direct"; }
   BackendKind kind() const override { return BackendKind::kMpiDirect; }
 
-  Status Bind(HostBuffer& in, HostBuffer& out, size_t count) override {
+  Status Bind(HostBuffer& buf, size_t count) override {
     if (count > static_cast<size_t>(INT_MAX)) {
       return InvalidArgument("mpi-direct: {} elements exceed MPI's int count (at most {})", count,
                              INT_MAX);
     }
-    in_ = in.data();
-    out_ = out.data();
+    buf_ = buf.data();
     count_ = count;
     return Status::OK();
   }
 
   Status RunOnce() override {
-    KOLO_MPI_CHECK(MPI_Allreduce(in_, out_, static_cast<int>(count_), type_, mpi_op_, comm_.get()));
+    KOLO_MPI_CHECK(
+        MPI_Allreduce(MPI_IN_PLACE, buf_, static_cast<int>(count_), type_, mpi_op_, comm_.get()));
     if (op_ == ReduceOp::kAverage) {
-      collectives::Scale(dtype_, out_, count_, 1.0 / comm_.size());
+      collectives::Scale(dtype_, buf_, count_, 1.0 / comm_.size());
     }
     return Status::OK();
   }
@@ -157,8 +157,7 @@ class MpiDirect final : public Backend {
   MPI_Datatype user_type_ = MPI_DATATYPE_NULL;
   MPI_Op mpi_op_ = MPI_SUM;
   MPI_Op user_op_ = MPI_OP_NULL;
-  const void* in_ = nullptr;
-  void* out_ = nullptr;
+  void* buf_ = nullptr;
   size_t count_ = 0;
 };
 

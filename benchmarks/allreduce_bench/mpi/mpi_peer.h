@@ -16,8 +16,9 @@ namespace kolo::bench::mpi {
 // Barrier and gathers over a duplicate of MPI_COMM_WORLD.
 StatusOr<std::unique_ptr<Control>> MakeMpiControl();
 
-// `mpi-direct`: MPI_Allreduce(in, out) on a duplicate of MPI_COMM_WORLD with MPI's built-in sum
-// (float16/bfloat16 through a user op on kolo's reduction kernel, as MPI has no such types);
+// `mpi-direct`: MPI_Allreduce(MPI_IN_PLACE, buf) on a duplicate of MPI_COMM_WORLD with MPI's
+// built-in sum (float16/bfloat16 through a user op on kolo's reduction kernel, as MPI has no such
+// types);
 // `--op avg` scales the sum by 1/ranks afterwards, inside the timed call, as a trainer would.
 StatusOr<std::unique_ptr<Backend>> MakeMpiDirect(const BenchConfig& config);
 

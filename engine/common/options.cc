@@ -40,7 +40,27 @@ Status ReadDouble(const std::map<std::string, std::string>& env, const char* nam
   return Status::OK();
 }
 
+// Every KOLO_* variable kolo reads, in this file or in the tools' launch scripts.
+const char* const kKnownVariables[] = {
+    "KOLO_RANK", "KOLO_SIZE", "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE", "KOLO_STORE_ADDR",
+    "KOLO_JOB_SECRET", "KOLO_IFACE", "KOLO_BACKEND", "KOLO_TIMELINE", "KOLO_LOG_LEVEL",
+    "KOLO_BUSY_POLL", "KOLO_SOCKET_BUFFER_BYTES", "KOLO_RING_CHUNK_BYTES",
+    "KOLO_FUSION_THRESHOLD_BYTES", "KOLO_CACHE_CAPACITY", "KOLO_CYCLE_TIME_MS",
+    "KOLO_PEER_TIMEOUT_SECONDS", "KOLO_STALL_CHECK_SECONDS", "KOLO_STALL_SHUTDOWN_SECONDS",
+    "KOLO_SKIP_BOOTSTRAP"};
+
 }  // namespace
+
+std::vector<std::string> UnknownKoloVariables(const std::map<std::string, std::string>& env) {
+  std::vector<std::string> unknown;
+  for (const auto& [key, value] : env) {
+    if (key.rfind("KOLO_", 0) != 0) continue;
+    bool known = false;
+    for (const char* k : kKnownVariables) known = known || key == k;
+    if (!known) unknown.push_back(key);
+  }
+  return unknown;
+}
 
 StatusOr<int64_t> ParseInt(const std::string& what, const std::string& value, int64_t min,
                            int64_t max) {
@@ -206,6 +226,11 @@ StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string
   KOLO_RETURN_IF_ERROR(
       ReadDouble(env, "KOLO_STALL_SHUTDOWN_SECONDS", 0, 1e6, &o.stall_shutdown_s));
   KOLO_RETURN_IF_ERROR(o.Validate());
+  SetLogLevel(o.log_level);
+  for (const std::string& key : UnknownKoloVariables(env)) {
+    KOLO_LOG(kWarning, "ignoring unknown environment variable {} (see README for the KOLO_* list)",
+             key);
+  }
   return o;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "engine/common/logging.h"
 #include "engine/common/status.h"
@@ -77,6 +78,10 @@ struct Options {
 StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string>& env);
 // The same, from this process's environment.
 StatusOr<Options> OptionsFromEnvironment();
+
+// KOLO_* names in `env` that kolo does not know (likely misspellings); each is logged as a
+// warning by OptionsFromEnvironment.
+std::vector<std::string> UnknownKoloVariables(const std::map<std::string, std::string>& env);
 
 // Parsers shared with the flag layer. Each error names `what` and the value.
 StatusOr<int64_t> ParseInt(const std::string& what, const std::string& value, int64_t min,

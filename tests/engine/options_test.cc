@@ -84,6 +84,12 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{{{"KOLO_SIZE", "2"}, {"KOLO_BACKEND", "mpi"}}, "mpirun"},
         BadCase{{{"KOLO_PEER_TIMEOUT_SECONDS", "nan"}}, "nan"}));
 
+TEST(Options, MisspelledVariablesAreReported) {
+  const Env env{{"KOLO_FUSION_THRESHOLD", "1"}, {"KOLO_CYCLE_TIME_MS", "2"}, {"PATH", "/bin"}};
+  EXPECT_EQ(UnknownKoloVariables(env), (std::vector<std::string>{"KOLO_FUSION_THRESHOLD"}));
+  EXPECT_TRUE(OptionsFromEnvironment(env).ok());
+}
+
 TEST(Options, ByteSizes) {
   EXPECT_EQ(*ParseByteSize("x", "64M"), 64ll << 20);
   EXPECT_EQ(*ParseByteSize("x", "8"), 8);

@@ -61,6 +61,11 @@ struct BackendEnv {
 // do (FailedPrecondition). Checked for every requested backend before any rank connects.
 Status CheckBackendAvailable(BackendKind kind, const Options& options);
 
+// Starts what `kind` needs from this process before any row or engine of it is built: MPI for mpi
+// and mpi-direct (the engine's mpi backend expects MPI initialised; mpirun's rendezvous does it,
+// a single rank without mpirun needs it done here). Collective under mpirun.
+Status PrepareBackend(BackendKind kind, const Options& options);
+
 // True if `kind` needs the rendezvous store / the kolo TCP device in BackendEnv.
 bool NeedsStore(BackendKind kind);
 bool NeedsDevice(BackendKind kind);

@@ -66,6 +66,14 @@ Status CheckBackendAvailable(BackendKind kind, const Options& options) {
   return InvalidArgument("unknown backend");
 }
 
+Status PrepareBackend(BackendKind kind, const Options& options) {
+  KOLO_RETURN_IF_ERROR(CheckBackendAvailable(kind, options));
+#if KOLO_HAVE_MPI
+  if (kind == BackendKind::kMpi || kind == BackendKind::kMpiDirect) return StartMpi(options);
+#endif
+  return Status::OK();
+}
+
 bool NeedsStore(BackendKind kind) {
   return kind == BackendKind::kRing || kind == BackendKind::kMpi || kind == BackendKind::kGloo ||
          kind == BackendKind::kLink;
@@ -115,7 +123,7 @@ StatusOr<std::vector<std::unique_ptr<Backend>>> MakeBackends(BackendKind kind, B
       return rows;
     case BackendKind::kMpiDirect: {
 #if KOLO_HAVE_MPI
-      KOLO_RETURN_IF_ERROR(StartMpi(env.options));
+      KOLO_RETURN_IF_ERROR(StartMpi(env.options));  // idempotent
       KOLO_ASSIGN_OR_RETURN(auto peer, mpi::MakeMpiDirect(*env.config));
       rows.push_back(std::move(peer));
       return rows;

@@ -109,6 +109,16 @@ expect_error bad_tensors "allowed are resnet101" "$BENCH" --tensors alexnet
 expect_error mpi_under_kolo_run "needs a launch by mpirun" \
   "$KOLO_RUN" -np 2 --timeout-s 60 "$BENCH" --backend mpi-direct -e 64
 
+# --- One rank, no launcher.
+ONE_BACKENDS=ring,link
+[[ $HAVE_GLOO == 1 ]] && ONE_BACKENDS+=,gloo
+if run one_rank "$BENCH" -b 8 -e 4K -f 8 -n 2 -w 1 --backend "$ONE_BACKENDS"; then
+  check_table one_rank ring link
+  grep -q "check: every result matches" "$WORK/one_rank.out" || fail "one_rank: no check verdict"
+else
+  fail "one_rank: non-zero exit"
+fi
+
 # --- kolo-run, 2 ranks: every backend it can run.
 KR_BACKENDS=ring,link
 KR_ROWS=(ring link)

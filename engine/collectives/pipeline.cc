@@ -11,6 +11,9 @@ namespace {
 // link busy while a piece is being reduced; more only adds scratch.
 constexpr size_t kRecvDepth = 4;
 constexpr size_t kSendDepth = 4;
+// How far behind its arrival a piece is forwarded: enough slack that a neighbour descheduled for
+// a moment does not stall the ring, little enough that the piece is still in the cache.
+constexpr size_t kForwardLagBytes = 2 << 20;
 
 // Balances the phase callbacks even when the ring fails half-way.
 class PhaseScope {
@@ -44,6 +47,45 @@ std::vector<size_t> EvenSplit(size_t count, int parts) {
 void AppendPieces(size_t offset, size_t nbytes, size_t piece_bytes, std::vector<RecvPiece>* out) {
   for (size_t done = 0; done < nbytes; done += piece_bytes) {
     out->push_back(RecvPiece{offset + done, std::min(piece_bytes, nbytes - done), false});
+  }
+}
+
+void LayOutRing(const std::vector<Span>& recv_steps, const std::vector<bool>& scratch_steps,
+                Span own, size_t piece_bytes, RingPlan* plan) {
+  struct Slot {
+    size_t key;
+    size_t step;
+    size_t piece;
+    bool operator<(const Slot& o) const { return key != o.key ? key < o.key : step < o.step; }
+  };
+  const size_t lag = std::max<size_t>(2, kForwardLagBytes / piece_bytes);
+  auto pieces = [&](const Span& s) { return (s.nbytes + piece_bytes - 1) / piece_bytes; };
+  auto order = [&](const std::vector<Span>& steps) {
+    std::vector<Slot> slots;
+    for (size_t t = 0; t < steps.size(); ++t) {
+      for (size_t c = 0; c < pieces(steps[t]); ++c) slots.push_back(Slot{c + t * lag, t, c});
+    }
+    std::sort(slots.begin(), slots.end());
+    return slots;
+  };
+  // index[t][c]: position of piece c of receive step t in the receive stream.
+  std::vector<std::vector<int64_t>> index(recv_steps.size());
+  for (size_t t = 0; t < recv_steps.size(); ++t) index[t].resize(pieces(recv_steps[t]));
+  for (const Slot& s : order(recv_steps)) {
+    const Span& span = recv_steps[s.step];
+    const size_t at = s.piece * piece_bytes;
+    index[s.step][s.piece] = static_cast<int64_t>(plan->recvs.size());
+    plan->recvs.push_back(RecvPiece{span.offset + at, std::min(piece_bytes, span.nbytes - at),
+                                    scratch_steps[s.step]});
+  }
+  std::vector<Span> send_steps = {own};
+  if (!recv_steps.empty())
+    send_steps.insert(send_steps.end(), recv_steps.begin(), recv_steps.end() - 1);
+  for (const Slot& s : order(send_steps)) {
+    const Span& span = send_steps[s.step];
+    const size_t at = s.piece * piece_bytes;
+    plan->sends.push_back(SendPiece{span.offset + at, std::min(piece_bytes, span.nbytes - at),
+                                    s.step == 0 ? int64_t{-1} : index[s.step - 1][s.piece]});
   }
 }
 

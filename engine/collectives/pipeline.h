@@ -45,6 +45,22 @@ std::vector<size_t> EvenSplit(size_t count, int parts);
 // Appends the pieces of bytes [offset, offset + nbytes) cut every `piece_bytes` bytes.
 void AppendPieces(size_t offset, size_t nbytes, size_t piece_bytes, std::vector<RecvPiece>* out);
 
+// A byte range of the buffer.
+struct Span {
+  size_t offset;
+  size_t nbytes;
+};
+
+// Lays out a forwarding ring: receive step t gets recv_steps[t] (into scratch when
+// scratch_steps[t]), send step 0 sends `own`, and send step t > 0 forwards what receive step t-1
+// got. Every span is cut into `piece_bytes` pieces. Pieces of consecutive steps are interleaved
+// (piece c of step t goes at about c + t * lag, lag = kForwardLagBytes / piece_bytes, at least 2),
+// so a piece is forwarded soon after it arrives, while it is still in cache, instead of a whole
+// segment later. Neighbours compute the same order, and every send depends on an earlier message
+// of the left neighbour, so the ring cannot deadlock.
+void LayOutRing(const std::vector<Span>& recv_steps, const std::vector<bool>& scratch_steps,
+                Span own, size_t piece_bytes, RingPlan* plan);
+
 // Runs `plan` on buf. When `reduce` is true, scratch pieces are summed (ReduceSum, `dtype`) into
 // the buffer; otherwise they are received and dropped. `what` names the call in errors.
 Status RunRing(Comm& comm, transport::Region& buf, const RingPlan& plan, OpCode op,

@@ -24,44 +24,31 @@ Status CheckRange(const transport::Region& buf, size_t offset, size_t nbytes, co
   return Status::OK();
 }
 
-// Pieces of `seg` sizes cut at `piece_bytes`, as sends after receive `after` onward (-1: none).
-void AppendSends(const std::vector<RecvPiece>& pieces, size_t first, size_t count, bool chained,
-                 std::vector<SendPiece>* out) {
-  for (size_t k = first; k < first + count; ++k) {
-    out->push_back(SendPiece{pieces[k].offset, pieces[k].nbytes,
-                             chained ? static_cast<int64_t>(k) : int64_t{-1}});
-  }
-}
-
-// Reduce-scatter then allgather over the ring. Receive step t of rank r gets segment r-1-t
-// (reduce-scatter, t < n-1) or r-(t-n+1) (allgather); send step t forwards what receive step t-1
-// produced, and send step 0 is rank r's own segment r.
 RingPlan AllreducePlan(int rank, int n, size_t offset, size_t count, size_t elem,
                        size_t chunk_bytes) {
   const size_t piece = std::max(elem, chunk_bytes / elem * elem);
   const std::vector<size_t> bounds = EvenSplit(count, n);
-  auto segment = [&](int s, std::vector<RecvPiece>* out, bool scratch) {
+  auto segment = [&](int s) {
     const size_t i = static_cast<size_t>(Mod(s, n));
-    const size_t first = out->size();
-    AppendPieces(offset + bounds[i] * elem, (bounds[i + 1] - bounds[i]) * elem, piece, out);
-    for (size_t k = first; k < out->size(); ++k) (*out)[k].scratch = scratch;
-    return out->size() - first;
+    return Span{offset + bounds[i] * elem, (bounds[i + 1] - bounds[i]) * elem};
   };
   RingPlan plan;
   plan.left = Mod(rank - 1, n);
   plan.right = Mod(rank + 1, n);
   plan.first = Phase::kReduceScatter;
   plan.second = Phase::kAllgather;
-  size_t last_step = 0;
+  std::vector<Span> steps;
+  std::vector<bool> scratch;
   for (int t = 0; t < 2 * (n - 1); ++t) {
     const bool scatter = t < n - 1;
-    last_step = segment(scatter ? rank - 1 - t : rank - (t - n + 1), &plan.recvs, scatter);
-    if (t == n - 2) plan.split = plan.recvs.size();
+    steps.push_back(segment(scatter ? rank - 1 - t : rank - (t - n + 1)));
+    scratch.push_back(scatter);
   }
-  std::vector<RecvPiece> own;
-  segment(rank, &own, false);
-  AppendSends(own, 0, own.size(), false, &plan.sends);
-  AppendSends(plan.recvs, 0, plan.recvs.size() - last_step, true, &plan.sends);
+  LayOutRing(steps, scratch, segment(rank), piece, &plan);
+  // The steps overlap; the reduce-scatter phase ends with its last piece.
+  for (size_t i = 0; i < plan.recvs.size(); ++i) {
+    if (plan.recvs[i].scratch) plan.split = i + 1;
+  }
   return plan;
 }
 
@@ -116,7 +103,11 @@ Status RingBroadcast(Comm& comm, transport::Region& buf, size_t offset_bytes, si
   std::vector<RecvPiece> pieces;
   AppendPieces(offset_bytes, nbytes, comm.chunk_bytes, &pieces);
   if (position > 0) plan.recvs = pieces;
-  if (position < n - 1) AppendSends(pieces, 0, pieces.size(), position > 0, &plan.sends);
+  for (size_t k = 0; position < n - 1 && k < pieces.size(); ++k) {
+    // Each piece is forwarded as soon as it has arrived; the root has nothing to wait for.
+    plan.sends.push_back(
+        SendPiece{pieces[k].offset, pieces[k].nbytes, position > 0 ? static_cast<int64_t>(k) : -1});
+  }
   Scratch unused;
   return RunRing(comm, buf, plan, OpCode::kBroadcast, sequence, DataType::kUInt8, false, unused,
                  fmt::format("ring broadcast of {} bytes from rank {}", nbytes, root));
@@ -136,23 +127,19 @@ Status RingAllgatherv(Comm& comm, transport::Region& buf, size_t offset_bytes,
   KOLO_RETURN_IF_ERROR(CheckRange(buf, offset_bytes, displ[static_cast<size_t>(n)] - offset_bytes,
                                   "ring allgatherv"));
   if (n == 1) return Status::OK();
-  // Step s: send block rank-s, receive block rank-s-1; step s > 0 forwards what step s-1 received.
+  // Step s receives block rank-s-1; send step s > 0 forwards what receive step s-1 got.
   RingPlan plan;
   plan.left = Mod(comm.rank() - 1, n);
   plan.right = Mod(comm.rank() + 1, n);
   plan.first = plan.second = Phase::kAllgather;
-  size_t last_step = 0;
-  auto block = [&](int b, std::vector<RecvPiece>* out) {
+  auto block = [&](int b) {
     const size_t i = static_cast<size_t>(Mod(b, n));
-    const size_t before = out->size();
-    AppendPieces(displ[i], displ[i + 1] - displ[i], comm.chunk_bytes, out);
-    return out->size() - before;
+    return Span{displ[i], displ[i + 1] - displ[i]};
   };
-  for (int s = 0; s < n - 1; ++s) last_step = block(comm.rank() - s - 1, &plan.recvs);
-  std::vector<RecvPiece> own;
-  block(comm.rank(), &own);
-  AppendSends(own, 0, own.size(), false, &plan.sends);
-  AppendSends(plan.recvs, 0, plan.recvs.size() - last_step, true, &plan.sends);
+  std::vector<Span> steps;
+  for (int s = 0; s < n - 1; ++s) steps.push_back(block(comm.rank() - s - 1));
+  LayOutRing(steps, std::vector<bool>(steps.size(), false), block(comm.rank()), comm.chunk_bytes,
+             &plan);
   Scratch unused;
   return RunRing(
       comm, buf, plan, OpCode::kAllgatherv, sequence, DataType::kUInt8, false, unused,

@@ -53,6 +53,14 @@ class Job {
       comms_[r].timeout = milliseconds(20000);
     }
   }
+  // Every rank shuts down at once, as in a real job (a closing device waits, bounded, for its
+  // peers to close their side too).
+  ~Job() {
+    RunRanks(n_, [&](int r) {
+      devices_[static_cast<size_t>(r)].reset();
+      return Status::OK();
+    });
+  }
   bool ok() const {
     for (const auto& d : devices_) {
       if (!d) return false;

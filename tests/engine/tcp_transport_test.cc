@@ -27,7 +27,18 @@ namespace {
 
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
-using Devices = std::vector<std::unique_ptr<Device>>;
+
+// The devices of one job. They shut down concurrently, as the ranks of a real job do (a closing
+// device waits, bounded, for its peers to close their side too).
+struct Devices : std::vector<std::unique_ptr<Device>> {
+  using std::vector<std::unique_ptr<Device>>::vector;
+  Devices(Devices&&) = default;
+  ~Devices() {
+    std::vector<std::thread> threads;
+    for (auto& d : *this) threads.emplace_back([&d] { d.reset(); });
+    for (auto& t : threads) t.join();
+  }
+};
 
 constexpr char kSecret[] = "0123456789abcdef-test-secret";
 

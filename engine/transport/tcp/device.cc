@@ -183,7 +183,7 @@ class TcpDevice final : public Device {
   void DrainUntilPeersClose(Clock::time_point deadline) {
     std::vector<pollfd> open;
     for (auto& p : pairs_) {
-      if (!p) continue;
+      if (!p || p->fd() < 0) continue;  // already closed: nothing to wait for
       ::shutdown(p->fd(), SHUT_WR);
       open.push_back({p->fd(), POLLIN, 0});
     }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstring>
 #include <list>
 
 #include "engine/common/logging.h"
@@ -91,12 +92,14 @@ class MeshBuilder {
     } else if (errno == EINPROGRESS) {
       c.state = Conn::State::kConnecting;
     } else {
-      ScheduleRetry(c);
+      ScheduleRetry(c, std::strerror(errno));
     }
     return Status::OK();
   }
 
-  void ScheduleRetry(Conn& c) {
+  void ScheduleRetry(Conn& c, const char* why) {
+    KOLO_LOG(kInfo, "rank {}: connecting to rank {} at {}: {}; retrying in {} ms", rank_, c.peer,
+             c.remote, why, c.backoff.count());
     c.fd.reset();
     c.state = Conn::State::kRetryWait;
     c.deadline = Clock::now() + c.backoff;
@@ -233,13 +236,14 @@ class MeshBuilder {
         if (err == 0) {
           c.state = Conn::State::kAwaitChallenge;
         } else {
-          ScheduleRetry(c);  // the peer's listener may not be up yet, or its backlog is full
+          ScheduleRetry(c, std::strerror(err));  // e.g. the peer's backlog is full
         }
         return Status::OK();
       }
       case Conn::State::kAwaitChallenge: {
         if (!ReadSome(c, Challenge::kBytes, &closed)) {
-          if (closed) ScheduleRetry(c);  // e.g. the acceptor dropped us as too slow
+          // E.g. the acceptor dropped us as too slow.
+          if (closed) ScheduleRetry(c, "closed before the challenge");
           return Status::OK();
         }
         Challenge challenge;
@@ -262,7 +266,7 @@ class MeshBuilder {
         Encode(c.hello, wire);
         if (::send(c.fd.get(), wire, sizeof wire, MSG_NOSIGNAL) !=
             static_cast<ssize_t>(sizeof wire)) {
-          ScheduleRetry(c);
+          ScheduleRetry(c, "could not send the hello");
           return Status::OK();
         }
         c.got = 0;

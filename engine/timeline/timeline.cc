@@ -4,12 +4,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string_view>
+#include <system_error>
+#include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "engine/common/logging.h"
 
@@ -19,8 +24,16 @@ namespace {
 // Closes the event array and the object. Every append overwrites it, so it is always the last
 // thing in the file.
 constexpr std::string_view kTail = "\n]}\n";
-// The file is kept this far ahead of the tail, rounded up to a multiple (see AppendScratchLocked).
+// The file is kept this far ahead of the tail, rounded up to a multiple (see AppendPieceLocked).
 constexpr int64_t kReserveBytes = 1 << 20;
+// Events reach the file at most this long after they are recorded...
+constexpr std::chrono::milliseconds kFlushInterval(2);
+// ...or sooner, once this much is buffered.
+constexpr size_t kFlushBytes = 256 << 10;
+// A batch is written in pieces that do not pass multiples of this (see AppendBatchLocked).
+constexpr int64_t kPieceBytes = 64 << 10;
+// Past this the producers write themselves instead of buffering more.
+constexpr size_t kMaxPendingBytes = 16 << 20;
 
 // Appends `s` as the body of a JSON string (without quotes). Bytes that are not valid UTF-8 become
 // U+FFFD so that a strict parser still accepts the file whatever a tensor is called.
@@ -106,33 +119,47 @@ void AppendQuoted(std::string* out, std::string_view s) {
 }  // namespace
 
 struct Timeline::Impl {
+  // Set by Open, then read-only.
   std::string path;
   int rank = 0;
   int fd = -1;
   std::chrono::steady_clock::time_point start;
 
-  // Guards everything below. Held across formatting and the write so that the file order is the
-  // timestamp order and appends never interleave.
-  std::mutex mu;
-  int64_t tail_offset = 0;                    // where kTail starts; the next event goes here
+  // Lock order: write_mu, then mu. Writers of events take only mu, so they never wait for I/O
+  // unless the buffer outgrows kMaxPendingBytes.
+  std::mutex write_mu;               // guards the file state below; held across every write
+  int64_t tail_offset = 0;           // where kTail starts; the next batch goes here
+  int64_t reserved_end = 0;          // file size: the tail, then spaces (see AppendPieceLocked)
+  std::string writing;               // the batch being written (swapped with pending)
+  std::vector<size_t> writing_ends;  // where each event of `writing` ends
+  std::string piece;                 // the part of `writing` that one pwrite appends
+  std::string padding;               // the spaces of the next reserve
+  Status error;                      // the first write error; nothing is written after it
+
+  std::mutex mu;               // guards everything below; held while an event is formatted
+  std::condition_variable cv;  // wakes the flusher
   std::unordered_map<std::string, int> tids;  // tensor -> track, assigned on first use
-  std::string scratch;                        // reused so a steady-state event does not allocate
-  int64_t reserved_end = 0;  // file size: the tail, then spaces (see AppendScratchLocked)
-  std::string padding;       // the spaces of the next reserve
-  bool failed = false;       // a write failed; the file keeps what it had
+  std::string pending;               // formatted events not yet written, each starting with a comma
+  std::vector<size_t> pending_ends;  // where each event of `pending` ends
+  std::chrono::steady_clock::time_point first_pending;  // when pending became non-empty
+  bool stop = false;
 
-  int64_t Now() const {
-    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
-                                                                 start)
-        .count();
+  std::atomic<bool> failed{false};  // error is set: events are dropped without formatting
+  std::thread flusher;
+
+  int64_t MicrosSinceStart(std::chrono::steady_clock::time_point t) const {
+    return std::chrono::duration_cast<std::chrono::microseconds>(t - start).count();
   }
-
   // Writes `data` at `offset`, continuing after short writes. Returns 0 or the errno.
   int WriteAll(const std::string& data, int64_t offset) const;
-  // Appends scratch (one or more events, each starting with a comma) followed by kTail over the
-  // current tail. On failure the previous tail is restored, `failed` is set and the error returned.
-  Status AppendScratchLocked();
-  // Returns the track of `tensor`, first emitting its thread_name metadata into scratch.
+  // Appends `writing` to the file in pieces (see AppendBatchLocked).
+  Status AppendBatchLocked();
+  // Appends `piece` (events, each starting with a comma) and kTail over the current tail.
+  Status AppendPieceLocked();
+  // Moves pending into the file. Returns the sticky error.
+  Status FlushNow();
+  void FlusherLoop();
+  // Returns the track of `tensor`, first adding its metadata events to pending.
   int TidLocked(const std::string& tensor);
   void Event(char phase, const std::string& tensor, const std::string& name,
              const std::string& args_json);
@@ -151,10 +178,6 @@ int Timeline::Impl::WriteAll(const std::string& data, int64_t offset) const {
   return 0;
 }
 
-// Why every event is written at once, without a user-space buffer: a write into the page cache
-// costs about a microsecond, and an event that is in the file survives a crash of the process, so
-// there is no flush to forget and nothing to do at exit but trim the reserve.
-//
 // Why the reserve: Linux copies a write one folio at a time and gives up between folios when a
 // fatal signal is pending, so an append that spans a folio boundary can be cut there, leaving the
 // old closing bracket overwritten and the new one unwritten. The boundary is also a preemption
@@ -165,10 +188,34 @@ int Timeline::Impl::WriteAll(const std::string& data, int64_t offset) const {
 // file system supports them (ext4 and xfs on recent kernels), so boundaries come up to a reserve
 // apart instead of every page. Spaces after the closing bracket are valid JSON; the destructor
 // trims them.
-Status Timeline::Impl::AppendScratchLocked() {
-  scratch.append(kTail);
+//
+// The same cut can happen at any boundary inside a large batch, so a batch goes out in pieces that
+// each end before the next kPieceBytes boundary: only the piece that has to pass a boundary does,
+// with just the old tail (and at most one event) before it.
+Status Timeline::Impl::AppendBatchLocked() {
   const int64_t tail_size = static_cast<int64_t>(kTail.size());
-  const int64_t end = tail_offset + static_cast<int64_t>(scratch.size());
+  size_t pos = 0;
+  size_t next = 0;  // index into writing_ends of the first event not yet written
+  while (next < writing_ends.size()) {
+    int64_t limit = ((tail_offset + tail_size) / kPieceBytes + 1) * kPieceBytes;
+    auto piece_end = [&](size_t j) {
+      return tail_offset + static_cast<int64_t>(writing_ends[j] - pos) + tail_size;
+    };
+    if (piece_end(next) > limit) limit += kPieceBytes;  // this piece passes the boundary
+    size_t last = next + 1;
+    while (last < writing_ends.size() && piece_end(last) <= limit) ++last;
+    piece.assign(writing, pos, writing_ends[last - 1] - pos);
+    KOLO_RETURN_IF_ERROR(AppendPieceLocked());
+    pos = writing_ends[last - 1];
+    next = last;
+  }
+  return Status::OK();
+}
+
+Status Timeline::Impl::AppendPieceLocked() {
+  piece.append(kTail);
+  const int64_t tail_size = static_cast<int64_t>(kTail.size());
+  const int64_t end = tail_offset + static_cast<int64_t>(piece.size());
   int err = 0;
   if (end > reserved_end) {
     const int64_t from = std::max(reserved_end, tail_offset + tail_size);
@@ -177,10 +224,9 @@ Status Timeline::Impl::AppendScratchLocked() {
     err = WriteAll(padding, from);
     if (err == 0) reserved_end = to;
   }
-  if (err == 0) err = WriteAll(scratch, tail_offset);
+  if (err == 0) err = WriteAll(piece, tail_offset);
   if (err != 0) {
-    failed = true;
-    // Best effort: put a tail back where the last complete event ended and drop the partial one.
+    // Best effort: put a tail back where the last complete piece ended and drop the partial one.
     if (WriteAll(std::string(kTail), tail_offset) == 0 &&
         ::ftruncate(fd, static_cast<off_t>(tail_offset + tail_size)) == 0) {
       reserved_end = tail_offset + tail_size;
@@ -191,60 +237,119 @@ Status Timeline::Impl::AppendScratchLocked() {
   return Status::OK();
 }
 
+Status Timeline::Impl::FlushNow() {
+  std::lock_guard<std::mutex> write_lock(write_mu);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    writing.swap(pending);  // pending keeps the old batch's capacity
+    writing_ends.swap(pending_ends);
+    pending.clear();
+    pending_ends.clear();
+  }
+  if (!writing.empty() && error.ok()) {
+    error = AppendBatchLocked();
+    if (!error.ok()) {
+      failed = true;
+      KOLO_LOG(kWarning, "{}; the timeline records no further events", error.message());
+    }
+  }
+  writing.clear();
+  writing_ends.clear();
+  return error;
+}
+
+// Why a writer thread: a pwrite costs 1-4 us here (the most on a journaling file system), too much
+// for the engine's thread to pay per event, while formatting into memory costs a fraction of a
+// microsecond. The writer appends each batch as described above, so the file is valid JSON at
+// every moment and at most kFlushInterval behind.
+void Timeline::Impl::FlusherLoop() {
+  std::unique_lock<std::mutex> lock(mu);
+  while (!stop) {
+    if (pending.empty()) {
+      // Bounded only so that no wait is unbounded; an idle timeline has nothing to do.
+      cv.wait_for(lock, std::chrono::seconds(1));
+      continue;
+    }
+    const auto due = first_pending + kFlushInterval;
+    if (pending.size() < kFlushBytes && std::chrono::steady_clock::now() < due) {
+      cv.wait_until(lock, due);
+      continue;
+    }
+    lock.unlock();
+    FlushNow().IgnoreError();  // logged once by FlushNow; Flush() callers get it too
+    lock.lock();
+  }
+  lock.unlock();
+  FlushNow().IgnoreError();
+}
+
 int Timeline::Impl::TidLocked(const std::string& tensor) {
   auto it = tids.find(tensor);
   if (it != tids.end()) return it->second;
   const int tid = static_cast<int>(tids.size()) + 1;
   tids.emplace(tensor, tid);
-  scratch += ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":";
-  scratch += std::to_string(rank);
-  scratch += ",\"tid\":";
-  scratch += std::to_string(tid);
-  scratch += ",\"args\":{\"name\":";
-  AppendQuoted(&scratch, tensor);
+  pending += ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":";
+  pending += std::to_string(rank);
+  pending += ",\"tid\":";
+  pending += std::to_string(tid);
+  pending += ",\"args\":{\"name\":";
+  AppendQuoted(&pending, tensor);
   // Tracks are listed in the order tensors first appeared.
-  scratch += "}},\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":";
-  scratch += std::to_string(rank);
-  scratch += ",\"tid\":";
-  scratch += std::to_string(tid);
-  scratch += ",\"args\":{\"sort_index\":";
-  scratch += std::to_string(tid);
-  scratch += "}}";
+  pending += "}},\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":";
+  pending += std::to_string(rank);
+  pending += ",\"tid\":";
+  pending += std::to_string(tid);
+  pending += ",\"args\":{\"sort_index\":";
+  pending += std::to_string(tid);
+  pending += "}}";
   return tid;
 }
 
 void Timeline::Impl::Event(char phase, const std::string& tensor, const std::string& name,
                            const std::string& args_json) {
+  if (failed.load(std::memory_order_relaxed)) return;
   // A malformed args text would make the whole file unparsable, so it is kept as a string instead.
   const size_t first = args_json.find_first_not_of(" \t\r\n");
   const bool args_is_object =
       first != std::string::npos && args_json[first] == '{' && nlohmann::json::accept(args_json);
-  std::lock_guard<std::mutex> lock(mu);
-  if (failed) return;
-  scratch.clear();
-  const int tid = TidLocked(tensor);
-  scratch += ",\n{\"name\":";
-  AppendQuoted(&scratch, name);
-  scratch += ",\"ph\":\"";
-  scratch += phase;
-  scratch += "\",\"ts\":";
-  scratch += std::to_string(Now());
-  scratch += ",\"pid\":";
-  scratch += std::to_string(rank);
-  scratch += ",\"tid\":";
-  scratch += std::to_string(tid);
-  if (phase == 'i') scratch += ",\"s\":\"t\"";
-  if (args_is_object) {
-    scratch += ",\"args\":";
-    scratch += args_json;
-  } else if (!args_json.empty()) {
-    scratch += ",\"args\":{\"unparsed\":";
-    AppendQuoted(&scratch, args_json);
-    scratch += '}';
+  bool wake = false;
+  bool write_here = false;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    // Taken under the lock so that the file is in timestamp order.
+    const auto now = std::chrono::steady_clock::now();
+    const size_t before = pending.size();
+    if (before == 0) first_pending = now;
+    const int tid = TidLocked(tensor);
+    pending += ",\n{\"name\":";
+    AppendQuoted(&pending, name);
+    pending += ",\"ph\":\"";
+    pending += phase;
+    pending += "\",\"ts\":";
+    pending += std::to_string(MicrosSinceStart(now));
+    pending += ",\"pid\":";
+    pending += std::to_string(rank);
+    pending += ",\"tid\":";
+    pending += std::to_string(tid);
+    if (phase == 'i') pending += ",\"s\":\"t\"";
+    if (args_is_object) {
+      pending += ",\"args\":";
+      pending += args_json;
+    } else if (!args_json.empty()) {
+      pending += ",\"args\":{\"unparsed\":";
+      AppendQuoted(&pending, args_json);
+      pending += '}';
+    }
+    pending += '}';
+    pending_ends.push_back(pending.size());
+    // The flusher sleeps until the first event's deadline, so it needs waking only to start a
+    // batch or to cut one short.
+    wake = before == 0 || (before < kFlushBytes && pending.size() >= kFlushBytes);
+    write_here = pending.size() >= kMaxPendingBytes;
   }
-  scratch += '}';
-  const Status s = AppendScratchLocked();
-  if (!s.ok()) KOLO_LOG(kWarning, "{}; no further events are recorded", s.message());
+  if (wake) cv.notify_one();
+  // The flusher is behind (a slow disk): the producers pay for the writes rather than memory.
+  if (write_here) FlushNow().IgnoreError();
 }
 
 StatusOr<std::unique_ptr<Timeline>> Timeline::Open(const std::string& path, int rank) {
@@ -261,7 +366,7 @@ StatusOr<std::unique_ptr<Timeline>> Timeline::Open(const std::string& path, int 
   impl->fd = fd;
   impl->start = std::chrono::steady_clock::now();
   // The header ends in the first element, so every later event starts with a comma.
-  std::string& s = impl->scratch;
+  std::string& s = impl->writing;
   s = "{\"traceEvents\":[\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":";
   s += std::to_string(rank);
   s += ",\"tid\":0,\"args\":{\"name\":\"rank ";
@@ -273,7 +378,7 @@ StatusOr<std::unique_ptr<Timeline>> Timeline::Open(const std::string& path, int 
   s += "}}";
   impl->tail_offset = static_cast<int64_t>(s.size());
   s += kTail;
-  // The first reserve goes out with the header, in the same large write (see AppendScratchLocked).
+  // The first reserve goes out with the header, in the same large write (see AppendPieceLocked).
   s.resize(static_cast<size_t>(std::max<int64_t>(kReserveBytes, static_cast<int64_t>(s.size()))),
            ' ');
   if (const int err = impl->WriteAll(s, 0); err != 0) {
@@ -281,15 +386,28 @@ StatusOr<std::unique_ptr<Timeline>> Timeline::Open(const std::string& path, int 
     return ErrnoStatus(StatusCode::kInternal, "write timeline file '" + path + "'", err);
   }
   impl->reserved_end = static_cast<int64_t>(s.size());
+  s.clear();
+  Impl* raw = impl.get();
+  try {
+    impl->flusher = std::thread([raw] { raw->FlusherLoop(); });
+  } catch (const std::system_error& e) {
+    ::close(fd);
+    return Internal("timeline '{}': cannot start its writer thread: {}", path, e.what());
+  }
   return std::unique_ptr<Timeline>(new Timeline(std::move(impl)));
 }
 
 Timeline::Timeline(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Timeline::~Timeline() {
-  if (!impl_ || impl_->fd < 0) return;
-  // Every event is already in the file; only the reserve of spaces is dropped. If that fails the
-  // file still parses, so there is nothing to report.
+  if (!impl_) return;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_one();
+  impl_->flusher.join();  // it writes what is pending before it returns
+  // Only the reserve of spaces is left to drop. If that fails the file still parses.
   (void)!::ftruncate(impl_->fd, static_cast<off_t>(impl_->tail_offset + kTail.size()));
   ::close(impl_->fd);
 }
@@ -308,7 +426,11 @@ void Timeline::Instant(const std::string& tensor, const std::string& name,
   impl_->Event('i', tensor, name, args_json);
 }
 
-int64_t Timeline::NowMicros() const { return impl_->Now(); }
+Status Timeline::Flush() { return impl_->FlushNow(); }
+
+int64_t Timeline::NowMicros() const {
+  return impl_->MicrosSinceStart(std::chrono::steady_clock::now());
+}
 
 const std::string& Timeline::path() const { return impl_->path; }
 

@@ -3,12 +3,14 @@
 //
 // One file per rank (see Options::timeline_path). Events carry pid = rank and one tid per tensor,
 // named by a thread_name metadata event, so per-rank files can be merged by concatenating their
-// event arrays. The file is valid JSON after every event: each append overwrites the closing
-// bracket, so a process that dies mid-run leaves a file that parses.
+// event arrays. The file is valid JSON at every moment: events are buffered and appended in
+// batches (at most 2 ms after they are recorded, on Flush() and on destruction), each append
+// overwriting the closing bracket, so a process that dies mid-run leaves a file that parses and
+// holds every event flushed before it died.
 //
 // Thread-safe: the trainer's threads (QUEUE begins at submission) and the background thread write
-// concurrently. Events are formatted and written under one mutex; a timeline that is not open
-// costs one branch per call.
+// concurrently. Events are formatted into the buffer under one mutex; a writer thread owned by the
+// Timeline does the file I/O. A timeline that is not open costs one branch per call.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,7 @@ class Timeline {
  public:
   // Creates (truncates) `path` and writes the trace header.
   static StatusOr<std::unique_ptr<Timeline>> Open(const std::string& path, int rank);
+  // Writes what is buffered and closes the file.
   ~Timeline();
 
   // Starts / ends activity `name` (e.g. "NEGOTIATE", "MEMCPY_IN_FUSION_BUFFER") on the track of
@@ -33,6 +36,10 @@ class Timeline {
   // A zero-duration marker on the track of `tensor`.
   void Instant(const std::string& tensor, const std::string& name,
                const std::string& args_json = "");
+
+  // Writes every event recorded before the call to the file. Returns the first write error
+  // (after which events are dropped; the file keeps what it had), or OK.
+  Status Flush();
 
   // Microseconds since the timeline was opened (the events' clock).
   int64_t NowMicros() const;

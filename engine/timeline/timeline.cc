@@ -193,7 +193,7 @@ int Timeline::Impl::WriteAll(const std::string& data, int64_t offset) const {
 // each end before the next kPieceBytes boundary: only the piece that has to pass a boundary does,
 // with just the old tail (and at most one event) before it.
 Status Timeline::Impl::AppendBatchLocked() {
-  const int64_t tail_size = static_cast<int64_t>(kTail.size());
+  const auto tail_size = static_cast<int64_t>(kTail.size());
   size_t pos = 0;
   size_t next = 0;  // index into writing_ends of the first event not yet written
   while (next < writing_ends.size()) {
@@ -214,7 +214,7 @@ Status Timeline::Impl::AppendBatchLocked() {
 
 Status Timeline::Impl::AppendPieceLocked() {
   piece.append(kTail);
-  const int64_t tail_size = static_cast<int64_t>(kTail.size());
+  const auto tail_size = static_cast<int64_t>(kTail.size());
   const int64_t end = tail_offset + static_cast<int64_t>(piece.size());
   int err = 0;
   if (end > reserved_end) {

@@ -3,12 +3,12 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
-#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -276,6 +276,7 @@ TEST_F(TimelineTest, ConcurrentWriters) {
   constexpr int kThreads = 8;
   constexpr int kIters = 400;
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int w = 0; w < kThreads; ++w) {
     threads.emplace_back([t, w] {
       const std::string tensor = "grad/" + std::to_string(w);

@@ -162,14 +162,21 @@ Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
   return control->Barrier();
 }
 
+// Configuration errors are the same on every rank, but every rank reports its own: a launcher
+// stops the others when the first one exits, possibly before rank 0 has printed anything.
+void ConfigError(const StatusOr<Options>& env_options, const Status& s) {
+  const int size = env_options.ok() ? env_options->size : 1;
+  const std::string who = size > 1 ? fmt::format(" (rank {})", env_options->rank) : "";
+  std::fprintf(stderr, "kolo-allreduce-bench%s: %s\n", who.c_str(), s.ToString().c_str());
+  std::fflush(stderr);
+}
+
 int Main(int argc, char** argv) {
   auto env_options = OptionsFromEnvironment();
-  // Configuration errors are the same on every rank: only rank 0 reports them.
   const bool rank0 = !env_options.ok() || env_options->rank == 0;
   auto parsed = ParseBenchFlags(argc, argv);
   if (!parsed.ok()) {
-    if (rank0)
-      std::fprintf(stderr, "kolo-allreduce-bench: %s\n", parsed.status().ToString().c_str());
+    ConfigError(env_options, parsed.status());
     return kExitBadConfig;
   }
   if (parsed->help) {
@@ -177,14 +184,13 @@ int Main(int argc, char** argv) {
     return 0;
   }
   if (!env_options.ok()) {
-    std::fprintf(stderr, "kolo-allreduce-bench: environment: %s\n",
-                 env_options.status().ToString().c_str());
+    ConfigError(env_options, env_options.status().WithContext("environment"));
     return kExitBadConfig;
   }
   Options options = *env_options;
   Status s = Configure(parsed->config, &options);
   if (!s.ok()) {
-    if (rank0) std::fprintf(stderr, "kolo-allreduce-bench: %s\n", s.ToString().c_str());
+    ConfigError(env_options, s);
     return kExitBadConfig;
   }
   int wrong_rows = 0;

@@ -112,7 +112,8 @@ class Engine {
     int64_t cache_hits = 0;       // tensors agreed through the response cache
     int64_t collectives = 0;      // backend calls (one per fused buffer)
     int64_t tensors = 0;          // completed operations
-    int64_t fused_bytes = 0;      // bytes through the fusion buffer
+    int64_t fused_bytes = 0;      // bytes of tensors reduced in fused groups
+    int64_t packed_bytes = 0;     // of those, bytes copied through the fusion buffer
     double coordination_us = 0;   // time spent negotiating (bit-vector or coordinator)
   };
   Stats stats() const;

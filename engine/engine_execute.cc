@@ -2,6 +2,7 @@
 // the timeline events of each phase.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 
@@ -19,7 +20,85 @@ std::string UpperName(const char* s) {
   return out;
 }
 
+// Tensors at least this large join a fusion group where they are (zero-copy) when the backend
+// reduces scattered buffers in one collective; smaller ones are packed. Copying a tensor in and
+// out costs about as much as the two extra messages a separate piece costs near this size.
+constexpr size_t kInPlaceMinBytes = 128 << 10;
+
 }  // namespace
+
+Status Engine::Impl::RunFused(const std::vector<Response>& responses, const fusion::Group& group,
+                              backends::Backend& backend, const std::string& op_name,
+                              double scale) {
+  const DataType dtype = responses[group.members[0]].request.dtype;
+  const bool scattered = backend.SupportsScattered();
+  std::vector<fusion::CopyEntry> packed;  // small tensors: into the fusion buffer and back
+  std::vector<TensorEntry*> in_place;     // large tensors: reduced where they are
+  std::vector<bool> is_in_place;          // by group member
+  size_t packed_bytes = 0;
+  for (size_t i : group.members) {
+    TensorEntry& e = PendingEntry(responses[i].request.name);
+    const size_t n = responses[i].bytes();
+    is_in_place.push_back(scattered && n >= kInPlaceMinBytes);
+    if (is_in_place.back()) {
+      if (e.in != e.out) std::memmove(e.out, e.in, n);
+      in_place.push_back(&e);
+    } else {
+      packed.push_back({e.in, nullptr, n});
+      packed_bytes += n;
+    }
+  }
+  KOLO_RETURN_IF_ERROR(fusion_buffer.Reserve(packed_bytes));
+  std::vector<backends::HostBuffer> pieces;
+  size_t offset = 0;
+  for (auto& c : packed) {
+    c.dst = fusion_buffer.data() + offset;
+    offset += c.bytes;
+  }
+  if (packed_bytes > 0) pieces.push_back({fusion_buffer.data(), packed_bytes});
+  for (TensorEntry* e : in_place) {
+    pieces.push_back({e->out, static_cast<size_t>(NumElements(e->request.shape)) *
+                                  DataTypeSize(dtype)});
+  }
+
+  for (const auto& n : group_names) TimelineBegin(n, "MEMCPY_IN_FUSION_BUFFER");
+  fusion::PackEntries(packed.data(), packed.size());
+  for (const auto& n : group_names) TimelineEnd(n, "MEMCPY_IN_FUSION_BUFFER");
+
+  for (const auto& n : group_names) TimelineBegin(n, op_name);
+  Status status = pieces.size() == 1
+                      ? backend.Allreduce(pieces[0].data, pieces[0].bytes / DataTypeSize(dtype),
+                                          dtype)
+                      : backend.AllreduceScattered(pieces, dtype);
+  for (const auto& n : group_names) TimelineEnd(n, op_name);
+  KOLO_RETURN_IF_ERROR(status);
+
+  // Back out of the fusion buffer, scaling on the way for an average.
+  size_t k = 0;
+  offset = 0;
+  for (size_t m = 0; m < group.members.size(); ++m) {
+    if (is_in_place[m]) continue;
+    TensorEntry& e = PendingEntry(responses[group.members[m]].request.name);
+    packed[k] = {fusion_buffer.data() + offset, e.out, packed[k].bytes};
+    offset += packed[k].bytes;
+    ++k;
+  }
+  for (const auto& n : group_names) TimelineBegin(n, "MEMCPY_OUT_FUSION_BUFFER");
+  fusion::UnpackEntries(packed.data(), packed.size(), dtype, scale);
+  if (scale != 1.0) {
+    for (TensorEntry* e : in_place) {
+      collectives::Scale(dtype, e->out, static_cast<size_t>(NumElements(e->request.shape)),
+                         scale);
+    }
+  }
+  for (const auto& n : group_names) TimelineEnd(n, "MEMCPY_OUT_FUSION_BUFFER");
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stats.fused_bytes += static_cast<int64_t>(group.bytes);
+    stats.packed_bytes += static_cast<int64_t>(packed_bytes);
+  }
+  return Status::OK();
+}
 
 Status Engine::Impl::ExecuteAllreduce(const std::vector<Response>& responses,
                                       const fusion::Group& group) {
@@ -52,35 +131,7 @@ Status Engine::Impl::ExecuteAllreduce(const std::vector<Response>& responses,
 
   Status status;
   if (fused) {
-    KOLO_RETURN_IF_ERROR(fusion_buffer.Reserve(bytes));
-    std::vector<fusion::CopyEntry> copies;
-    copies.reserve(group.members.size());
-    size_t offset = 0;
-    for (size_t i : group.members) {
-      const TensorEntry& e = PendingEntry(responses[i].request.name);
-      const size_t n = responses[i].bytes();
-      copies.push_back({e.in, fusion_buffer.data() + offset, n});
-      offset += n;
-    }
-    for (const auto& n : group_names) TimelineBegin(n, "MEMCPY_IN_FUSION_BUFFER");
-    fusion::PackEntries(copies.data(), copies.size());
-    for (const auto& n : group_names) TimelineEnd(n, "MEMCPY_IN_FUSION_BUFFER");
-
-    for (const auto& n : group_names) TimelineBegin(n, op_name);
-    status = backend.Allreduce(fusion_buffer.data(), bytes / elem, dtype);
-    for (const auto& n : group_names) TimelineEnd(n, op_name);
-
-    if (status.ok()) {
-      offset = 0;
-      for (size_t k = 0; k < group.members.size(); ++k) {
-        const Response& r = responses[group.members[k]];
-        copies[k] = {fusion_buffer.data() + offset, PendingEntry(r.request.name).out, r.bytes()};
-        offset += r.bytes();
-      }
-      for (const auto& n : group_names) TimelineBegin(n, "MEMCPY_OUT_FUSION_BUFFER");
-      fusion::UnpackEntries(copies.data(), copies.size(), dtype, scale);
-      for (const auto& n : group_names) TimelineEnd(n, "MEMCPY_OUT_FUSION_BUFFER");
-    }
+    status = RunFused(responses, group, backend, op_name, scale);
   } else {
     TensorEntry& e = PendingEntry(first.name);
     if (bytes > 0 && e.in != e.out) std::memmove(e.out, e.in, bytes);
@@ -94,7 +145,6 @@ Status Engine::Impl::ExecuteAllreduce(const std::vector<Response>& responses,
   {
     std::lock_guard<std::mutex> lock(mu);
     ++stats.collectives;
-    if (fused) stats.fused_bytes += static_cast<int64_t>(bytes);
   }
   if (!status.ok()) return status;  // a transport failure is fatal for the job
   for (const auto& n : group_names) Complete(n, Status::OK());

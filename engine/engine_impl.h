@@ -60,6 +60,10 @@ struct Engine::Impl {
   Status Execute(const std::vector<coordinator::Response>& responses);
   Status ExecuteAllreduce(const std::vector<coordinator::Response>& responses,
                           const fusion::Group& group);
+  // A fused group: small tensors packed into the fusion buffer, large ones in place when the
+  // backend reduces scattered buffers, all in one collective.
+  Status RunFused(const std::vector<coordinator::Response>& responses, const fusion::Group& group,
+                  backends::Backend& backend, const std::string& op_name, double scale);
   Status ExecuteBroadcast(const coordinator::Response& response);
   Status ExecuteAllgather(const coordinator::Response& response);
   backends::Backend& BackendFor(const coordinator::Request& request);

@@ -19,6 +19,12 @@
 
 namespace kolo::backends {
 
+// Host memory of one tensor (or of the packed part of a fusion group), a whole number of elements.
+struct HostBuffer {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -29,6 +35,18 @@ class Backend {
 
   // Sum over ranks, in place on buf[0, count).
   virtual Status Allreduce(void* buf, size_t count, DataType dtype) = 0;
+
+  // True if AllreduceScattered reduces all its pieces in one collective (zero-copy fusion: the
+  // engine then leaves large tensors where they are instead of packing them). Default: false.
+  virtual bool SupportsScattered() const { return false; }
+  // Sum over ranks, in place, of the concatenation of `pieces` (all of `dtype`). The default runs
+  // one Allreduce per piece, which is correct but gains nothing over not fusing.
+  virtual Status AllreduceScattered(const std::vector<HostBuffer>& pieces, DataType dtype) {
+    for (const HostBuffer& p : pieces) {
+      KOLO_RETURN_IF_ERROR(Allreduce(p.data, p.bytes / DataTypeSize(dtype), dtype));
+    }
+    return Status::OK();
+  }
   // buf[0, nbytes) from `root` to every rank.
   virtual Status Broadcast(void* buf, size_t nbytes, int root) = 0;
   // Rank r's block sits at the prefix sum of bytes_per_rank; each rank filled its own.

@@ -51,12 +51,26 @@ class Scratch {
   std::unique_ptr<transport::Region> region_;
 };
 
+// A piece of a virtual buffer: bytes [offset, offset + nbytes) of a registered region. A list of
+// extents is read as their concatenation; every extent holds a whole number of elements.
+struct Extent {
+  transport::Region* region = nullptr;
+  size_t offset = 0;
+  size_t nbytes = 0;
+};
+
 // Bandwidth-optimal ring allreduce, sum, in place on buf[offset, offset + count): reduce-scatter
 // then allgather, each segment moved in chunk_bytes pieces so that send, receive and reduce of
 // consecutive pieces overlap. Every rank ends with the elementwise sum over all ranks. Each rank
 // sends and receives 2 (N-1)/N of the buffer.
 Status RingAllreduce(Comm& comm, transport::Region& buf, size_t offset_bytes, size_t count,
                      DataType dtype, Scratch& scratch);
+
+// The same, in place on the concatenation of `extents` (zero-copy Tensor Fusion: each tensor of a
+// fused group reduced where it lives, in one ring pass). Pieces never straddle two extents, so a
+// small extent costs a message of its own.
+Status RingAllreduce(Comm& comm, const std::vector<Extent>& extents, DataType dtype,
+                     Scratch& scratch);
 
 // Moves exactly the bytes RingAllreduce moves, along the same ring, with no reduction: the link
 // ceiling the allreduce's bus bandwidth is read against.

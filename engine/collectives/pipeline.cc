@@ -37,6 +37,29 @@ class PhaseScope {
 
 }  // namespace
 
+ExtentMap::ExtentMap(std::vector<Extent> extents) : extents_(std::move(extents)) {
+  starts_.push_back(0);
+  for (const Extent& e : extents_) starts_.push_back(starts_.back() + e.nbytes);
+}
+
+ExtentMap::ExtentMap(transport::Region& region)
+    : ExtentMap(std::vector<Extent>{{&region, 0, region.size()}}) {}
+
+size_t ExtentMap::Index(size_t offset) const {
+  // The last extent starting at or before `offset` that is not empty.
+  auto it = std::upper_bound(starts_.begin(), starts_.end() - 1, offset);
+  size_t i = static_cast<size_t>(it - starts_.begin()) - 1;
+  while (i + 1 < extents_.size() && starts_[i + 1] <= offset) ++i;
+  return i;
+}
+
+std::pair<transport::Region*, size_t> ExtentMap::Locate(size_t offset) const {
+  const size_t i = Index(offset);
+  return {extents_[i].region, extents_[i].offset + (offset - starts_[i])};
+}
+
+size_t ExtentMap::ExtentEnd(size_t offset) const { return starts_[Index(offset) + 1]; }
+
 std::vector<size_t> EvenSplit(size_t count, int parts) {
   std::vector<size_t> bounds(static_cast<size_t>(parts) + 1, 0);
   const size_t n = static_cast<size_t>(parts);
@@ -51,7 +74,7 @@ void AppendPieces(size_t offset, size_t nbytes, size_t piece_bytes, std::vector<
 }
 
 void LayOutRing(const std::vector<Span>& recv_steps, const std::vector<bool>& scratch_steps,
-                Span own, size_t piece_bytes, RingPlan* plan) {
+                Span own, size_t piece_bytes, RingPlan* plan, const ExtentMap* map) {
   struct Slot {
     size_t key;
     size_t step;
@@ -59,37 +82,47 @@ void LayOutRing(const std::vector<Span>& recv_steps, const std::vector<bool>& sc
     bool operator<(const Slot& o) const { return key != o.key ? key < o.key : step < o.step; }
   };
   const size_t lag = std::max<size_t>(2, kForwardLagBytes / piece_bytes);
-  auto pieces = [&](const Span& s) { return (s.nbytes + piece_bytes - 1) / piece_bytes; };
-  auto order = [&](const std::vector<Span>& steps) {
+  // A span's pieces: every piece_bytes from the start of each extent it covers.
+  auto cut = [&](const Span& s) {
+    std::vector<Span> out;
+    for (size_t at = s.offset, end = s.offset + s.nbytes; at < end;) {
+      const size_t extent_end = map ? std::min(end, map->ExtentEnd(at)) : end;
+      for (; at < extent_end; at += piece_bytes) {
+        out.push_back(Span{at, std::min(piece_bytes, extent_end - at)});
+      }
+      at = extent_end;
+    }
+    return out;
+  };
+  auto order = [&](const std::vector<std::vector<Span>>& steps) {
     std::vector<Slot> slots;
     for (size_t t = 0; t < steps.size(); ++t) {
-      for (size_t c = 0; c < pieces(steps[t]); ++c) slots.push_back(Slot{c + t * lag, t, c});
+      for (size_t c = 0; c < steps[t].size(); ++c) slots.push_back(Slot{c + t * lag, t, c});
     }
     std::sort(slots.begin(), slots.end());
     return slots;
   };
+  std::vector<std::vector<Span>> recv_cuts;
+  for (const Span& s : recv_steps) recv_cuts.push_back(cut(s));
   // index[t][c]: position of piece c of receive step t in the receive stream.
   std::vector<std::vector<int64_t>> index(recv_steps.size());
-  for (size_t t = 0; t < recv_steps.size(); ++t) index[t].resize(pieces(recv_steps[t]));
-  for (const Slot& s : order(recv_steps)) {
-    const Span& span = recv_steps[s.step];
-    const size_t at = s.piece * piece_bytes;
+  for (size_t t = 0; t < recv_steps.size(); ++t) index[t].resize(recv_cuts[t].size());
+  for (const Slot& s : order(recv_cuts)) {
+    const Span& piece = recv_cuts[s.step][s.piece];
     index[s.step][s.piece] = static_cast<int64_t>(plan->recvs.size());
-    plan->recvs.push_back(RecvPiece{span.offset + at, std::min(piece_bytes, span.nbytes - at),
-                                    scratch_steps[s.step]});
+    plan->recvs.push_back(RecvPiece{piece.offset, piece.nbytes, scratch_steps[s.step]});
   }
-  std::vector<Span> send_steps = {own};
-  if (!recv_steps.empty())
-    send_steps.insert(send_steps.end(), recv_steps.begin(), recv_steps.end() - 1);
-  for (const Slot& s : order(send_steps)) {
-    const Span& span = send_steps[s.step];
-    const size_t at = s.piece * piece_bytes;
-    plan->sends.push_back(SendPiece{span.offset + at, std::min(piece_bytes, span.nbytes - at),
+  // Send step t > 0 forwards what receive step t-1 got, cut the same way.
+  std::vector<std::vector<Span>> send_cuts = {cut(own)};
+  if (!recv_cuts.empty()) send_cuts.insert(send_cuts.end(), recv_cuts.begin(), recv_cuts.end() - 1);
+  for (const Slot& s : order(send_cuts)) {
+    const Span& piece = send_cuts[s.step][s.piece];
+    plan->sends.push_back(SendPiece{piece.offset, piece.nbytes,
                                     s.step == 0 ? int64_t{-1} : index[s.step - 1][s.piece]});
   }
 }
 
-Status RunRing(Comm& comm, transport::Region& buf, const RingPlan& plan, OpCode op,
+Status RunRing(Comm& comm, const ExtentMap& buf, const RingPlan& plan, OpCode op,
                uint32_t sequence, DataType dtype, bool reduce, Scratch& scratch,
                const std::string& what) {
   transport::Device& device = *comm.device;
@@ -112,17 +145,21 @@ Status RunRing(Comm& comm, transport::Region& buf, const RingPlan& plan, OpCode 
     while (recvs_posted < num_recvs && recvs_posted - recvs_done < kRecvDepth) {
       const RecvPiece& p = plan.recvs[recvs_posted];
       const uint64_t tag = CollectiveTag(op, sequence, static_cast<uint32_t>(recvs_posted));
-      KOLO_RETURN_IF_ERROR(
-          p.scratch ? left->Recv(*slots, (recvs_posted % kRecvDepth) * slot_bytes, p.nbytes, tag)
-                    : left->Recv(buf, p.offset, p.nbytes, tag));
+      if (p.scratch) {
+        KOLO_RETURN_IF_ERROR(
+            left->Recv(*slots, (recvs_posted % kRecvDepth) * slot_bytes, p.nbytes, tag));
+      } else {
+        auto [region, local] = buf.Locate(p.offset);
+        KOLO_RETURN_IF_ERROR(left->Recv(*region, local, p.nbytes, tag));
+      }
       ++recvs_posted;
     }
     while (sends_posted < num_sends && sends_posted - sends_done < kSendDepth) {
       const SendPiece& p = plan.sends[sends_posted];
       if (p.after >= 0 && static_cast<size_t>(p.after) >= recvs_done) break;
-      KOLO_RETURN_IF_ERROR(
-          right->Send(buf, p.offset, p.nbytes,
-                      CollectiveTag(op, sequence, static_cast<uint32_t>(sends_posted))));
+      auto [region, local] = buf.Locate(p.offset);
+      KOLO_RETURN_IF_ERROR(right->Send(
+          *region, local, p.nbytes, CollectiveTag(op, sequence, static_cast<uint32_t>(sends_posted))));
       ++sends_posted;
     }
     return Status::OK();
@@ -150,7 +187,8 @@ Status RunRing(Comm& comm, transport::Region& buf, const RingPlan& plan, OpCode 
         break;
       }
       if (p.scratch && reduce) {
-        ReduceSum(dtype, buf.data() + p.offset,
+        auto [region, local] = buf.Locate(p.offset);
+        ReduceSum(dtype, region->data() + local,
                   slots->data() + (recvs_done % kRecvDepth) * slot_bytes, p.nbytes / elem);
       }
       if (++recvs_done == plan.split) phase.Switch(plan.second);

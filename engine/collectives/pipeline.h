@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "engine/collectives/collectives.h"
@@ -38,6 +39,26 @@ struct RingPlan {
   size_t split = 0;
 };
 
+// The bytes a ring runs on: extents read as one buffer, addressed by offsets into their
+// concatenation ("virtual" offsets).
+class ExtentMap {
+ public:
+  explicit ExtentMap(std::vector<Extent> extents);
+  // One extent covering all of `region`.
+  explicit ExtentMap(transport::Region& region);
+
+  size_t size() const { return starts_.back(); }
+  // The region and the offset in it of virtual byte `offset`. REQUIRES: offset < size().
+  std::pair<transport::Region*, size_t> Locate(size_t offset) const;
+  // The virtual offset where the extent holding `offset` ends.
+  size_t ExtentEnd(size_t offset) const;
+
+ private:
+  size_t Index(size_t offset) const;
+  std::vector<Extent> extents_;
+  std::vector<size_t> starts_;  // virtual start of each extent, then the total
+};
+
 // Splits [0, count) elements into `parts` near-equal ranges (the first count % parts one longer).
 // Returns the start of each range plus count at the end.
 std::vector<size_t> EvenSplit(size_t count, int parts);
@@ -58,12 +79,14 @@ struct Span {
 // so a piece is forwarded soon after it arrives, while it is still in cache, instead of a whole
 // segment later. Neighbours compute the same order, and every send depends on an earlier message
 // of the left neighbour, so the ring cannot deadlock.
+// Pieces are also cut where an extent of `map` ends (none when map is null), so that no piece
+// straddles two extents.
 void LayOutRing(const std::vector<Span>& recv_steps, const std::vector<bool>& scratch_steps,
-                Span own, size_t piece_bytes, RingPlan* plan);
+                Span own, size_t piece_bytes, RingPlan* plan, const ExtentMap* map = nullptr);
 
 // Runs `plan` on buf. When `reduce` is true, scratch pieces are summed (ReduceSum, `dtype`) into
 // the buffer; otherwise they are received and dropped. `what` names the call in errors.
-Status RunRing(Comm& comm, transport::Region& buf, const RingPlan& plan, OpCode op,
+Status RunRing(Comm& comm, const ExtentMap& buf, const RingPlan& plan, OpCode op,
                uint32_t sequence, DataType dtype, bool reduce, Scratch& scratch,
                const std::string& what);
 

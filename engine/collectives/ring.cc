@@ -25,7 +25,7 @@ Status CheckRange(const transport::Region& buf, size_t offset, size_t nbytes, co
 }
 
 RingPlan AllreducePlan(int rank, int n, size_t offset, size_t count, size_t elem,
-                       size_t chunk_bytes) {
+                       size_t chunk_bytes, const ExtentMap& map) {
   const size_t piece = std::max(elem, chunk_bytes / elem * elem);
   const std::vector<size_t> bounds = EvenSplit(count, n);
   auto segment = [&](int s) {
@@ -44,7 +44,7 @@ RingPlan AllreducePlan(int rank, int n, size_t offset, size_t count, size_t elem
     steps.push_back(segment(scatter ? rank - 1 - t : rank - (t - n + 1)));
     scratch.push_back(scatter);
   }
-  LayOutRing(steps, scratch, segment(rank), piece, &plan);
+  LayOutRing(steps, scratch, segment(rank), piece, &plan, &map);
   // The steps overlap; the reduce-scatter phase ends with its last piece.
   for (size_t i = 0; i < plan.recvs.size(); ++i) {
     if (plan.recvs[i].scratch) plan.split = i + 1;
@@ -52,20 +52,21 @@ RingPlan AllreducePlan(int rank, int n, size_t offset, size_t count, size_t elem
   return plan;
 }
 
-Status Allreduce(Comm& comm, transport::Region& buf, size_t offset_bytes, size_t count,
+// Allreduce (or its exchange-only twin) over the concatenated bytes of `buf`, starting at virtual
+// offset `offset_bytes`.
+Status Allreduce(Comm& comm, const ExtentMap& buf, size_t offset_bytes, size_t count,
                  DataType dtype, Scratch& scratch, bool reduce) {
   KOLO_RETURN_IF_ERROR(CheckComm(comm));
   const uint32_t sequence = comm.sequence++;
   const size_t elem = DataTypeSize(dtype);
   const char* name = reduce ? "ring allreduce" : "ring exchange";
-  if (count > (buf.size() + elem - 1) / elem) {
-    return InvalidArgument("{}: {} {} elements exceed the {}-byte buffer", name, count,
-                           DataTypeName(dtype), buf.size());
+  if (offset_bytes > buf.size() || count > (buf.size() - offset_bytes) / elem) {
+    return InvalidArgument("{}: {} {} elements at byte {} exceed the {}-byte buffer", name, count,
+                           DataTypeName(dtype), offset_bytes, buf.size());
   }
-  KOLO_RETURN_IF_ERROR(CheckRange(buf, offset_bytes, count * elem, name));
   const int n = comm.size();
   if (n == 1 || count == 0) return Status::OK();
-  RingPlan plan = AllreducePlan(comm.rank(), n, offset_bytes, count, elem, comm.chunk_bytes);
+  RingPlan plan = AllreducePlan(comm.rank(), n, offset_bytes, count, elem, comm.chunk_bytes, buf);
   if (!reduce) plan.first = plan.second = Phase::kSendRecv;
   return RunRing(comm, buf, plan, reduce ? OpCode::kAllreduce : OpCode::kExchange, sequence, dtype,
                  reduce, scratch,
@@ -76,12 +77,28 @@ Status Allreduce(Comm& comm, transport::Region& buf, size_t offset_bytes, size_t
 
 Status RingAllreduce(Comm& comm, transport::Region& buf, size_t offset_bytes, size_t count,
                      DataType dtype, Scratch& scratch) {
-  return Allreduce(comm, buf, offset_bytes, count, dtype, scratch, /*reduce=*/true);
+  return Allreduce(comm, ExtentMap(buf), offset_bytes, count, dtype, scratch, /*reduce=*/true);
+}
+
+Status RingAllreduce(Comm& comm, const std::vector<Extent>& extents, DataType dtype,
+                     Scratch& scratch) {
+  const size_t elem = DataTypeSize(dtype);
+  for (const Extent& e : extents) {
+    if (e.region == nullptr || e.offset > e.region->size() ||
+        e.nbytes > e.region->size() - e.offset || e.nbytes % elem != 0) {
+      return InvalidArgument(
+          "ring allreduce: an extent of {} bytes at offset {} is not a whole number of {} "
+          "elements inside its region",
+          e.nbytes, e.offset, DataTypeName(dtype));
+    }
+  }
+  ExtentMap map(extents);
+  return Allreduce(comm, map, 0, map.size() / elem, dtype, scratch, /*reduce=*/true);
 }
 
 Status RingExchangeNoReduce(Comm& comm, transport::Region& buf, size_t offset_bytes, size_t count,
                             DataType dtype, Scratch& scratch) {
-  return Allreduce(comm, buf, offset_bytes, count, dtype, scratch, /*reduce=*/false);
+  return Allreduce(comm, ExtentMap(buf), offset_bytes, count, dtype, scratch, /*reduce=*/false);
 }
 
 Status RingBroadcast(Comm& comm, transport::Region& buf, size_t offset_bytes, size_t nbytes,
@@ -109,7 +126,7 @@ Status RingBroadcast(Comm& comm, transport::Region& buf, size_t offset_bytes, si
         SendPiece{pieces[k].offset, pieces[k].nbytes, position > 0 ? static_cast<int64_t>(k) : -1});
   }
   Scratch unused;
-  return RunRing(comm, buf, plan, OpCode::kBroadcast, sequence, DataType::kUInt8, false, unused,
+  return RunRing(comm, ExtentMap(buf), plan, OpCode::kBroadcast, sequence, DataType::kUInt8, false, unused,
                  fmt::format("ring broadcast of {} bytes from rank {}", nbytes, root));
 }
 
@@ -142,7 +159,7 @@ Status RingAllgatherv(Comm& comm, transport::Region& buf, size_t offset_bytes,
              &plan);
   Scratch unused;
   return RunRing(
-      comm, buf, plan, OpCode::kAllgatherv, sequence, DataType::kUInt8, false, unused,
+      comm, ExtentMap(buf), plan, OpCode::kAllgatherv, sequence, DataType::kUInt8, false, unused,
       fmt::format("ring allgatherv of {} bytes", displ[static_cast<size_t>(n)] - offset_bytes));
 }
 

@@ -427,5 +427,61 @@ TEST(Collectives, AbortingRankFailsTheOthers) {
   }
 }
 
+// Zero-copy fusion: one allreduce over several separately registered buffers, with extents
+// smaller than a piece, larger than a ring segment, empty, and straddling segment boundaries.
+class RingExtents : public ::testing::TestWithParam<int> {};
+
+TEST_P(RingExtents, ReduceTheConcatenationInPlace) {
+  const int n = GetParam();
+  const std::vector<size_t> counts = {3, 0, 70000, 1, 5000, 131072, 17, 0, 40000};
+  Job job(n, /*chunk_bytes=*/16 << 10);
+  ASSERT_TRUE(job.ok());
+  std::vector<std::vector<std::vector<float>>> bufs(static_cast<size_t>(n));
+  ExpectAllOk(job.Run([&](int r) -> Status {
+    auto& mine = bufs[static_cast<size_t>(r)];
+    std::vector<std::unique_ptr<Region>> regions;
+    std::vector<Extent> extents;
+    size_t base = 0;
+    for (size_t c : counts) {
+      // One guard element on each side, outside the extent: it must stay untouched.
+      mine.emplace_back(c + 2, -7.0f);
+      for (size_t i = 0; i < c; ++i) mine.back()[i + 1] = static_cast<float>((base + i) % 97 + r);
+      base += c;
+      KOLO_ASSIGN_OR_RETURN(auto region, job.device(r).Register(mine.back().data(),
+                                                                 (c + 2) * sizeof(float)));
+      extents.push_back({region.get(), sizeof(float), c * sizeof(float)});
+      regions.push_back(std::move(region));
+    }
+    return RingAllreduce(job.comm(r), extents, DataType::kFloat32, job.scratch(r));
+  }));
+  for (int r = 0; r < n; ++r) {
+    size_t base = 0, wrong = 0;
+    for (size_t k = 0; k < counts.size(); ++k) {
+      const auto& b = bufs[static_cast<size_t>(r)][k];
+      EXPECT_EQ(b.front(), -7.0f);
+      EXPECT_EQ(b.back(), -7.0f);
+      for (size_t i = 0; i < counts[k]; ++i) {
+        const float want = static_cast<float>(n * ((base + i) % 97) + n * (n - 1) / 2);
+        wrong += b[i + 1] != want;
+      }
+      base += counts[k];
+    }
+    EXPECT_EQ(wrong, 0u) << "rank " << r;
+  }
+}
+
+TEST(RingExtentsErrors, MisalignedExtentIsRejected) {
+  Job job(1);
+  ASSERT_TRUE(job.ok());
+  std::vector<float> buf(8);
+  auto region = job.device(0).Register(buf.data(), sizeof(float) * buf.size());
+  ASSERT_TRUE(region.ok());
+  Status s = RingAllreduce(job.comm(0), {{region->get(), 0, 6}}, DataType::kFloat32,
+                           job.scratch(0));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, RingExtents, ::testing::Values(1, 2, 3, 4, 5));
+
 }  // namespace
 }  // namespace kolo::collectives

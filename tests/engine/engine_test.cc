@@ -151,6 +151,38 @@ TEST(Engine, FusionWithMixedDtypesFusesAndStaysCorrect) {
   });
 }
 
+TEST(Engine, FusionKeepsLargeTensorsInPlaceAndPacksSmallOnes) {
+  RunRanks(3, [](int rank, Engine& engine) {
+    // Large (>= 128 KiB, reduced where they are) and small (packed) tensors in one group, out of
+    // place and in place, averaged.
+    const std::vector<size_t> counts = {100000, 10, 65536, 3, 40000, 250000, 1};
+    std::vector<std::vector<double>> in(counts.size()), out(counts.size());
+    std::vector<Handle> hs;
+    for (size_t k = 0; k < counts.size(); ++k) {
+      in[k].resize(counts[k]);
+      for (size_t i = 0; i < counts[k]; ++i) in[k][i] = static_cast<double>(rank * 3 + i % 11);
+      out[k].assign(counts[k], -1);
+      const bool in_place = k % 2 == 0;
+      if (in_place) out[k] = in[k];
+      hs.push_back(*engine.AllreduceAsync(fmt::format("m{}", k), in_place ? out[k].data() : in[k].data(),
+                                          out[k].data(), DataType::kFloat64,
+                                          {static_cast<int64_t>(counts[k])}, ReduceOp::kAverage));
+    }
+    for (auto h : hs) ASSERT_TRUE(engine.Wait(h).ok());
+    for (size_t k = 0; k < counts.size(); ++k) {
+      for (size_t i = 0; i < counts[k]; ++i) {
+        ASSERT_EQ(out[k][i], 3.0 + i % 11) << k << " " << i;
+      }
+      if (k % 2 == 1 && counts[k] > 0) {
+        EXPECT_EQ(in[k][0], rank * 3.0) << "input changed";
+      }
+    }
+    const auto s = engine.stats();
+    EXPECT_GT(s.fused_bytes, s.packed_bytes) << "large tensors should not be copied";
+    EXPECT_GT(s.packed_bytes, 0) << "small tensors should be packed";
+  });
+}
+
 TEST(Engine, FusionThresholdZeroRunsEachTensorAlone) {
   RunRanks(
       2, [](int r) { auto o = RankOptions(r, 2); o.fusion_threshold_bytes = 0; return o; },

@@ -16,6 +16,19 @@ class RingBackend final : public Backend {
     KOLO_ASSIGN_OR_RETURN(auto region, Register(buf, bytes));
     return collectives::RingAllreduce(*comm_, *region, 0, count, dtype, scratch_);
   }
+  bool SupportsScattered() const override { return true; }
+  Status AllreduceScattered(const std::vector<HostBuffer>& pieces, DataType dtype) override {
+    std::vector<std::unique_ptr<transport::Region>> regions;
+    std::vector<collectives::Extent> extents;
+    for (const HostBuffer& p : pieces) {
+      if (p.bytes == 0) continue;
+      KOLO_ASSIGN_OR_RETURN(auto region, Register(p.data, p.bytes));
+      extents.push_back({region.get(), 0, p.bytes});
+      regions.push_back(std::move(region));
+    }
+    return collectives::RingAllreduce(*comm_, extents, dtype, scratch_);
+  }
+
   Status Broadcast(void* buf, size_t nbytes, int root) override {
     KOLO_ASSIGN_OR_RETURN(auto region, Register(buf, nbytes));
     return collectives::RingBroadcast(*comm_, *region, 0, nbytes, root);

@@ -114,7 +114,9 @@ class Engine {
     int64_t tensors = 0;          // completed operations
     int64_t fused_bytes = 0;      // bytes of tensors reduced in fused groups
     int64_t packed_bytes = 0;     // of those, bytes copied through the fusion buffer
-    double coordination_us = 0;   // time spent negotiating (bit-vector or coordinator)
+    // Time spent agreeing (bit-vector exchange and coordinator rounds) in cycles that released
+    // work; includes waiting inside the exchange for ranks that arrive later.
+    double coordination_us = 0;
   };
   Stats stats() const;
 

@@ -214,7 +214,8 @@ Status Engine::Impl::Negotiate(std::vector<Response>* responses, bool* stop) {
   std::lock_guard<std::mutex> lock(mu);
   stats.cache_hits += hits;
   stats.negotiations += rounds;
-  stats.coordination_us += us;
+  // Idle cycles (nothing agreed) cost no step anything; only cycles that release work count.
+  if (!responses->empty()) stats.coordination_us += us;
   return Status::OK();
 }
 

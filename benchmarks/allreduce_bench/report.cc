@@ -145,19 +145,20 @@ std::string FormatStepColumns(const TensorSet& set, DataType dtype) {
                               set.tensors.size(), set.total_elements(),
                               set.total_elements() * static_cast<int64_t>(DataTypeSize(dtype)),
                               DataTypeName(dtype));
-  s += fmt::format("#{:>7} {:>6} {:>13} {:>11} {:>11} {:>7} {:>12} {:>9} {:>9} {:>8} {:>9} {:>7}\n",
-                   "backend", "fusion", "threshold(B)", "step(us)", "single(us)", "ratio",
-                   "busbw(GB/s)", "negot/st", "hits/st", "coll/st", "coord_us", "#wrong");
+  s += fmt::format(
+      "#{:>7} {:>6} {:>13} {:>11} {:>11} {:>7} {:>12} {:>9} {:>9} {:>8} {:>9} {:>9} {:>7}\n",
+      "backend", "fusion", "threshold(B)", "step(us)", "single(us)", "ratio", "busbw(GB/s)",
+      "negot/st", "hits/st", "coll/st", "coord_us", "coord_max", "#wrong");
   return s;
 }
 
 std::string FormatStepRow(const StepRow& r) {
   return fmt::format(
       " {:>7} {:>6} {:>13} {:>11.1f} {:>11.1f} {:>7.3f} {:>12.3f} {:>9.2f} {:>9.1f} "
-      "{:>8.2f} {:>9.1f} {:>7}\n",
+      "{:>8.2f} {:>9.1f} {:>9.1f} {:>7}\n",
       r.backend, r.fusion ? "on" : "off", r.fusion_threshold_bytes, r.step.median_us,
       r.single.median_us, r.ratio, r.step_busbw_gbs, r.negotiations, r.cache_hits, r.collectives,
-      r.coordination_us, r.checked ? fmt::format("{}", r.wrong) : std::string("n/a"));
+      r.coordination_us, r.coordination_max_us, r.checked ? fmt::format("{}", r.wrong) : std::string("n/a"));
 }
 
 std::string FormatStepGoal(const TensorSet& set, const std::vector<StepRow>& rows) {
@@ -254,7 +255,8 @@ nlohmann::json ToJson(const RunInfo& info, const std::vector<SweepRow>& sweep,
             {{"negotiations", r.negotiations},
              {"cache_hits", r.cache_hits},
              {"collectives", r.collectives},
-             {"coordination_us", r.coordination_us}}},
+             {"coordination_us", r.coordination_us},
+             {"coordination_max_us", r.coordination_max_us}}},
            {"checked", r.checked},
            {"wrong", r.checked ? nlohmann::json(r.wrong) : nlohmann::json(nullptr)},
            {"max_error", r.checked ? nlohmann::json(r.max_error) : nlohmann::json(nullptr)}});

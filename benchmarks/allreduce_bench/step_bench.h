@@ -30,11 +30,14 @@ struct StepRow {
   TimeSummary single;         // one allreduce of `bytes`
   double ratio = 0;           // step.median / single.median
   double step_busbw_gbs = 0;  // bus bandwidth of the step
-  // Engine statistics per timed step (rank 0's engine).
+  // Engine statistics per timed step (rank 0's engine, but for coordination).
   double negotiations = 0;
   double cache_hits = 0;
   double collectives = 0;
+  // Time agreeing per step: the least over ranks (the protocol's own cost, paid by the rank that
+  // arrives last at each exchange) and the most (adds waiting for that rank).
   double coordination_us = 0;
+  double coordination_max_us = 0;
   bool checked = false;
   int64_t wrong = 0;  // over the last step and the last single allreduce, all ranks
   double max_error = 0;

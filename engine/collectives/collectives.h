@@ -89,7 +89,8 @@ Status RingAllgatherv(Comm& comm, transport::Region& buf, size_t offset_bytes,
 
 // Small allreduce for coordination: `and_words` words combined with AND followed by `or_words`
 // words combined with OR, in place on buf (registered, at least (and_words + or_words) * 8 bytes).
-// Latency-optimised (binomial tree, 2 log2 N message steps).
+// Latency-optimised (recursive doubling: log2 N rounds, plus two for a rank count that is not a
+// power of two).
 Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, size_t or_words,
                         Scratch& scratch);
 

@@ -213,36 +213,43 @@ Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, si
   if (n == 1 || bytes == 0) return Status::OK();
   KOLO_ASSIGN_OR_RETURN(Region * incoming, scratch.Get(*comm.device, bytes));
   auto* words = reinterpret_cast<uint64_t*>(buf.data());
-  const uint64_t up_tag = CollectiveTag(OpCode::kBitwise, sequence, 0);
-  const uint64_t down_tag = CollectiveTag(OpCode::kBitwise, sequence, 1);
-  // Binomial tree rooted at rank 0: combine up, then send the result back down.
-  int mask = 1;
-  for (; mask < n; mask <<= 1) {
-    if (rank & mask) {
-      KOLO_RETURN_IF_ERROR(comm.device->pair(rank - mask).Send(buf, 0, bytes, up_tag));
-      KOLO_RETURN_IF_ERROR(Await(comm, 1, "bitwise allreduce (up)"));
-      break;
-    }
-    if (rank + mask < n) {
-      KOLO_RETURN_IF_ERROR(comm.device->pair(rank + mask).Recv(*incoming, 0, bytes, up_tag));
-      KOLO_RETURN_IF_ERROR(Await(comm, 1, "bitwise allreduce (up)", bytes));
-      const auto* theirs = reinterpret_cast<const uint64_t*>(incoming->data());
-      BitAnd(words, theirs, and_words);
-      BitOr(words + and_words, theirs + and_words, or_words);
-    }
+  const auto* theirs = reinterpret_cast<const uint64_t*>(incoming->data());
+  auto combine = [&] {
+    BitAnd(words, theirs, and_words);
+    BitOr(words + and_words, theirs + and_words, or_words);
+  };
+  // Recursive doubling: log2(p) rounds in which partners swap and combine at once, half the
+  // sequential hops of a tree, because this exchange runs every cycle. Ranks beyond the largest
+  // power of two p fold their bits into rank - p first and get the result back at the end.
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  const uint64_t fold_tag = CollectiveTag(OpCode::kBitwise, sequence, 0);
+  const uint64_t unfold_tag = CollectiveTag(OpCode::kBitwise, sequence, 1);
+  if (rank >= p) {
+    KOLO_RETURN_IF_ERROR(comm.device->pair(rank - p).Send(buf, 0, bytes, fold_tag));
+    KOLO_RETURN_IF_ERROR(comm.device->pair(rank - p).Recv(buf, 0, bytes, unfold_tag));
+    // The receive only completes after the send (the peer answers it), so buf is not reused early.
+    return Await(comm, 2, "bitwise allreduce (fold)", bytes);
   }
-  if (rank != 0) {
-    KOLO_RETURN_IF_ERROR(comm.device->pair(rank - mask).Recv(buf, 0, bytes, down_tag));
-    KOLO_RETURN_IF_ERROR(Await(comm, 1, "bitwise allreduce (down)", bytes));
+  if (rank + p < n) {
+    KOLO_RETURN_IF_ERROR(comm.device->pair(rank + p).Recv(*incoming, 0, bytes, fold_tag));
+    KOLO_RETURN_IF_ERROR(Await(comm, 1, "bitwise allreduce (fold)", bytes));
+    combine();
   }
-  size_t sends = 0;
-  for (int child = mask >> 1; child >= 1; child >>= 1) {
-    if (rank + child < n) {
-      KOLO_RETURN_IF_ERROR(comm.device->pair(rank + child).Send(buf, 0, bytes, down_tag));
-      ++sends;
-    }
+  for (int mask = 1; mask < p; mask <<= 1) {
+    const int partner = rank ^ mask;
+    const uint64_t tag = CollectiveTag(OpCode::kBitwise, sequence, 2 + static_cast<uint32_t>(mask));
+    KOLO_RETURN_IF_ERROR(comm.device->pair(partner).Recv(*incoming, 0, bytes, tag));
+    KOLO_RETURN_IF_ERROR(comm.device->pair(partner).Send(buf, 0, bytes, tag));
+    // Both must finish before combining: the send reads buf.
+    KOLO_RETURN_IF_ERROR(Await(comm, 2, "bitwise allreduce", bytes));
+    combine();
   }
-  return Await(comm, sends, "bitwise allreduce (down)");
+  if (rank + p < n) {
+    KOLO_RETURN_IF_ERROR(comm.device->pair(rank + p).Send(buf, 0, bytes, unfold_tag));
+    return Await(comm, 1, "bitwise allreduce (unfold)");
+  }
+  return Status::OK();
 }
 
 }  // namespace kolo::collectives

@@ -20,22 +20,22 @@ std::string AgreementKey(const Options& o) {
 
 Status CheckAgreement(collectives::Comm& comm, const Options& o) {
   const std::string mine = AgreementKey(o);
-  KOLO_ASSIGN_OR_RETURN(auto all,
-                        collectives::GatherMessages(comm, 0, {mine.begin(), mine.end()}));
+  KOLO_ASSIGN_OR_RETURN(auto all, collectives::GatherMessages(comm, 0, {mine.begin(), mine.end()}));
   std::string verdict;
   if (comm.rank() == 0) {
     for (size_t r = 1; r < all.size(); ++r) {
       const std::string theirs(all[r].begin(), all[r].end());
       if (theirs != mine) {
-        verdict = fmt::format("ranks disagree on settings that must match: rank 0 has '{}', rank "
-                              "{} has '{}'",
-                              mine, r, theirs);
+        verdict = fmt::format(
+            "ranks disagree on settings that must match: rank 0 has '{}', rank "
+            "{} has '{}'",
+            mine, r, theirs);
         break;
       }
     }
   }
-  KOLO_ASSIGN_OR_RETURN(auto answer, collectives::BroadcastMessage(
-                                         comm, 0, {verdict.begin(), verdict.end()}));
+  KOLO_ASSIGN_OR_RETURN(auto answer,
+                        collectives::BroadcastMessage(comm, 0, {verdict.begin(), verdict.end()}));
   if (!answer.empty()) return InvalidArgument("{}", std::string(answer.begin(), answer.end()));
   return Status::OK();
 }
@@ -48,8 +48,7 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Engine::~Engine() { Shutdown().IgnoreError(); }
 
-StatusOr<std::unique_ptr<Engine>> Engine::Create(const Options& options,
-                                                  bootstrap::Store* store) {
+StatusOr<std::unique_ptr<Engine>> Engine::Create(const Options& options, bootstrap::Store* store) {
   KOLO_RETURN_IF_ERROR(options.Validate());
   SetLogLevel(options.log_level);
   if (options.size > 1) SetLogRank(options.rank);
@@ -64,7 +63,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Options& options,
   tcp.secret = e.rendezvous.secret;
   tcp.busy_poll = options.busy_poll;
   auto device = transport::tcp::Connect(tcp, *e.rendezvous.store, options.rank, options.size);
-  if (!device.ok()) return device.status().WithContext(fmt::format("rank {}: connecting to peers", options.rank));
+  if (!device.ok())
+    return device.status().WithContext(fmt::format("rank {}: connecting to peers", options.rank));
   e.device = std::move(device).value();
   e.comm.device = e.device.get();
   e.comm.chunk_bytes = static_cast<size_t>(options.ring_chunk_bytes);
@@ -80,10 +80,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Options& options,
   e.backends.push_back(backends::MakeRingBackend(&e.comm));
 
   if (!options.timeline_path.empty()) {
-    KOLO_ASSIGN_OR_RETURN(e.timeline,
-                          timeline::Timeline::Open(
-                              timeline::TimelinePathForRank(options.timeline_path, options.rank),
-                              options.rank));
+    KOLO_ASSIGN_OR_RETURN(
+        e.timeline,
+        timeline::Timeline::Open(timeline::TimelinePathForRank(options.timeline_path, options.rank),
+                                 options.rank));
   }
   if (options.rank == 0) e.table.emplace(options.size);
   e.bits.assign(2 * e.cache.words() + 1, 0);
@@ -120,9 +120,10 @@ StatusOr<Handle> Engine::Impl::Submit(TensorEntry entry) {
     return FailedPrecondition("{} '{}': the engine has shut down", type, name);
   }
   if (!in_flight.insert(name).second) {
-    return InvalidArgument("{} '{}': a collective with this name is already in flight on rank {}; "
-                           "wait for it before submitting the name again",
-                           type, name, options.rank);
+    return InvalidArgument(
+        "{} '{}': a collective with this name is already in flight on rank {}; "
+        "wait for it before submitting the name again",
+        type, name, options.rank);
   }
   entry.handle.id = next_handle++;
   handles.emplace(entry.handle.id, HandleState{});
@@ -161,9 +162,10 @@ StatusOr<Handle> Engine::BroadcastAsync(const std::string& name, void* data, Dat
 StatusOr<Handle> Engine::AllgatherAsync(const std::string& name, const void* in, DataType dtype,
                                         const Shape& shape) {
   if (shape.empty()) {
-    return InvalidArgument("allgather '{}': a scalar has no first dimension to gather along; "
-                           "pass shape [1]",
-                           name);
+    return InvalidArgument(
+        "allgather '{}': a scalar has no first dimension to gather along; "
+        "pass shape [1]",
+        name);
   }
   TensorEntry e;
   e.request = {name, CollectiveType::kAllgather, dtype, 0, 0, shape};

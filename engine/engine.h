@@ -9,7 +9,8 @@
 //
 // Usage:
 //   KOLO_ASSIGN_OR_RETURN(auto engine, kolo::Engine::Create(options));
-//   KOLO_ASSIGN_OR_RETURN(auto h, engine->AllreduceAsync("fc/weight", grad, grad, DataType::kFloat32,
+//   KOLO_ASSIGN_OR_RETURN(auto h, engine->AllreduceAsync("fc/weight", grad, grad,
+//   DataType::kFloat32,
 //                                                        {1000, 2048}, ReduceOp::kAverage));
 //   ... more work ...
 //   KOLO_RETURN_IF_ERROR(engine->Wait(h));
@@ -108,12 +109,12 @@ class Engine {
   // Statistics since Create, for benchmarks and tests.
   struct Stats {
     int64_t cycles = 0;
-    int64_t negotiations = 0;     // cycles that went through the coordinator
-    int64_t cache_hits = 0;       // tensors agreed through the response cache
-    int64_t collectives = 0;      // backend calls (one per fused buffer)
-    int64_t tensors = 0;          // completed operations
-    int64_t fused_bytes = 0;      // bytes of tensors reduced in fused groups
-    int64_t packed_bytes = 0;     // of those, bytes copied through the fusion buffer
+    int64_t negotiations = 0;  // cycles that went through the coordinator
+    int64_t cache_hits = 0;    // tensors agreed through the response cache
+    int64_t collectives = 0;   // backend calls (one per fused buffer)
+    int64_t tensors = 0;       // completed operations
+    int64_t fused_bytes = 0;   // bytes of tensors reduced in fused groups
+    int64_t packed_bytes = 0;  // of those, bytes copied through the fusion buffer
     // Time spent agreeing (bit-vector exchange and coordinator rounds) in cycles that released
     // work; includes waiting inside the exchange for ranks that arrive later.
     double coordination_us = 0;

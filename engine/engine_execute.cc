@@ -57,8 +57,8 @@ Status Engine::Impl::RunFused(const std::vector<Response>& responses, const fusi
   }
   if (packed_bytes > 0) pieces.push_back({fusion_buffer.data(), packed_bytes});
   for (TensorEntry* e : in_place) {
-    pieces.push_back({e->out, static_cast<size_t>(NumElements(e->request.shape)) *
-                                  DataTypeSize(dtype)});
+    pieces.push_back(
+        {e->out, static_cast<size_t>(NumElements(e->request.shape)) * DataTypeSize(dtype)});
   }
 
   for (const auto& n : group_names) TimelineBegin(n, "MEMCPY_IN_FUSION_BUFFER");
@@ -66,10 +66,10 @@ Status Engine::Impl::RunFused(const std::vector<Response>& responses, const fusi
   for (const auto& n : group_names) TimelineEnd(n, "MEMCPY_IN_FUSION_BUFFER");
 
   for (const auto& n : group_names) TimelineBegin(n, op_name);
-  Status status = pieces.size() == 1
-                      ? backend.Allreduce(pieces[0].data, pieces[0].bytes / DataTypeSize(dtype),
-                                          dtype)
-                      : backend.AllreduceScattered(pieces, dtype);
+  Status status =
+      pieces.size() == 1
+          ? backend.Allreduce(pieces[0].data, pieces[0].bytes / DataTypeSize(dtype), dtype)
+          : backend.AllreduceScattered(pieces, dtype);
   for (const auto& n : group_names) TimelineEnd(n, op_name);
   KOLO_RETURN_IF_ERROR(status);
 
@@ -87,8 +87,7 @@ Status Engine::Impl::RunFused(const std::vector<Response>& responses, const fusi
   fusion::UnpackEntries(packed.data(), packed.size(), dtype, scale);
   if (scale != 1.0) {
     for (TensorEntry* e : in_place) {
-      collectives::Scale(dtype, e->out, static_cast<size_t>(NumElements(e->request.shape)),
-                         scale);
+      collectives::Scale(dtype, e->out, static_cast<size_t>(NumElements(e->request.shape)), scale);
     }
   }
   for (const auto& n : group_names) TimelineEnd(n, "MEMCPY_OUT_FUSION_BUFFER");
@@ -156,8 +155,9 @@ Status Engine::Impl::ExecuteBroadcast(const Response& response) {
   TensorEntry& e = PendingEntry(name);
   backends::Backend& backend = BackendFor(response.request);
   const std::string op_name = UpperName(backend.name()) + "_BROADCAST";
-  TimelineBegin(name, "BROADCAST", fmt::format("{{\"bytes\":{},\"root\":{}}}", response.bytes(),
-                                               response.request.root));
+  TimelineBegin(
+      name, "BROADCAST",
+      fmt::format("{{\"bytes\":{},\"root\":{}}}", response.bytes(), response.request.root));
   TimelineBegin(name, op_name);
   Status status = backend.Broadcast(e.out, response.bytes(), response.request.root);
   TimelineEnd(name, op_name);

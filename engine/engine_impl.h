@@ -89,15 +89,15 @@ struct Engine::Impl {
   // Lock order: mu is the only lock; never held across communication.
   std::mutex mu;
   std::condition_variable done_cv;
-  std::deque<TensorEntry> queue;                        // GUARDED_BY(mu)
-  std::unordered_set<std::string> in_flight;            // GUARDED_BY(mu)
-  std::unordered_map<int64_t, HandleState> handles;     // GUARDED_BY(mu)
-  int64_t next_handle = 0;                              // GUARDED_BY(mu)
-  int64_t barrier_seq = 0;                              // GUARDED_BY(mu)
-  Status fatal;                                         // GUARDED_BY(mu): sticky
-  bool shutdown_requested = false;                      // GUARDED_BY(mu)
-  bool stopped = false;                                 // GUARDED_BY(mu)
-  Stats stats;                                          // GUARDED_BY(mu)
+  std::deque<TensorEntry> queue;                     // GUARDED_BY(mu)
+  std::unordered_set<std::string> in_flight;         // GUARDED_BY(mu)
+  std::unordered_map<int64_t, HandleState> handles;  // GUARDED_BY(mu)
+  int64_t next_handle = 0;                           // GUARDED_BY(mu)
+  int64_t barrier_seq = 0;                           // GUARDED_BY(mu)
+  Status fatal;                                      // GUARDED_BY(mu): sticky
+  bool shutdown_requested = false;                   // GUARDED_BY(mu)
+  bool stopped = false;                              // GUARDED_BY(mu)
+  Stats stats;                                       // GUARDED_BY(mu)
   std::thread thread;
 
   // Background thread only.

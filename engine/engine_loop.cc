@@ -21,9 +21,12 @@ constexpr uint64_t kFlagShutdown = 2;  // some rank asked to shut down
 
 std::string UpperType(CollectiveType t) {
   switch (t) {
-    case CollectiveType::kAllreduce: return "ALLREDUCE";
-    case CollectiveType::kBroadcast: return "BROADCAST";
-    case CollectiveType::kAllgather: return "ALLGATHER";
+    case CollectiveType::kAllreduce:
+      return "ALLREDUCE";
+    case CollectiveType::kBroadcast:
+      return "BROADCAST";
+    case CollectiveType::kAllgather:
+      return "ALLGATHER";
   }
   return "UNKNOWN";
 }
@@ -202,15 +205,14 @@ Status Engine::Impl::Negotiate(std::vector<Response>* responses, bool* stop) {
       if (!(*responses)[i].is_error()) cache.Put((*responses)[i]);
     }
     for (auto& [name, entry] : pending) {
-      if (entry.cache_bit >= 0 && (!cache.Occupied(entry.cache_bit) ||
-                                   cache.Get(entry.cache_bit).request.name != name)) {
+      if (entry.cache_bit >= 0 &&
+          (!cache.Occupied(entry.cache_bit) || cache.Get(entry.cache_bit).request.name != name)) {
         entry.cache_bit = -1;
         unreported.push_back(name);
       }
     }
   }
-  const double us =
-      std::chrono::duration<double, std::micro>(SteadyClock::now() - start).count();
+  const double us = std::chrono::duration<double, std::micro>(SteadyClock::now() - start).count();
   std::lock_guard<std::mutex> lock(mu);
   stats.cache_hits += hits;
   stats.negotiations += rounds;
@@ -223,7 +225,8 @@ Status Engine::Impl::CoordinatorRound(std::vector<Response>* responses) {
   coordinator::RequestList mine;
   for (const std::string& name : unreported) {
     auto it = pending.find(name);
-    if (it != pending.end() && it->second.cache_bit < 0) mine.requests.push_back(it->second.request);
+    if (it != pending.end() && it->second.cache_bit < 0)
+      mine.requests.push_back(it->second.request);
   }
   unreported.clear();
   KOLO_ASSIGN_OR_RETURN(auto gathered,
@@ -311,7 +314,8 @@ Status Engine::Impl::Execute(const std::vector<Response>& responses) {
       return Internal("response for '{}', which rank {} has not submitted", r.request.name,
                       options.rank);
     }
-    if (pending.count(r.request.name)) TimelineEnd(r.request.name, "NEGOTIATE_" + UpperType(r.request.type));
+    if (pending.count(r.request.name))
+      TimelineEnd(r.request.name, "NEGOTIATE_" + UpperType(r.request.type));
   }
   for (const fusion::Group& g :
        fusion::PlanFusion(responses, static_cast<size_t>(options.fusion_threshold_bytes))) {

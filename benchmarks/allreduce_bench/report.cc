@@ -158,7 +158,8 @@ std::string FormatStepRow(const StepRow& r) {
       "{:>8.2f} {:>9.1f} {:>9.1f} {:>7}\n",
       r.backend, r.fusion ? "on" : "off", r.fusion_threshold_bytes, r.step.median_us,
       r.single.median_us, r.ratio, r.step_busbw_gbs, r.negotiations, r.cache_hits, r.collectives,
-      r.coordination_us, r.coordination_max_us, r.checked ? fmt::format("{}", r.wrong) : std::string("n/a"));
+      r.coordination_us, r.coordination_max_us,
+      r.checked ? fmt::format("{}", r.wrong) : std::string("n/a"));
 }
 
 std::string FormatStepGoal(const TensorSet& set, const std::vector<StepRow>& rows) {

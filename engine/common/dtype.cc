@@ -6,26 +6,40 @@ namespace kolo {
 
 size_t DataTypeSize(DataType dtype) {
   switch (dtype) {
-    case DataType::kFloat32: return 4;
-    case DataType::kFloat64: return 8;
-    case DataType::kFloat16: return 2;
-    case DataType::kBFloat16: return 2;
-    case DataType::kInt32: return 4;
-    case DataType::kInt64: return 8;
-    case DataType::kUInt8: return 1;
+    case DataType::kFloat32:
+      return 4;
+    case DataType::kFloat64:
+      return 8;
+    case DataType::kFloat16:
+      return 2;
+    case DataType::kBFloat16:
+      return 2;
+    case DataType::kInt32:
+      return 4;
+    case DataType::kInt64:
+      return 8;
+    case DataType::kUInt8:
+      return 1;
   }
   return 0;
 }
 
 const char* DataTypeName(DataType dtype) {
   switch (dtype) {
-    case DataType::kFloat32: return "float32";
-    case DataType::kFloat64: return "float64";
-    case DataType::kFloat16: return "float16";
-    case DataType::kBFloat16: return "bfloat16";
-    case DataType::kInt32: return "int32";
-    case DataType::kInt64: return "int64";
-    case DataType::kUInt8: return "uint8";
+    case DataType::kFloat32:
+      return "float32";
+    case DataType::kFloat64:
+      return "float64";
+    case DataType::kFloat16:
+      return "float16";
+    case DataType::kBFloat16:
+      return "bfloat16";
+    case DataType::kInt32:
+      return "int32";
+    case DataType::kInt64:
+      return "int64";
+    case DataType::kUInt8:
+      return "uint8";
   }
   return "unknown";
 }
@@ -44,10 +58,9 @@ StatusOr<DataType> ParseDataType(std::string_view name) {
 }
 
 const std::vector<DataType>& AllDataTypes() {
-  static const std::vector<DataType> kAll = {DataType::kFloat32, DataType::kFloat64,
-                                             DataType::kFloat16, DataType::kBFloat16,
-                                             DataType::kInt32,   DataType::kInt64,
-                                             DataType::kUInt8};
+  static const std::vector<DataType> kAll = {
+      DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16,
+      DataType::kInt32,   DataType::kInt64,   DataType::kUInt8};
   return kAll;
 }
 

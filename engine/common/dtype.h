@@ -74,8 +74,8 @@ inline uint16_t FloatToHalf(float f) {
     return sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u);
   }
   if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: overflow to inf
-  if (abs < 0x38800000u) {                          // below the smallest normal half
-    if (abs < 0x33000000u) return sign;             // rounds to zero
+  if (abs < 0x38800000u) {                        // below the smallest normal half
+    if (abs < 0x33000000u) return sign;           // rounds to zero
     const uint32_t e = abs >> 23;
     const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
     const uint32_t shift = 126 - e;  // 14..24

@@ -10,18 +10,21 @@ void EngineFlags::Add(CLI::App& app) {
   app.add_option("--fusion-threshold-mb", fusion_threshold_mb_,
                  "Tensor Fusion buffer size in MiB; 0 disables fusion (default 64)")
       ->group(g);
-  app.add_option("--cycle-time-ms", cycle_time_ms_,
-                 "background cycle in milliseconds (default 1)")->group(g);
+  app.add_option("--cycle-time-ms", cycle_time_ms_, "background cycle in milliseconds (default 1)")
+      ->group(g);
   app.add_option("--cache-capacity", cache_capacity_,
-                 "response-cache entries; 0 disables the cache (default 1024)")->group(g);
+                 "response-cache entries; 0 disables the cache (default 1024)")
+      ->group(g);
   app.add_option("--timeline", timeline_, "write a Chrome-trace timeline to this path")->group(g);
   app.add_option("--stall-check-s", stall_check_s_,
                  "warn about stalled tensors after this many seconds; 0 = off (default 60)")
       ->group(g);
   app.add_option("--stall-shutdown-s", stall_shutdown_s_,
-                 "fail stalled tensors after this many seconds; 0 = never (default 0)")->group(g);
+                 "fail stalled tensors after this many seconds; 0 = never (default 0)")
+      ->group(g);
   app.add_option("--peer-timeout-s", peer_timeout_s_,
-                 "longest wait on a peer before failing (default 30)")->group(g);
+                 "longest wait on a peer before failing (default 30)")
+      ->group(g);
   app.add_option("--iface", iface_, "interface or IPv4 address to listen on")->group(g);
   app.add_option("--log-level", log_level_, "trace | debug | info | warning | error")->group(g);
   app.add_option("--ring-chunk-kb", ring_chunk_kb_, "ring pipeline chunk in KiB")->group(g);
@@ -34,8 +37,11 @@ Status EngineFlags::Apply(Options* o) const {
   if (iface_) o->iface = *iface_;
   if (log_level_) {
     auto level = ParseLogLevel(*log_level_);
-    if (!level.ok()) return InvalidArgument("--log-level '{}': allowed are trace, debug, info, "
-                                            "warning, error", *log_level_);
+    if (!level.ok())
+      return InvalidArgument(
+          "--log-level '{}': allowed are trace, debug, info, "
+          "warning, error",
+          *log_level_);
     o->log_level = *level;
   }
   if (fusion_threshold_mb_) {

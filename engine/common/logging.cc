@@ -11,11 +11,16 @@ std::atomic<int> g_level{static_cast<int>(LogLevel::kWarning)};
 std::atomic<int> g_rank{-1};
 const char* LevelTag(LogLevel l) {
   switch (l) {
-    case LogLevel::kTrace: return "T";
-    case LogLevel::kDebug: return "D";
-    case LogLevel::kInfo: return "I";
-    case LogLevel::kWarning: return "W";
-    case LogLevel::kError: return "E";
+    case LogLevel::kTrace:
+      return "T";
+    case LogLevel::kDebug:
+      return "D";
+    case LogLevel::kInfo:
+      return "I";
+    case LogLevel::kWarning:
+      return "W";
+    case LogLevel::kError:
+      return "E";
   }
   return "?";
 }

@@ -20,8 +20,8 @@ void LogLine(LogLevel level, const std::string& text);
 
 }  // namespace kolo
 
-#define KOLO_LOG(level, ...)                                                 \
-  do {                                                                       \
+#define KOLO_LOG(level, ...)                                                \
+  do {                                                                      \
     if (::kolo::LogLevel::level >= ::kolo::GetLogLevel())                   \
       ::kolo::LogLine(::kolo::LogLevel::level, ::fmt::format(__VA_ARGS__)); \
   } while (0)

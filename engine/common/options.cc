@@ -41,13 +41,26 @@ Status ReadDouble(const std::map<std::string, std::string>& env, const char* nam
 }
 
 // Every KOLO_* variable kolo reads, in this file or in the tools' launch scripts.
-const char* const kKnownVariables[] = {
-    "KOLO_RANK", "KOLO_SIZE", "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE", "KOLO_STORE_ADDR",
-    "KOLO_JOB_SECRET", "KOLO_IFACE", "KOLO_BACKEND", "KOLO_TIMELINE", "KOLO_LOG_LEVEL",
-    "KOLO_BUSY_POLL", "KOLO_SOCKET_BUFFER_BYTES", "KOLO_RING_CHUNK_BYTES",
-    "KOLO_FUSION_THRESHOLD_BYTES", "KOLO_CACHE_CAPACITY", "KOLO_CYCLE_TIME_MS",
-    "KOLO_PEER_TIMEOUT_SECONDS", "KOLO_STALL_CHECK_SECONDS", "KOLO_STALL_SHUTDOWN_SECONDS",
-    "KOLO_SKIP_BOOTSTRAP"};
+const char* const kKnownVariables[] = {"KOLO_RANK",
+                                       "KOLO_SIZE",
+                                       "KOLO_LOCAL_RANK",
+                                       "KOLO_LOCAL_SIZE",
+                                       "KOLO_STORE_ADDR",
+                                       "KOLO_JOB_SECRET",
+                                       "KOLO_IFACE",
+                                       "KOLO_BACKEND",
+                                       "KOLO_TIMELINE",
+                                       "KOLO_LOG_LEVEL",
+                                       "KOLO_BUSY_POLL",
+                                       "KOLO_SOCKET_BUFFER_BYTES",
+                                       "KOLO_RING_CHUNK_BYTES",
+                                       "KOLO_FUSION_THRESHOLD_BYTES",
+                                       "KOLO_CACHE_CAPACITY",
+                                       "KOLO_CYCLE_TIME_MS",
+                                       "KOLO_PEER_TIMEOUT_SECONDS",
+                                       "KOLO_STALL_CHECK_SECONDS",
+                                       "KOLO_STALL_SHUTDOWN_SECONDS",
+                                       "KOLO_SKIP_BOOTSTRAP"};
 
 }  // namespace
 
@@ -113,7 +126,8 @@ StatusOr<LogLevel> ParseLogLevel(const std::string& value) {
 }
 
 StatusOr<int64_t> ParseByteSize(const std::string& what, const std::string& value) {
-  if (value.empty()) return InvalidArgument("{} is empty: expected a size such as 4096, 64K, 1M", what);
+  if (value.empty())
+    return InvalidArgument("{} is empty: expected a size such as 4096, 64K, 1M", what);
   errno = 0;
   char* end = nullptr;
   const double v = std::strtod(value.c_str(), &end);
@@ -214,17 +228,16 @@ StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string
   if (const std::string* v = Find(env, "KOLO_BUSY_POLL")) {
     KOLO_ASSIGN_OR_RETURN(o.busy_poll, ParseBool("KOLO_BUSY_POLL", *v));
   }
-  KOLO_RETURN_IF_ERROR(ReadInt(env, "KOLO_SOCKET_BUFFER_BYTES", 4096, 1ll << 30,
-                               &o.socket_buffer_bytes));
+  KOLO_RETURN_IF_ERROR(
+      ReadInt(env, "KOLO_SOCKET_BUFFER_BYTES", 4096, 1ll << 30, &o.socket_buffer_bytes));
   KOLO_RETURN_IF_ERROR(ReadInt(env, "KOLO_RING_CHUNK_BYTES", 4096, 1ll << 30, &o.ring_chunk_bytes));
-  KOLO_RETURN_IF_ERROR(ReadInt(env, "KOLO_FUSION_THRESHOLD_BYTES", 0, 1ll << 40,
-                               &o.fusion_threshold_bytes));
+  KOLO_RETURN_IF_ERROR(
+      ReadInt(env, "KOLO_FUSION_THRESHOLD_BYTES", 0, 1ll << 40, &o.fusion_threshold_bytes));
   KOLO_RETURN_IF_ERROR(ReadInt32(env, "KOLO_CACHE_CAPACITY", 0, 1 << 20, &o.cache_capacity));
   KOLO_RETURN_IF_ERROR(ReadDouble(env, "KOLO_CYCLE_TIME_MS", 1e-3, 10000, &o.cycle_time_ms));
   KOLO_RETURN_IF_ERROR(ReadDouble(env, "KOLO_PEER_TIMEOUT_SECONDS", 1e-3, 1e6, &o.peer_timeout_s));
   KOLO_RETURN_IF_ERROR(ReadDouble(env, "KOLO_STALL_CHECK_SECONDS", 0, 1e6, &o.stall_warning_s));
-  KOLO_RETURN_IF_ERROR(
-      ReadDouble(env, "KOLO_STALL_SHUTDOWN_SECONDS", 0, 1e6, &o.stall_shutdown_s));
+  KOLO_RETURN_IF_ERROR(ReadDouble(env, "KOLO_STALL_SHUTDOWN_SECONDS", 0, 1e6, &o.stall_shutdown_s));
   KOLO_RETURN_IF_ERROR(o.Validate());
   SetLogLevel(o.log_level);
   for (const std::string& key : UnknownKoloVariables(env)) {

@@ -17,13 +17,13 @@ namespace kolo {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,   // a bad value from the caller or the user (flag, env var, tensor)
-  kFailedPrecondition,// called in the wrong state (not initialised, already shut down)
-  kDeadlineExceeded,  // a blocking wait ran past its timeout
-  kUnavailable,       // a peer is gone: connection lost, rank died, aborted by a peer
-  kAborted,           // the job was aborted (a peer reported a failure)
-  kInternal,          // a broken invariant or an unexpected vendor error
-  kProtocol,          // a peer sent bytes that violate the wire protocol
+  kInvalidArgument,     // a bad value from the caller or the user (flag, env var, tensor)
+  kFailedPrecondition,  // called in the wrong state (not initialised, already shut down)
+  kDeadlineExceeded,    // a blocking wait ran past its timeout
+  kUnavailable,         // a peer is gone: connection lost, rank died, aborted by a peer
+  kAborted,             // the job was aborted (a peer reported a failure)
+  kInternal,            // a broken invariant or an unexpected vendor error
+  kProtocol,            // a peer sent bytes that violate the wire protocol
   kNotFound,
 };
 
@@ -95,7 +95,7 @@ Status ErrnoStatus(StatusCode code, const std::string& call, int err);
 template <typename T>
 class [[nodiscard]] StatusOr {
  public:
-  StatusOr(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  StatusOr(T value) : value_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
   StatusOr(Status status) : status_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     if (status_.ok()) status_ = Status(StatusCode::kInternal, "StatusOr built from OK status");
   }
@@ -120,9 +120,9 @@ class [[nodiscard]] StatusOr {
 #define KOLO_STATUS_CONCAT(a, b) KOLO_STATUS_CONCAT_INNER(a, b)
 
 // Returns from the enclosing function if `expr` (a Status) is not OK.
-#define KOLO_RETURN_IF_ERROR(expr)              \
-  do {                                          \
-    ::kolo::Status kolo_status_tmp_ = (expr);   \
+#define KOLO_RETURN_IF_ERROR(expr)                       \
+  do {                                                   \
+    ::kolo::Status kolo_status_tmp_ = (expr);            \
     if (!kolo_status_tmp_.ok()) return kolo_status_tmp_; \
   } while (0)
 

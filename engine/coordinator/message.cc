@@ -103,9 +103,12 @@ bool ReadRequest(Reader& rd, Request* r) {
 
 const char* CollectiveTypeName(CollectiveType type) {
   switch (type) {
-    case CollectiveType::kAllreduce: return "allreduce";
-    case CollectiveType::kBroadcast: return "broadcast";
-    case CollectiveType::kAllgather: return "allgather";
+    case CollectiveType::kAllreduce:
+      return "allreduce";
+    case CollectiveType::kBroadcast:
+      return "broadcast";
+    case CollectiveType::kAllgather:
+      return "allgather";
   }
   return "unknown";
 }
@@ -122,8 +125,8 @@ bool Request::Compatible(const Request& o) const {
 }
 
 std::string Request::Describe() const {
-  std::string s = fmt::format("{} {} {}", CollectiveTypeName(type), DataTypeName(dtype),
-                              ShapeToString(shape));
+  std::string s =
+      fmt::format("{} {} {}", CollectiveTypeName(type), DataTypeName(dtype), ShapeToString(shape));
   if (type == CollectiveType::kAllreduce) s += reduce_op == 0 ? " sum" : " average";
   if (type == CollectiveType::kBroadcast) s += fmt::format(" root {}", root);
   return s;

@@ -29,8 +29,8 @@ void MessageTable::Add(int rank, const Request& request, Clock::time_point now,
   }
   if (e.reported[rank]) {
     if (e.error.empty()) {
-      e.error = fmt::format("'{}': rank {} submitted it twice before it completed", request.name,
-                            rank);
+      e.error =
+          fmt::format("'{}': rank {} submitted it twice before it completed", request.name, rank);
     }
   } else {
     e.reported[rank] = true;

@@ -32,7 +32,8 @@ class MessageTable {
     std::vector<int> missing_ranks;
   };
   // Tensors first reported more than `after` ago and still incomplete.
-  std::vector<Stalled> FindStalled(Clock::time_point now, std::chrono::duration<double> after) const;
+  std::vector<Stalled> FindStalled(Clock::time_point now,
+                                   std::chrono::duration<double> after) const;
   // Removes `name` and returns an error Response for it carrying `error`.
   Response Fail(const std::string& name, const std::string& error);
 
@@ -41,7 +42,7 @@ class MessageTable {
  private:
   struct Entry {
     Clock::time_point first_seen;
-    std::vector<bool> reported;  // by rank
+    std::vector<bool> reported;     // by rank
     std::vector<Request> requests;  // by rank (valid where reported)
     int count = 0;
     std::string error;  // first mismatch found, if any

@@ -9,8 +9,8 @@ std::vector<Group> PlanFusion(const std::vector<Response>& responses, size_t thr
   std::vector<Group> groups;
   std::vector<bool> planned(responses.size(), false);
   auto fusable = [&](const Response& r) {
-    return !r.is_error() && r.request.type == CollectiveType::kAllreduce &&
-           threshold_bytes > 0 && r.bytes() <= threshold_bytes;
+    return !r.is_error() && r.request.type == CollectiveType::kAllreduce && threshold_bytes > 0 &&
+           r.bytes() <= threshold_bytes;
   };
   for (size_t i = 0; i < responses.size(); ++i) {
     if (planned[i]) continue;

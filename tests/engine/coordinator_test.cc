@@ -184,7 +184,7 @@ TEST(FusionPlanner, GroupsCompatibleTensorsUpToThresholdLookingAhead) {
   add("d", 100);                   // 3: 400 B -> would exceed 1000 with a, c
   add("e", 1000);                  // 4: 4000 B > threshold: alone
   add("f", 10, DataType::kFloat32, CollectiveType::kBroadcast);  // 5: alone
-  add("g", 10);                    // 6: 40 B -> joins a, c (840 B)
+  add("g", 10);                                                  // 6: 40 B -> joins a, c (840 B)
   auto groups = fusion::PlanFusion(rs, 1000);
   ASSERT_EQ(groups.size(), 5u);
   EXPECT_EQ(groups[0].members, (std::vector<size_t>{0, 2, 6}));

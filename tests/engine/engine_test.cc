@@ -2,12 +2,12 @@
 #include "engine/engine.h"
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "tests/engine/engine_test_util.h"
@@ -55,12 +55,13 @@ TEST_P(AllreduceResult, MatchesReferenceForAwkwardSizes) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    RanksByDtype, AllreduceResult,
-    ::testing::Combine(::testing::Values(1, 2, 3, 4, 8), ::testing::ValuesIn(AllDataTypes())),
-    [](const auto& info) {
-      return fmt::format("np{}_{}", std::get<0>(info.param), DataTypeName(std::get<1>(info.param)));
-    });
+INSTANTIATE_TEST_SUITE_P(RanksByDtype, AllreduceResult,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 8),
+                                            ::testing::ValuesIn(AllDataTypes())),
+                         [](const auto& info) {
+                           return fmt::format("np{}_{}", std::get<0>(info.param),
+                                              DataTypeName(std::get<1>(info.param)));
+                         });
 
 TEST(Engine, Allreduce64MiBFloat32) {
   const size_t count = (64u << 20) / 4;
@@ -164,9 +165,9 @@ TEST(Engine, FusionKeepsLargeTensorsInPlaceAndPacksSmallOnes) {
       out[k].assign(counts[k], -1);
       const bool in_place = k % 2 == 0;
       if (in_place) out[k] = in[k];
-      hs.push_back(*engine.AllreduceAsync(fmt::format("m{}", k), in_place ? out[k].data() : in[k].data(),
-                                          out[k].data(), DataType::kFloat64,
-                                          {static_cast<int64_t>(counts[k])}, ReduceOp::kAverage));
+      hs.push_back(*engine.AllreduceAsync(
+          fmt::format("m{}", k), in_place ? out[k].data() : in[k].data(), out[k].data(),
+          DataType::kFloat64, {static_cast<int64_t>(counts[k])}, ReduceOp::kAverage));
     }
     for (auto h : hs) ASSERT_TRUE(engine.Wait(h).ok());
     for (size_t k = 0; k < counts.size(); ++k) {
@@ -185,14 +186,18 @@ TEST(Engine, FusionKeepsLargeTensorsInPlaceAndPacksSmallOnes) {
 
 TEST(Engine, FusionThresholdZeroRunsEachTensorAlone) {
   RunRanks(
-      2, [](int r) { auto o = RankOptions(r, 2); o.fusion_threshold_bytes = 0; return o; },
+      2,
+      [](int r) {
+        auto o = RankOptions(r, 2);
+        o.fusion_threshold_bytes = 0;
+        return o;
+      },
       [](int, Engine& engine) {
         std::vector<std::vector<float>> bufs(12, std::vector<float>(64, 1.0f));
         std::vector<Handle> hs;
         for (size_t i = 0; i < bufs.size(); ++i) {
-          hs.push_back(*engine.AllreduceAsync(fmt::format("u{}", i), bufs[i].data(),
-                                              bufs[i].data(), DataType::kFloat32, {64},
-                                              ReduceOp::kSum));
+          hs.push_back(*engine.AllreduceAsync(fmt::format("u{}", i), bufs[i].data(), bufs[i].data(),
+                                              DataType::kFloat32, {64}, ReduceOp::kSum));
         }
         for (auto h : hs) ASSERT_TRUE(engine.Wait(h).ok());
         EXPECT_EQ(engine.stats().collectives, 12);
@@ -278,19 +283,19 @@ TEST(Engine, MismatchedDtypeAndRootAreErrors) {
 TEST(Engine, DuplicateInFlightNameIsRejected) {
   RunRanks(2, [](int rank, Engine& engine) {
     std::vector<float> a(4, 1.0f), b(4, 1.0f);
-    auto h1 = engine.AllreduceAsync("dup", a.data(), a.data(), DataType::kFloat32, {4},
-                                    ReduceOp::kSum);
+    auto h1 =
+        engine.AllreduceAsync("dup", a.data(), a.data(), DataType::kFloat32, {4}, ReduceOp::kSum);
     ASSERT_TRUE(h1.ok());
     if (rank == 0) {
-      auto h2 = engine.AllreduceAsync("dup", b.data(), b.data(), DataType::kFloat32, {4},
-                                      ReduceOp::kSum);
+      auto h2 =
+          engine.AllreduceAsync("dup", b.data(), b.data(), DataType::kFloat32, {4}, ReduceOp::kSum);
       ASSERT_FALSE(h2.ok());
       EXPECT_NE(h2.status().message().find("already in flight"), std::string::npos);
     }
     EXPECT_TRUE(engine.Wait(*h1).ok());
     // Once done, the name may be used again.
-    auto h3 = engine.AllreduceAsync("dup", b.data(), b.data(), DataType::kFloat32, {4},
-                                    ReduceOp::kSum);
+    auto h3 =
+        engine.AllreduceAsync("dup", b.data(), b.data(), DataType::kFloat32, {4}, ReduceOp::kSum);
     ASSERT_TRUE(h3.ok());
     EXPECT_TRUE(engine.Wait(*h3).ok());
   });
@@ -303,9 +308,8 @@ TEST(Engine, SteadyStateStepsHitTheResponseCache) {
       std::vector<Handle> hs;
       for (size_t i = 0; i < bufs.size(); ++i) {
         std::fill(bufs[i].begin(), bufs[i].end(), 1.0f);
-        hs.push_back(*engine.AllreduceAsync(fmt::format("w{}", i), bufs[i].data(),
-                                            bufs[i].data(), DataType::kFloat32, {256},
-                                            ReduceOp::kSum));
+        hs.push_back(*engine.AllreduceAsync(fmt::format("w{}", i), bufs[i].data(), bufs[i].data(),
+                                            DataType::kFloat32, {256}, ReduceOp::kSum));
       }
       for (auto h : hs) ASSERT_TRUE(engine.Wait(h).ok());
       for (auto& b : bufs) ASSERT_EQ(b[7], 4.0f);
@@ -341,7 +345,12 @@ TEST(Engine, CacheEntryWithChangedShapeIsRenegotiated) {
 
 TEST(Engine, CacheCapacitySmallerThanAStepStillWorks) {
   RunRanks(
-      2, [](int r) { auto o = RankOptions(r, 2); o.cache_capacity = 3; return o; },
+      2,
+      [](int r) {
+        auto o = RankOptions(r, 2);
+        o.cache_capacity = 3;
+        return o;
+      },
       [](int, Engine& engine) {
         for (int step = 0; step < 4; ++step) {
           std::vector<std::vector<int32_t>> bufs(10, std::vector<int32_t>(5, 1));
@@ -428,7 +437,12 @@ TEST(Engine, BadArgumentsAreRejectedAtSubmission) {
 TEST(Engine, TimelineHoldsEveryPhaseOnEveryRank) {
   const std::string base = ::testing::TempDir() + "/kolo_timeline_test.json";
   RunRanks(
-      2, [&](int r) { auto o = RankOptions(r, 2); o.timeline_path = base; return o; },
+      2,
+      [&](int r) {
+        auto o = RankOptions(r, 2);
+        o.timeline_path = base;
+        return o;
+      },
       [](int rank, Engine& engine) {
         std::vector<std::vector<float>> bufs(4, std::vector<float>(4096, 1.0f));
         std::vector<Handle> hs;
@@ -439,11 +453,12 @@ TEST(Engine, TimelineHoldsEveryPhaseOnEveryRank) {
         }
         for (auto h : hs) ASSERT_TRUE(engine.Wait(h).ok());
         std::vector<float> b(10, static_cast<float>(rank));
-        ASSERT_TRUE(engine.Wait(*engine.BroadcastAsync("bc", b.data(), DataType::kFloat32, {10}, 0))
-                        .ok());
+        ASSERT_TRUE(
+            engine.Wait(*engine.BroadcastAsync("bc", b.data(), DataType::kFloat32, {10}, 0)).ok());
       });
   for (int rank = 0; rank < 2; ++rank) {
-    const std::string path = rank == 0 ? base : ::testing::TempDir() + "/kolo_timeline_test.rank1.json";
+    const std::string path =
+        rank == 0 ? base : ::testing::TempDir() + "/kolo_timeline_test.rank1.json";
     std::ifstream in(path);
     ASSERT_TRUE(in) << path;
     const auto trace = nlohmann::json::parse(in);
@@ -454,10 +469,10 @@ TEST(Engine, TimelineHoldsEveryPhaseOnEveryRank) {
         EXPECT_EQ(ev["pid"].get<int>(), rank);
       }
     }
-    for (const char* phase : {"QUEUE", "NEGOTIATE_ALLREDUCE", "ALLREDUCE",
-                              "MEMCPY_IN_FUSION_BUFFER", "RING_ALLREDUCE", "REDUCE_SCATTER",
-                              "ALLGATHER", "MEMCPY_OUT_FUSION_BUFFER", "NEGOTIATE_BROADCAST",
-                              "BROADCAST"}) {
+    for (const char* phase :
+         {"QUEUE", "NEGOTIATE_ALLREDUCE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "RING_ALLREDUCE",
+          "REDUCE_SCATTER", "ALLGATHER", "MEMCPY_OUT_FUSION_BUFFER", "NEGOTIATE_BROADCAST",
+          "BROADCAST"}) {
       EXPECT_TRUE(names.count(phase)) << phase << " missing from " << path;
     }
     std::filesystem::remove(path);

@@ -2,13 +2,12 @@
 // rank's port. The test hosts the rendezvous store and starts the rank processes itself.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstring>
@@ -34,7 +33,8 @@ struct RankProcess {
 
 class Job {
  public:
-  Job(int size, const std::vector<std::string>& args, const std::vector<std::string>& extra_env = {})
+  Job(int size, const std::vector<std::string>& args,
+      const std::vector<std::string>& extra_env = {})
       : size_(size) {
     bootstrap::TcpStoreServerOptions so;
     so.secret = bootstrap::GenerateSecret();
@@ -48,8 +48,8 @@ class Job {
       RankProcess p;
       p.out_fd = fds[0];
       std::vector<std::string> env = {
-          "KOLO_RANK=" + std::to_string(r), "KOLO_SIZE=" + std::to_string(size),
-          "KOLO_LOCAL_RANK=" + std::to_string(r), "KOLO_LOCAL_SIZE=" + std::to_string(size),
+          "KOLO_RANK=" + std::to_string(r),        "KOLO_SIZE=" + std::to_string(size),
+          "KOLO_LOCAL_RANK=" + std::to_string(r),  "KOLO_LOCAL_SIZE=" + std::to_string(size),
           "KOLO_STORE_ADDR=" + server_->address(), "KOLO_JOB_SECRET=" + secret_,
           "KOLO_PEER_TIMEOUT_SECONDS=20"};
       env.insert(env.end(), extra_env.begin(), extra_env.end());
@@ -94,7 +94,8 @@ class Job {
       p.pid = -1;
       char buf[4096];
       ssize_t n;
-      while ((n = read(p.out_fd, buf, sizeof buf)) > 0) p.output.append(buf, static_cast<size_t>(n));
+      while ((n = read(p.out_fd, buf, sizeof buf)) > 0)
+        p.output.append(buf, static_cast<size_t>(n));
     }
     return true;
   }
@@ -140,7 +141,8 @@ TEST(Faults, RankKilledMidAllreduceFailsEveryOtherRankNamingIt) {
     EXPECT_EQ(WEXITSTATUS(procs[r].status), 1) << Describe(procs);
     EXPECT_NE(procs[r].output.find("FAILED"), std::string::npos) << Describe(procs);
     EXPECT_NE(procs[r].output.find("rank 2"), std::string::npos)
-        << "rank " << r << " must name the lost rank\n" << Describe(procs);
+        << "rank " << r << " must name the lost rank\n"
+        << Describe(procs);
   }
   EXPECT_LT(took, 45.0) << "failure must surface within the peer timeout";
 }

@@ -69,20 +69,19 @@ TEST_P(BadOptions, AreRejectedNamingTheValue) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, BadOptions,
-    ::testing::Values(
-        BadCase{{{"KOLO_FUSION_THRESHOLD_BYTES", "64MB"}}, "64MB"},
-        BadCase{{{"KOLO_FUSION_THRESHOLD_BYTES", "-1"}}, "-1"},
-        BadCase{{{"KOLO_CYCLE_TIME_MS", "0"}}, "KOLO_CYCLE_TIME_MS"},
-        BadCase{{{"KOLO_CYCLE_TIME_MS", "fast"}}, "fast"},
-        BadCase{{{"KOLO_CACHE_CAPACITY", "lots"}}, "KOLO_CACHE_CAPACITY"},
-        BadCase{{{"KOLO_BACKEND", "nccl2"}}, "nccl2"},
-        BadCase{{{"KOLO_BUSY_POLL", "maybe"}}, "maybe"},
-        BadCase{{{"KOLO_LOG_LEVEL", "loud"}}, "loud"},
-        BadCase{{{"KOLO_SIZE", "2"}, {"KOLO_RANK", "2"}}, "rank=2"},
-        BadCase{{{"KOLO_SIZE", "0"}}, "KOLO_SIZE"},
-        BadCase{{{"KOLO_JOB_SECRET", "short"}}, "16"},
-        BadCase{{{"KOLO_SIZE", "2"}, {"KOLO_BACKEND", "mpi"}}, "mpirun"},
-        BadCase{{{"KOLO_PEER_TIMEOUT_SECONDS", "nan"}}, "nan"}));
+    ::testing::Values(BadCase{{{"KOLO_FUSION_THRESHOLD_BYTES", "64MB"}}, "64MB"},
+                      BadCase{{{"KOLO_FUSION_THRESHOLD_BYTES", "-1"}}, "-1"},
+                      BadCase{{{"KOLO_CYCLE_TIME_MS", "0"}}, "KOLO_CYCLE_TIME_MS"},
+                      BadCase{{{"KOLO_CYCLE_TIME_MS", "fast"}}, "fast"},
+                      BadCase{{{"KOLO_CACHE_CAPACITY", "lots"}}, "KOLO_CACHE_CAPACITY"},
+                      BadCase{{{"KOLO_BACKEND", "nccl2"}}, "nccl2"},
+                      BadCase{{{"KOLO_BUSY_POLL", "maybe"}}, "maybe"},
+                      BadCase{{{"KOLO_LOG_LEVEL", "loud"}}, "loud"},
+                      BadCase{{{"KOLO_SIZE", "2"}, {"KOLO_RANK", "2"}}, "rank=2"},
+                      BadCase{{{"KOLO_SIZE", "0"}}, "KOLO_SIZE"},
+                      BadCase{{{"KOLO_JOB_SECRET", "short"}}, "16"},
+                      BadCase{{{"KOLO_SIZE", "2"}, {"KOLO_BACKEND", "mpi"}}, "mpirun"},
+                      BadCase{{{"KOLO_PEER_TIMEOUT_SECONDS", "nan"}}, "nan"}));
 
 TEST(Options, MisspelledVariablesAreReported) {
   const Env env{{"KOLO_FUSION_THRESHOLD", "1"}, {"KOLO_CYCLE_TIME_MS", "2"}, {"PATH", "/bin"}};

@@ -29,7 +29,8 @@ int main(int argc, char** argv) {
   }
   auto engine = kolo::Engine::Create(*options);
   if (!engine.ok()) {
-    std::fprintf(stderr, "rank %d: FAILED: %s\n", options->rank, engine.status().ToString().c_str());
+    std::fprintf(stderr, "rank %d: FAILED: %s\n", options->rank,
+                 engine.status().ToString().c_str());
     return 1;
   }
   kolo::Engine& e = **engine;

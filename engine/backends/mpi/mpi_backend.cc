@@ -8,16 +8,16 @@
 namespace kolo::backends {
 namespace {
 
-#define KOLO_MPI_RETURN_IF_ERROR(call)                                                \
-  do {                                                                                \
-    const int kolo_mpi_rc_ = (call);                                                  \
-    if (kolo_mpi_rc_ != MPI_SUCCESS) {                                                \
-      char kolo_mpi_msg_[MPI_MAX_ERROR_STRING];                                       \
-      int kolo_mpi_len_ = 0;                                                          \
-      MPI_Error_string(kolo_mpi_rc_, kolo_mpi_msg_, &kolo_mpi_len_);                  \
-      return Internal("{} failed: {} (code {})", #call,                              \
-                      std::string(kolo_mpi_msg_, kolo_mpi_len_), kolo_mpi_rc_);       \
-    }                                                                                 \
+#define KOLO_MPI_RETURN_IF_ERROR(call)                                                             \
+  do {                                                                                             \
+    const int kolo_mpi_rc_ = (call);                                                               \
+    if (kolo_mpi_rc_ != MPI_SUCCESS) {                                                             \
+      char kolo_mpi_msg_[MPI_MAX_ERROR_STRING];                                                    \
+      int kolo_mpi_len_ = 0;                                                                       \
+      MPI_Error_string(kolo_mpi_rc_, kolo_mpi_msg_, &kolo_mpi_len_);                               \
+      return Internal("{} failed: {} (code {})", #call, std::string(kolo_mpi_msg_, kolo_mpi_len_), \
+                      kolo_mpi_rc_);                                                               \
+    }                                                                                              \
   } while (0)
 
 // MPI has no float16/bfloat16 sum: 16-bit contiguous types with a user op that calls kolo's
@@ -100,13 +100,20 @@ class MpiBackend final : public Backend {
  private:
   MPI_Datatype Type(DataType dtype) const {
     switch (dtype) {
-      case DataType::kFloat32: return MPI_FLOAT;
-      case DataType::kFloat64: return MPI_DOUBLE;
-      case DataType::kFloat16: return half_type_;
-      case DataType::kBFloat16: return bf16_type_;
-      case DataType::kInt32: return MPI_INT32_T;
-      case DataType::kInt64: return MPI_INT64_T;
-      case DataType::kUInt8: return MPI_UINT8_T;
+      case DataType::kFloat32:
+        return MPI_FLOAT;
+      case DataType::kFloat64:
+        return MPI_DOUBLE;
+      case DataType::kFloat16:
+        return half_type_;
+      case DataType::kBFloat16:
+        return bf16_type_;
+      case DataType::kInt32:
+        return MPI_INT32_T;
+      case DataType::kInt64:
+        return MPI_INT64_T;
+      case DataType::kUInt8:
+        return MPI_UINT8_T;
     }
     return MPI_BYTE;
   }

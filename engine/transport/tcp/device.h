@@ -13,6 +13,11 @@
 // kAborted "rank R aborted: <reason>"; a tag mismatch, an oversize message or a malformed frame is
 // kProtocol naming the peer. These are sticky. A Poll timeout (kDeadlineExceeded) is not sticky:
 // the caller may poll again.
+//
+// Shutdown: destroying a Device sends GOODBYE to every peer, half-closes, and waits at most
+// 200 ms for the peers to close their side (so that no reset destroys the frame before they read
+// it); Abort does the same with an ABORT frame and waits at most 1 s. Sends not yet started are
+// dropped; a frame already partly written is finished first, within the same bound.
 #pragma once
 
 #include <chrono>

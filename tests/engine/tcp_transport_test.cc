@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <ctime>
@@ -428,27 +429,51 @@ TEST(TcpTransport, ConnectionsAfterSetupAreClosedAndHarmless) {
   auto out = d[1]->Register(buf.data(), buf.size());
   auto into = d[0]->Register(in.data(), in.size());
   ASSERT_TRUE(out.ok() && into.ok());
-  bool closed = false;
+  ASSERT_TRUE(d[0]->pair(1).Recv(**into, 0, in.size(), 8).ok());
+  // Rank 0 polls (which is what serves its listener) until both intruders are done: random bytes
+  // at its port, and a full handshake attempt with the wrong secret claiming rank 1.
+  std::atomic<bool> closed{false}, intruders_done{false}, received{false}, poll_failed{false};
+  Status impostor_status;
+  std::vector<Completion> done;
+  Status poll_status;
+  std::thread poller([&] {
+    while (!intruders_done && poll_status.ok()) {
+      poll_status = d[0]->Poll(&done, milliseconds(50));
+      if (poll_status.code() == StatusCode::kDeadlineExceeded) poll_status = Status::OK();
+      received = !done.empty();
+    }
+    poll_failed = !poll_status.ok();
+  });
   std::thread intruder([&] {
     std::mt19937 rng(11);
     std::vector<uint8_t> garbage(500);
     for (auto& b : garbage) b = static_cast<uint8_t>(rng());
     closed = ClosedByPeer(addr, garbage, milliseconds(5000));
   });
-  // Rank 0 keeps polling (which is what serves its listener) while the transfer runs.
-  ASSERT_TRUE(d[0]->pair(1).Recv(**into, 0, in.size(), 8).ok());
-  std::this_thread::sleep_for(milliseconds(100));
-  ASSERT_TRUE(d[1]->pair(0).Send(**out, 0, buf.size(), 8).ok());
-  std::vector<Completion> done;
-  Status s = Status::OK();
-  while (s.ok() && done.empty()) s = d[0]->Poll(&done, milliseconds(2000));
-  ASSERT_TRUE(s.ok()) << s.ToString();
-  for (int i = 0; i < 20 && !closed; ++i) (void)d[0]->Poll(&done, milliseconds(100));
+  std::thread impostor([&] {
+    bootstrap::InMemoryStore fake;
+    if (!fake.Set("tcp/addr/0", std::vector<uint8_t>(addr.begin(), addr.end())).ok()) return;
+    TcpOptions wrong = Options(milliseconds(1000));
+    wrong.secret = "not-the-job-secret";
+    impostor_status = Connect(wrong, fake, 1, 2).status();
+  });
   intruder.join();
+  impostor.join();
+  // Then the job still completes a transfer on the same pair.
+  Status sent = d[1]->pair(0).Send(**out, 0, buf.size(), 8);
+  for (int i = 0; i < 1000 && sent.ok() && !poll_failed && !received; ++i) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  intruders_done = true;
+  poller.join();
   EXPECT_TRUE(closed);
+  EXPECT_FALSE(impostor_status.ok());
+  ASSERT_TRUE(sent.ok()) << sent.ToString();
+  ASSERT_TRUE(poll_status.ok()) << poll_status.ToString();
+  EXPECT_EQ(done.size(), 1u);
   EXPECT_EQ(in, buf);
-  done.clear();
-  EXPECT_TRUE(WaitFor(*d[1], 1, &done, milliseconds(5000)).ok());
+  std::vector<Completion> sender;
+  EXPECT_TRUE(WaitFor(*d[1], 1, &sender, milliseconds(5000)).ok());
 }
 
 TEST(TcpTransport, SetupTimeoutNamesMissingRanks) {

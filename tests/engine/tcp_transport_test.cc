@@ -21,6 +21,7 @@
 
 #include "engine/bootstrap/store.h"
 #include "engine/transport/tcp/device.h"
+#include "engine/transport/tcp/sha256.h"
 #include "engine/transport/tcp/socket.h"
 
 namespace kolo::transport::tcp {
@@ -504,6 +505,34 @@ TEST(TcpTransport, IdlePollSleepsUnlessBusyPolling) {
       EXPECT_LT(cpu_ms, 25.0) << "an idle Poll must sleep in epoll_wait";
     }
   }
+}
+
+std::string Hex(const Digest& d) {
+  std::string out;
+  for (uint8_t b : d) out += fmt::format("{:02x}", b);
+  return out;
+}
+
+TEST(TcpHandshake, Sha256AndHmacKnownAnswers) {
+  Sha256 h;
+  h.Update("abc", 3);
+  EXPECT_EQ(Hex(h.Final()), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  const std::string million(1000000, 'a');  // FIPS 180-2 long message, crosses many blocks
+  Sha256 m;
+  m.Update(million.data(), 999999);
+  m.Update(million.data(), 1);
+  EXPECT_EQ(Hex(m.Final()), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  const std::string data = "what do ya want for nothing?";  // RFC 4231 test case 2
+  EXPECT_EQ(Hex(HmacSha256("Jefe", data.data(), data.size())),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  const std::string long_key(131, '\xaa');  // RFC 4231 test case 6: key longer than a block
+  const std::string text = "Test Using Larger Than Block-Size Key - Hash Key First";
+  EXPECT_EQ(Hex(HmacSha256(long_key, text.data(), text.size())),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+  Digest a{}, b{};
+  EXPECT_TRUE(DigestsEqual(a, b));
+  b[31] = 1;
+  EXPECT_FALSE(DigestsEqual(a, b));
 }
 
 TEST(TcpTransport, ArgumentErrors) {

@@ -45,6 +45,7 @@ struct RawFlags {
   std::string minbytes = "8", maxbytes = "256M", stepfactor = "2", dtype = "float32", op = "sum";
   std::string iters = "20", warmup = "5", backend = "ring", check = "1", fusion = "both";
   std::string fusion_threshold_mb, cycle_time_ms, json, tensors;
+  bool gloo_all = false;
 };
 
 Status Convert(const RawFlags& raw, BenchConfig* c) {
@@ -67,6 +68,7 @@ Status Convert(const RawFlags& raw, BenchConfig* c) {
   c->warmup = static_cast<int>(warmup);
   KOLO_ASSIGN_OR_RETURN(c->backends, ParseBackends(raw.backend));
   KOLO_ASSIGN_OR_RETURN(c->check, ParseBool("--check", raw.check));
+  c->gloo_all = raw.gloo_all;
   if (raw.fusion == "on") {
     c->fusion = FusionMode::kOn;
   } else if (raw.fusion == "off") {
@@ -155,6 +157,8 @@ StatusOr<ParsedFlags> ParseBenchFlags(int argc, char** argv) {
   app.add_option("--json", raw.json, "write every setting and row as JSON to this file (rank 0)");
   app.add_option("--check", raw.check, "verify results against a local reference (1 or 0)")
       ->capture_default_str();
+  app.add_flag("--gloo-all", raw.gloo_all,
+               "with gloo: also Gloo's oldest AllreduceRing (slow with more ranks than cores)");
   app.add_option(
       "--tensors", raw.tensors,
       std::string("one step's gradients of a model instead of the sweep: ") + TensorSetNames());

@@ -43,6 +43,7 @@ struct BenchConfig {
   std::optional<double> cycle_time_ms;
   std::string json_path;  // written by rank 0; empty = no JSON
   bool check = true;      // verify every backend's result against the local reference
+  bool gloo_all = false;  // also Gloo's oldest, unpipelined AllreduceRing
   // Step mode instead of the size sweep: one step's gradients of this model (tensor_sets.h).
   std::string tensors;
   FusionMode fusion = FusionMode::kBoth;

@@ -122,7 +122,7 @@ fi
 # --- kolo-run, 2 ranks: every backend it can run.
 KR_BACKENDS=ring,link
 KR_ROWS=(ring link)
-if [[ $HAVE_GLOO == 1 ]]; then KR_BACKENDS+=,gloo; KR_ROWS+=(gloo-ring gloo-ring-chunked); fi
+if [[ $HAVE_GLOO == 1 ]]; then KR_BACKENDS+=,gloo; KR_ROWS+=(gloo-ring-chunked gloo-allreduce); fi
 if run kr_sweep "$KOLO_RUN" -np 2 --timeout-s 280 "$BENCH" "${TINY[@]}" --backend "$KR_BACKENDS" \
     --json "$WORK/kr_sweep.json"; then
   check_table kr_sweep "${KR_ROWS[@]}"
@@ -158,7 +158,7 @@ if ! command -v mpirun >/dev/null; then
 fi
 MR_BACKENDS=ring,link,mpi-direct,mpi
 MR_ROWS=(ring link mpi-direct mpi)
-if [[ $HAVE_GLOO == 1 ]]; then MR_BACKENDS+=,gloo; MR_ROWS+=(gloo-ring gloo-ring-chunked); fi
+if [[ $HAVE_GLOO == 1 ]]; then MR_BACKENDS+=,gloo; MR_ROWS+=(gloo-ring-chunked gloo-allreduce); fi
 if run mr_sweep mpirun "${MPIRUN_ARGS[@]}" -np 2 "$BENCH" "${TINY[@]}" --backend "$MR_BACKENDS" \
     --json "$WORK/mr_sweep.json"; then
   check_table mr_sweep "${MR_ROWS[@]}"

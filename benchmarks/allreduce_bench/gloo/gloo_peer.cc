@@ -1,5 +1,6 @@
 #include "benchmarks/allreduce_bench/gloo/gloo_peer.h"
 
+#include <gloo/allreduce.h>
 #include <gloo/allreduce_ring.h>
 #include <gloo/allreduce_ring_chunked.h>
 #include <gloo/rendezvous/context.h>
@@ -11,6 +12,8 @@
 #include <cstring>
 #include <exception>
 #include <stdexcept>
+#include <string>
+#include <type_traits>
 
 #include "engine/collectives/reduce.h"
 
@@ -20,8 +23,8 @@ namespace {
 // Gloo's rendezvous::Store interface over a kolo Store. Gloo reports failures by exception.
 class StoreAdapter final : public ::gloo::rendezvous::Store {
  public:
-  StoreAdapter(bootstrap::Store& store, std::chrono::milliseconds timeout)
-      : store_(store), timeout_(timeout) {}
+  StoreAdapter(bootstrap::Store& store, std::chrono::milliseconds timeout, std::string prefix)
+      : store_(store), timeout_(timeout), kPrefix(std::move(prefix)) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
     Status s = store_.Set(kPrefix + key, std::vector<uint8_t>(data.begin(), data.end()));
@@ -42,9 +45,9 @@ class StoreAdapter final : public ::gloo::rendezvous::Store {
   }
 
  private:
-  static constexpr const char* kPrefix = "gloo/";
   bootstrap::Store& store_;
   std::chrono::milliseconds timeout_;
+  const std::string kPrefix;  // keys of one Gloo context
 };
 
 struct Shared {
@@ -56,7 +59,19 @@ void SumBFloat16(uint16_t* x, const uint16_t* y, size_t n) {
   collectives::ReduceSum(DataType::kBFloat16, x, y, n);
 }
 
-enum class Algo { kRing, kRingChunked };
+// Gloo's two algorithm classes, and its newer allreduce() call with the RING algorithm.
+enum class Algo { kRing, kRingChunked, kAllreduceRing };
+
+template <typename T>
+::gloo::AllreduceOptions::Func SumFunc() {
+  if constexpr (std::is_same_v<T, uint16_t>) {  // bfloat16
+    return [](void* c, const void* a, const void* b, size_t n) {
+      collectives::ReduceSum3(DataType::kBFloat16, c, a, b, n);
+    };
+  } else {
+    return static_cast<void (*)(void*, const void*, const void*, size_t)>(&::gloo::sum<T>);
+  }
+}
 
 template <typename T>
 class GlooRow final : public Backend {
@@ -66,7 +81,12 @@ class GlooRow final : public Backend {
       : shared_(std::move(shared)), algo_(algo), fn_(fn), dtype_(dtype), op_(op) {}
 
   std::string name() const override {
-    return algo_ == Algo::kRing ? "gloo-ring" : "gloo-ring-chunked";
+    switch (algo_) {
+      case Algo::kRing: return "gloo-ring";
+      case Algo::kRingChunked: return "gloo-ring-chunked";
+      case Algo::kAllreduceRing: return "gloo-allreduce";
+    }
+    return "gloo";
   }
   BackendKind kind() const override { return BackendKind::kGloo; }
 
@@ -80,7 +100,9 @@ class GlooRow final : public Backend {
     return Guard("set-up", [&] {
       std::vector<T*> ptrs = {reinterpret_cast<T*>(buf_)};
       const int n = static_cast<int>(count);
-      if (algo_ == Algo::kRing) {
+      if (algo_ == Algo::kAllreduceRing) {
+        // Options (and their buffers) are built per call in RunOnce, as Gloo's callers do.
+      } else if (algo_ == Algo::kRing) {
         algorithm_ = std::make_unique<::gloo::AllreduceRing<T>>(shared_->context, ptrs, n, fn_);
       } else {
         algorithm_ =
@@ -90,7 +112,19 @@ class GlooRow final : public Backend {
   }
 
   Status RunOnce() override {
-    KOLO_RETURN_IF_ERROR(Guard("allreduce", [&] { algorithm_->run(); }));
+    KOLO_RETURN_IF_ERROR(Guard("allreduce", [&] {
+      if (algo_ == Algo::kAllreduceRing) {
+        ::gloo::AllreduceOptions options(shared_->context);
+        options.setAlgorithm(::gloo::AllreduceOptions::Algorithm::RING);
+        options.setOutput(reinterpret_cast<T*>(buf_), count_);
+        options.setReduceFunction(SumFunc<T>());
+        options.setTag(++calls_);
+        options.setTimeout(shared_->context->getTimeout());
+        ::gloo::allreduce(options);
+      } else {
+        algorithm_->run();
+      }
+    }));
     if (op_ == ReduceOp::kAverage) {
       collectives::Scale(dtype_, buf_, count_, 1.0 / shared_->context->size);
     }
@@ -119,18 +153,27 @@ class GlooRow final : public Backend {
   DataType dtype_;
   ReduceOp op_;
   std::unique_ptr<::gloo::Algorithm> algorithm_;
+  uint32_t calls_ = 0;  // gloo::allreduce tag: a fresh slot per call
   uint8_t* buf_ = nullptr;
   size_t count_ = 0;
 };
 
 template <typename T>
 std::vector<std::unique_ptr<Backend>> MakeRows(std::shared_ptr<Shared> shared,
+                                               std::shared_ptr<Shared> shared_api,
                                                const ::gloo::ReductionFunction<T>* fn,
                                                const BenchConfig& config) {
   std::vector<std::unique_ptr<Backend>> rows;
-  rows.push_back(std::make_unique<GlooRow<T>>(shared, Algo::kRing, fn, config.dtype, config.op));
+  // Gloo's oldest AllreduceRing (unpipelined) only with --gloo-all: with more ranks than cores it
+  // takes about a minute per 64 MiB iteration, and it is never Gloo's best.
+  if (config.gloo_all) {
+    rows.push_back(
+        std::make_unique<GlooRow<T>>(shared, Algo::kRing, fn, config.dtype, config.op));
+  }
   rows.push_back(
       std::make_unique<GlooRow<T>>(shared, Algo::kRingChunked, fn, config.dtype, config.op));
+  rows.push_back(
+      std::make_unique<GlooRow<T>>(shared_api, Algo::kAllreduceRing, fn, config.dtype, config.op));
   return rows;
 }
 
@@ -139,38 +182,45 @@ std::vector<std::unique_ptr<Backend>> MakeRows(std::shared_ptr<Shared> shared,
 StatusOr<std::vector<std::unique_ptr<Backend>>> MakeGlooPeers(const BenchConfig& config,
                                                               bootstrap::Store& store,
                                                               const GlooSetup& setup) {
-  auto shared = std::make_shared<Shared>();
-  try {
-    ::gloo::transport::tcp::attr attr;
-    attr.hostname = setup.listen_addr;
-    attr.ai_family = AF_INET;
-    shared->device = ::gloo::transport::tcp::CreateDevice(attr);
-    shared->context = std::make_shared<::gloo::rendezvous::Context>(setup.rank, setup.size);
-    shared->context->setTimeout(setup.timeout);
-    StoreAdapter adapter(store, setup.timeout);
-    shared->context->connectFullMesh(adapter, shared->device);
-  } catch (const std::exception& e) {
-    return Unavailable("gloo: rank {} could not connect to the other {} ranks on {}: {}",
-                       setup.rank, setup.size - 1, setup.listen_addr, e.what());
-  }
+  // Gloo's algorithm classes and its newer allreduce() call each get a context of their own:
+  // sharing one, the newer call hangs at 4 ranks.
+  auto connect = [&](const std::string& prefix) -> StatusOr<std::shared_ptr<Shared>> {
+    auto shared = std::make_shared<Shared>();
+    try {
+      ::gloo::transport::tcp::attr attr;
+      attr.hostname = setup.listen_addr;
+      attr.ai_family = AF_INET;
+      shared->device = ::gloo::transport::tcp::CreateDevice(attr);
+      shared->context = std::make_shared<::gloo::rendezvous::Context>(setup.rank, setup.size);
+      shared->context->setTimeout(setup.timeout);
+      StoreAdapter adapter(store, setup.timeout, prefix);
+      shared->context->connectFullMesh(adapter, shared->device);
+    } catch (const std::exception& e) {
+      return Unavailable("gloo: rank {} could not connect to the other {} ranks on {}: {}",
+                         setup.rank, setup.size - 1, setup.listen_addr, e.what());
+    }
+    return shared;
+  };
+  KOLO_ASSIGN_OR_RETURN(auto shared, connect("gloo/"));
+  KOLO_ASSIGN_OR_RETURN(auto shared_api, connect("gloo-api/"));
   // The static ReductionFunction<T>::sum objects live for the whole process.
   static const ::gloo::ReductionFunction<uint16_t> kBFloat16Sum(::gloo::CUSTOM, &SumBFloat16);
   switch (config.dtype) {
     case DataType::kFloat32:
-      return MakeRows<float>(shared, ::gloo::ReductionFunction<float>::sum, config);
+      return MakeRows<float>(shared, shared_api, ::gloo::ReductionFunction<float>::sum, config);
     case DataType::kFloat64:
-      return MakeRows<double>(shared, ::gloo::ReductionFunction<double>::sum, config);
+      return MakeRows<double>(shared, shared_api, ::gloo::ReductionFunction<double>::sum, config);
     case DataType::kFloat16:
-      return MakeRows<::gloo::float16>(shared, ::gloo::ReductionFunction<::gloo::float16>::sum,
+      return MakeRows<::gloo::float16>(shared, shared_api, ::gloo::ReductionFunction<::gloo::float16>::sum,
                                        config);
     case DataType::kBFloat16:
-      return MakeRows<uint16_t>(shared, &kBFloat16Sum, config);
+      return MakeRows<uint16_t>(shared, shared_api, &kBFloat16Sum, config);
     case DataType::kInt32:
-      return MakeRows<int32_t>(shared, ::gloo::ReductionFunction<int32_t>::sum, config);
+      return MakeRows<int32_t>(shared, shared_api, ::gloo::ReductionFunction<int32_t>::sum, config);
     case DataType::kInt64:
-      return MakeRows<int64_t>(shared, ::gloo::ReductionFunction<int64_t>::sum, config);
+      return MakeRows<int64_t>(shared, shared_api, ::gloo::ReductionFunction<int64_t>::sum, config);
     case DataType::kUInt8:
-      return MakeRows<uint8_t>(shared, ::gloo::ReductionFunction<uint8_t>::sum, config);
+      return MakeRows<uint8_t>(shared, shared_api, ::gloo::ReductionFunction<uint8_t>::sum, config);
   }
   return InvalidArgument("gloo: dtype {} is not supported", DataTypeName(config.dtype));
 }

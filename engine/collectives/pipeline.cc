@@ -122,9 +122,8 @@ void LayOutRing(const std::vector<Span>& recv_steps, const std::vector<bool>& sc
   }
 }
 
-Status RunRing(Comm& comm, const ExtentMap& buf, const RingPlan& plan, OpCode op,
-               uint32_t sequence, DataType dtype, bool reduce, Scratch& scratch,
-               const std::string& what) {
+Status RunRing(Comm& comm, const ExtentMap& buf, const RingPlan& plan, OpCode op, uint32_t sequence,
+               DataType dtype, bool reduce, Scratch& scratch, const std::string& what) {
   transport::Device& device = *comm.device;
   const size_t num_recvs = plan.recvs.size();
   const size_t num_sends = plan.sends.size();
@@ -158,8 +157,9 @@ Status RunRing(Comm& comm, const ExtentMap& buf, const RingPlan& plan, OpCode op
       const SendPiece& p = plan.sends[sends_posted];
       if (p.after >= 0 && static_cast<size_t>(p.after) >= recvs_done) break;
       auto [region, local] = buf.Locate(p.offset);
-      KOLO_RETURN_IF_ERROR(right->Send(
-          *region, local, p.nbytes, CollectiveTag(op, sequence, static_cast<uint32_t>(sends_posted))));
+      KOLO_RETURN_IF_ERROR(
+          right->Send(*region, local, p.nbytes,
+                      CollectiveTag(op, sequence, static_cast<uint32_t>(sends_posted))));
       ++sends_posted;
     }
     return Status::OK();

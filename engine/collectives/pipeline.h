@@ -86,8 +86,7 @@ void LayOutRing(const std::vector<Span>& recv_steps, const std::vector<bool>& sc
 
 // Runs `plan` on buf. When `reduce` is true, scratch pieces are summed (ReduceSum, `dtype`) into
 // the buffer; otherwise they are received and dropped. `what` names the call in errors.
-Status RunRing(Comm& comm, const ExtentMap& buf, const RingPlan& plan, OpCode op,
-               uint32_t sequence, DataType dtype, bool reduce, Scratch& scratch,
-               const std::string& what);
+Status RunRing(Comm& comm, const ExtentMap& buf, const RingPlan& plan, OpCode op, uint32_t sequence,
+               DataType dtype, bool reduce, Scratch& scratch, const std::string& what);
 
 }  // namespace kolo::collectives

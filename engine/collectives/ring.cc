@@ -126,8 +126,8 @@ Status RingBroadcast(Comm& comm, transport::Region& buf, size_t offset_bytes, si
         SendPiece{pieces[k].offset, pieces[k].nbytes, position > 0 ? static_cast<int64_t>(k) : -1});
   }
   Scratch unused;
-  return RunRing(comm, ExtentMap(buf), plan, OpCode::kBroadcast, sequence, DataType::kUInt8, false, unused,
-                 fmt::format("ring broadcast of {} bytes from rank {}", nbytes, root));
+  return RunRing(comm, ExtentMap(buf), plan, OpCode::kBroadcast, sequence, DataType::kUInt8, false,
+                 unused, fmt::format("ring broadcast of {} bytes from rank {}", nbytes, root));
 }
 
 Status RingAllgatherv(Comm& comm, transport::Region& buf, size_t offset_bytes,

@@ -447,8 +447,8 @@ TEST_P(RingExtents, ReduceTheConcatenationInPlace) {
       mine.emplace_back(c + 2, -7.0f);
       for (size_t i = 0; i < c; ++i) mine.back()[i + 1] = static_cast<float>((base + i) % 97 + r);
       base += c;
-      KOLO_ASSIGN_OR_RETURN(auto region, job.device(r).Register(mine.back().data(),
-                                                                 (c + 2) * sizeof(float)));
+      KOLO_ASSIGN_OR_RETURN(auto region,
+                            job.device(r).Register(mine.back().data(), (c + 2) * sizeof(float)));
       extents.push_back({region.get(), sizeof(float), c * sizeof(float)});
       regions.push_back(std::move(region));
     }
@@ -476,8 +476,8 @@ TEST(RingExtentsErrors, MisalignedExtentIsRejected) {
   std::vector<float> buf(8);
   auto region = job.device(0).Register(buf.data(), sizeof(float) * buf.size());
   ASSERT_TRUE(region.ok());
-  Status s = RingAllreduce(job.comm(0), {{region->get(), 0, 6}}, DataType::kFloat32,
-                           job.scratch(0));
+  Status s =
+      RingAllreduce(job.comm(0), {{region->get(), 0, 6}}, DataType::kFloat32, job.scratch(0));
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
 }
 

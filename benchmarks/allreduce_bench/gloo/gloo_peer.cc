@@ -82,9 +82,12 @@ class GlooRow final : public Backend {
 
   std::string name() const override {
     switch (algo_) {
-      case Algo::kRing: return "gloo-ring";
-      case Algo::kRingChunked: return "gloo-ring-chunked";
-      case Algo::kAllreduceRing: return "gloo-allreduce";
+      case Algo::kRing:
+        return "gloo-ring";
+      case Algo::kRingChunked:
+        return "gloo-ring-chunked";
+      case Algo::kAllreduceRing:
+        return "gloo-allreduce";
     }
     return "gloo";
   }
@@ -167,8 +170,7 @@ std::vector<std::unique_ptr<Backend>> MakeRows(std::shared_ptr<Shared> shared,
   // Gloo's oldest AllreduceRing (unpipelined) only with --gloo-all: with more ranks than cores it
   // takes about a minute per 64 MiB iteration, and it is never Gloo's best.
   if (config.gloo_all) {
-    rows.push_back(
-        std::make_unique<GlooRow<T>>(shared, Algo::kRing, fn, config.dtype, config.op));
+    rows.push_back(std::make_unique<GlooRow<T>>(shared, Algo::kRing, fn, config.dtype, config.op));
   }
   rows.push_back(
       std::make_unique<GlooRow<T>>(shared, Algo::kRingChunked, fn, config.dtype, config.op));
@@ -211,8 +213,8 @@ StatusOr<std::vector<std::unique_ptr<Backend>>> MakeGlooPeers(const BenchConfig&
     case DataType::kFloat64:
       return MakeRows<double>(shared, shared_api, ::gloo::ReductionFunction<double>::sum, config);
     case DataType::kFloat16:
-      return MakeRows<::gloo::float16>(shared, shared_api, ::gloo::ReductionFunction<::gloo::float16>::sum,
-                                       config);
+      return MakeRows<::gloo::float16>(shared, shared_api,
+                                       ::gloo::ReductionFunction<::gloo::float16>::sum, config);
     case DataType::kBFloat16:
       return MakeRows<uint16_t>(shared, shared_api, &kBFloat16Sum, config);
     case DataType::kInt32:

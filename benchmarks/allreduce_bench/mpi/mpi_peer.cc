@@ -4,6 +4,7 @@
 
 #include <climits>
 
+#include "engine/backends/mpi/mpi_types.h"
 #include "engine/bootstrap/mpi/mpi_env.h"
 #include "engine/collectives/reduce.h"
 
@@ -78,52 +79,14 @@ class MpiControl final : public Control {
   DupComm comm_;
 };
 
-void SumHalf(void* in, void* inout, int* len, MPI_Datatype*) {
-  collectives::ReduceSum(DataType::kFloat16, inout, in, static_cast<size_t>(*len));
-}
-void SumBFloat16(void* in, void* inout, int* len, MPI_Datatype*) {
-  collectives::ReduceSum(DataType::kBFloat16, inout, in, static_cast<size_t>(*len));
-}
-
 class MpiDirect final : public Backend {
  public:
   explicit MpiDirect(const BenchConfig& config) : dtype_(config.dtype), op_(config.op) {}
-  ~MpiDirect() override {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (finalized) return;
-    if (user_op_ != MPI_OP_NULL) MPI_Op_free(&user_op_);
-    if (user_type_ != MPI_DATATYPE_NULL) MPI_Type_free(&user_type_);
-  }
-
   Status Init() {
     KOLO_RETURN_IF_ERROR(comm_.Init());
-    switch (dtype_) {
-      case DataType::kFloat32:
-        type_ = MPI_FLOAT;
-        break;
-      case DataType::kFloat64:
-        type_ = MPI_DOUBLE;
-        break;
-      case DataType::kInt32:
-        type_ = MPI_INT32_T;
-        break;
-      case DataType::kInt64:
-        type_ = MPI_INT64_T;
-        break;
-      case DataType::kUInt8:
-        type_ = MPI_UINT8_T;
-        break;
-      case DataType::kFloat16:
-      case DataType::kBFloat16:
-        KOLO_MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &user_type_));
-        KOLO_MPI_CHECK(MPI_Type_commit(&user_type_));
-        KOLO_MPI_CHECK(
-            MPI_Op_create(dtype_ == DataType::kFloat16 ? &SumHalf : &SumBFloat16, 1, &user_op_));
-        type_ = user_type_;
-        mpi_op_ = user_op_;
-        break;
-    }
+    types_ = std::make_unique<backends::mpi::SumTypes>();
+    type_ = types_->type(dtype_);
+    mpi_op_ = types_->sum(dtype_);
     return Status::OK();
   }
 
@@ -153,10 +116,9 @@ class MpiDirect final : public Backend {
   DataType dtype_;
   ReduceOp op_;
   DupComm comm_;
+  std::unique_ptr<backends::mpi::SumTypes> types_;  // made after MPI is initialised
   MPI_Datatype type_ = MPI_DATATYPE_NULL;
-  MPI_Datatype user_type_ = MPI_DATATYPE_NULL;
   MPI_Op mpi_op_ = MPI_SUM;
-  MPI_Op user_op_ = MPI_OP_NULL;
   void* buf_ = nullptr;
   size_t count_ = 0;
 };

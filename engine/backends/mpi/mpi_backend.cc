@@ -3,7 +3,7 @@
 #include <memory>
 
 #include "engine/backends/backend.h"
-#include "engine/collectives/reduce.h"
+#include "engine/backends/mpi/mpi_types.h"
 
 namespace kolo::backends {
 namespace {
@@ -20,35 +20,13 @@ namespace {
     }                                                                                              \
   } while (0)
 
-// MPI has no float16/bfloat16 sum: 16-bit contiguous types with a user op that calls kolo's
-// reduction kernel (accumulating in float32, as the ring does).
-void SumHalf(void* in, void* inout, int* len, MPI_Datatype*) {
-  collectives::ReduceSum(DataType::kFloat16, inout, in, static_cast<size_t>(*len));
-}
-void SumBFloat16(void* in, void* inout, int* len, MPI_Datatype*) {
-  collectives::ReduceSum(DataType::kBFloat16, inout, in, static_cast<size_t>(*len));
-}
-
 class MpiBackend final : public Backend {
  public:
-  MpiBackend() {
-    MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
-    MPI_Type_contiguous(2, MPI_BYTE, &half_type_);
-    MPI_Type_commit(&half_type_);
-    MPI_Type_contiguous(2, MPI_BYTE, &bf16_type_);
-    MPI_Type_commit(&bf16_type_);
-    MPI_Op_create(&SumHalf, 1, &half_sum_);
-    MPI_Op_create(&SumBFloat16, 1, &bf16_sum_);
-  }
+  MpiBackend() { MPI_Comm_dup(MPI_COMM_WORLD, &comm_); }
   ~MpiBackend() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (finalized) return;
-    MPI_Op_free(&half_sum_);
-    MPI_Op_free(&bf16_sum_);
-    MPI_Type_free(&half_type_);
-    MPI_Type_free(&bf16_type_);
-    MPI_Comm_free(&comm_);
+    if (!finalized) MPI_Comm_free(&comm_);
   }
 
   const char* name() const override { return "mpi"; }
@@ -57,10 +35,8 @@ class MpiBackend final : public Backend {
   Status Allreduce(void* buf, size_t count, DataType dtype) override {
     // MPI counts are int: large buffers go in pieces.
     const size_t elem = DataTypeSize(dtype);
-    MPI_Datatype type = Type(dtype);
-    MPI_Op op = MPI_SUM;
-    if (dtype == DataType::kFloat16) op = half_sum_;
-    if (dtype == DataType::kBFloat16) op = bf16_sum_;
+    MPI_Datatype type = types_.type(dtype);
+    MPI_Op op = types_.sum(dtype);
     auto* p = static_cast<uint8_t*>(buf);
     for (size_t done = 0; done < count;) {
       const size_t n = std::min<size_t>(count - done, 1u << 30);
@@ -98,31 +74,8 @@ class MpiBackend final : public Backend {
   }
 
  private:
-  MPI_Datatype Type(DataType dtype) const {
-    switch (dtype) {
-      case DataType::kFloat32:
-        return MPI_FLOAT;
-      case DataType::kFloat64:
-        return MPI_DOUBLE;
-      case DataType::kFloat16:
-        return half_type_;
-      case DataType::kBFloat16:
-        return bf16_type_;
-      case DataType::kInt32:
-        return MPI_INT32_T;
-      case DataType::kInt64:
-        return MPI_INT64_T;
-      case DataType::kUInt8:
-        return MPI_UINT8_T;
-    }
-    return MPI_BYTE;
-  }
-
   MPI_Comm comm_ = MPI_COMM_NULL;
-  MPI_Datatype half_type_ = MPI_DATATYPE_NULL;
-  MPI_Datatype bf16_type_ = MPI_DATATYPE_NULL;
-  MPI_Op half_sum_ = MPI_OP_NULL;
-  MPI_Op bf16_sum_ = MPI_OP_NULL;
+  mpi::SumTypes types_;
 };
 
 }  // namespace

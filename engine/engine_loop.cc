@@ -99,8 +99,10 @@ void Engine::Impl::DrainQueue() {
   }
   for (TensorEntry& entry : drained) {
     const std::string name = entry.request.name;
-    TimelineEnd(name, "QUEUE");
-    TimelineBegin(name, "NEGOTIATE_" + UpperType(entry.request.type));
+    if (timeline) {
+      timeline->End(name, "QUEUE");
+      timeline->Begin(name, "NEGOTIATE_" + UpperType(entry.request.type));
+    }
     int bit = -1;
     switch (options.size > 1 ? cache.Find(entry.request, options.rank, &bit)
                              : coordinator::ResponseCache::Lookup::kMiss) {
@@ -314,8 +316,9 @@ Status Engine::Impl::Execute(const std::vector<Response>& responses) {
       return Internal("response for '{}', which rank {} has not submitted", r.request.name,
                       options.rank);
     }
-    if (pending.count(r.request.name))
-      TimelineEnd(r.request.name, "NEGOTIATE_" + UpperType(r.request.type));
+    if (timeline && pending.count(r.request.name)) {
+      timeline->End(r.request.name, "NEGOTIATE_" + UpperType(r.request.type));
+    }
   }
   for (const fusion::Group& g :
        fusion::PlanFusion(responses, static_cast<size_t>(options.fusion_threshold_bytes))) {

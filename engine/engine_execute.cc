@@ -32,37 +32,43 @@ Status Engine::Impl::RunFused(const std::vector<Response>& responses, const fusi
                               double scale) {
   const DataType dtype = responses[group.members[0]].request.dtype;
   const bool scattered = backend.SupportsScattered();
-  std::vector<fusion::CopyEntry> packed;  // small tensors: into the fusion buffer and back
-  std::vector<TensorEntry*> in_place;     // large tensors: reduced where they are
-  std::vector<bool> is_in_place;          // by group member
+  std::vector<TensorEntry*> packed;    // small tensors: into the fusion buffer and back
+  std::vector<TensorEntry*> in_place;  // large tensors: reduced where they are
   size_t packed_bytes = 0;
   for (size_t i : group.members) {
     TensorEntry& e = PendingEntry(responses[i].request.name);
     const size_t n = responses[i].bytes();
-    is_in_place.push_back(scattered && n >= kInPlaceMinBytes);
-    if (is_in_place.back()) {
+    if (scattered && n >= kInPlaceMinBytes) {
       if (e.in != e.out) std::memmove(e.out, e.in, n);
       in_place.push_back(&e);
     } else {
-      packed.push_back({e.in, nullptr, n});
+      packed.push_back(&e);
       packed_bytes += n;
     }
   }
   KOLO_RETURN_IF_ERROR(fusion_buffer.Reserve(packed_bytes));
+  auto bytes_of = [&](const TensorEntry* e) {
+    return static_cast<size_t>(NumElements(e->request.shape)) * DataTypeSize(dtype);
+  };
+  // Copies between each packed tensor and its slot; `into` picks the direction.
+  auto copies = [&](bool into) {
+    std::vector<fusion::CopyEntry> out;
+    size_t offset = 0;
+    for (TensorEntry* e : packed) {
+      uint8_t* slot = fusion_buffer.data() + offset;
+      out.push_back(into ? fusion::CopyEntry{e->in, slot, bytes_of(e)}
+                         : fusion::CopyEntry{slot, e->out, bytes_of(e)});
+      offset += bytes_of(e);
+    }
+    return out;
+  };
   std::vector<backends::HostBuffer> pieces;
-  size_t offset = 0;
-  for (auto& c : packed) {
-    c.dst = fusion_buffer.data() + offset;
-    offset += c.bytes;
-  }
   if (packed_bytes > 0) pieces.push_back({fusion_buffer.data(), packed_bytes});
-  for (TensorEntry* e : in_place) {
-    pieces.push_back(
-        {e->out, static_cast<size_t>(NumElements(e->request.shape)) * DataTypeSize(dtype)});
-  }
+  for (TensorEntry* e : in_place) pieces.push_back({e->out, bytes_of(e)});
 
   for (const auto& n : group_names) TimelineBegin(n, "MEMCPY_IN_FUSION_BUFFER");
-  fusion::PackEntries(packed.data(), packed.size());
+  const std::vector<fusion::CopyEntry> in_copies = copies(/*into=*/true);
+  fusion::PackEntries(in_copies.data(), in_copies.size());
   for (const auto& n : group_names) TimelineEnd(n, "MEMCPY_IN_FUSION_BUFFER");
 
   for (const auto& n : group_names) TimelineBegin(n, op_name);
@@ -74,20 +80,12 @@ Status Engine::Impl::RunFused(const std::vector<Response>& responses, const fusi
   KOLO_RETURN_IF_ERROR(status);
 
   // Back out of the fusion buffer, scaling on the way for an average.
-  size_t k = 0;
-  offset = 0;
-  for (size_t m = 0; m < group.members.size(); ++m) {
-    if (is_in_place[m]) continue;
-    TensorEntry& e = PendingEntry(responses[group.members[m]].request.name);
-    packed[k] = {fusion_buffer.data() + offset, e.out, packed[k].bytes};
-    offset += packed[k].bytes;
-    ++k;
-  }
+  const std::vector<fusion::CopyEntry> out_copies = copies(/*into=*/false);
   for (const auto& n : group_names) TimelineBegin(n, "MEMCPY_OUT_FUSION_BUFFER");
-  fusion::UnpackEntries(packed.data(), packed.size(), dtype, scale);
+  fusion::UnpackEntries(out_copies.data(), out_copies.size(), dtype, scale);
   if (scale != 1.0) {
     for (TensorEntry* e : in_place) {
-      collectives::Scale(dtype, e->out, static_cast<size_t>(NumElements(e->request.shape)), scale);
+      collectives::Scale(dtype, e->out, bytes_of(e) / DataTypeSize(dtype), scale);
     }
   }
   for (const auto& n : group_names) TimelineEnd(n, "MEMCPY_OUT_FUSION_BUFFER");
@@ -113,10 +111,10 @@ Status Engine::Impl::ExecuteAllreduce(const std::vector<Response>& responses,
 
   group_names.clear();
   for (size_t i : group.members) group_names.push_back(responses[i].request.name);
-  const std::string args = fmt::format("{{\"bytes\":{},\"tensors\":{},\"dtype\":\"{}\"}}", bytes,
-                                       group.members.size(), DataTypeName(dtype));
-  for (const auto& n : group_names) TimelineBegin(n, "ALLREDUCE", args);
   if (timeline) {
+    const std::string args = fmt::format("{{\"bytes\":{},\"tensors\":{},\"dtype\":\"{}\"}}", bytes,
+                                         group.members.size(), DataTypeName(dtype));
+    for (const auto& n : group_names) timeline->Begin(n, "ALLREDUCE", args);
     comm.on_phase = [this](collectives::Phase phase, bool starting) {
       for (const auto& n : group_names) {
         if (starting) {

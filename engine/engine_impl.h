@@ -69,7 +69,9 @@ struct Engine::Impl {
   backends::Backend& BackendFor(const coordinator::Request& request);
   void Complete(const std::string& name, const Status& status,
                 std::unique_ptr<GatheredTensor> gathered = nullptr);
-  void FailEverything(const Status& status);
+  // Completes every pending and queued operation with `status`; a fatal one also becomes the
+  // sticky error that later submissions and Shutdown return.
+  void FailEverything(const Status& status, bool fatal_error);
   TensorEntry& PendingEntry(const std::string& name);
   void TimelineBegin(const std::string& name, const std::string& activity,
                      const std::string& args = "");

@@ -44,11 +44,11 @@ void Engine::Impl::Loop() {
     if (!s.ok()) {
       KOLO_LOG(kError, "engine failed: {}", s.ToString());
       device->Abort(s);
-      FailEverything(s);
+      FailEverything(s, /*fatal_error=*/true);
       return;
     }
     if (stop) {
-      FailEverything(FailedPrecondition("the engine has shut down"));
+      FailEverything(FailedPrecondition("the engine has shut down"), /*fatal_error=*/false);
       return;
     }
     const auto now = SteadyClock::now();
@@ -57,9 +57,9 @@ void Engine::Impl::Loop() {
   }
 }
 
-void Engine::Impl::FailEverything(const Status& status) {
+void Engine::Impl::FailEverything(const Status& status, bool fatal_error) {
   std::lock_guard<std::mutex> lock(mu);
-  if (status.code() != StatusCode::kFailedPrecondition && fatal.ok()) fatal = status;
+  if (fatal_error && fatal.ok()) fatal = status;
   stopped = true;
   for (auto& [name, entry] : pending) {
     auto it = handles.find(entry.handle.id);

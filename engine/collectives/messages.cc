@@ -1,6 +1,5 @@
 // Latency-bound collectives: variable-length messages for negotiation, the bit-vector allreduce of
 // the response cache, and the barrier.
-#include <algorithm>
 
 #include "engine/collectives/collectives.h"
 #include "engine/collectives/reduce.h"
@@ -83,9 +82,12 @@ Status ReceiveMessages(Comm& comm, const std::vector<int>& peers, uint64_t lengt
   std::vector<Completion> done;
   Status s = transport::WaitFor(*comm.device, peers.size(), &done, comm.timeout);
   if (!s.ok()) return s.WithContext(fmt::format("rank {}: {}", comm.rank(), what));
+  // Rank -> position in `peers`, so matching completions stays linear in the job size.
+  std::vector<size_t> index_of(static_cast<size_t>(comm.size()), peers.size());
+  for (size_t i = 0; i < peers.size(); ++i) index_of[static_cast<size_t>(peers[i])] = i;
   for (const Completion& c : done) {
     const size_t i =
-        static_cast<size_t>(std::find(peers.begin(), peers.end(), c.peer) - peers.begin());
+        c.peer >= 0 && c.peer < comm.size() ? index_of[static_cast<size_t>(c.peer)] : peers.size();
     if (i < peers.size() && c.nbytes != lengths[i]) {
       return ProtocolError("rank {}: {}: rank {} announced {} bytes but sent {}", comm.rank(), what,
                            c.peer, lengths[i], c.nbytes);

@@ -142,6 +142,7 @@ struct Timeline::Impl {
   std::string pending;               // formatted events not yet written, each starting with a comma
   std::vector<size_t> pending_ends;  // where each event of `pending` ends
   std::chrono::steady_clock::time_point first_pending;  // when pending became non-empty
+  std::string last_accepted_args;  // the last args text that parsed as a JSON object
   bool stop = false;
 
   std::atomic<bool> failed{false};  // error is set: events are dropped without formatting
@@ -308,14 +309,20 @@ int Timeline::Impl::TidLocked(const std::string& tensor) {
 void Timeline::Impl::Event(char phase, const std::string& tensor, const std::string& name,
                            const std::string& args_json) {
   if (failed.load(std::memory_order_relaxed)) return;
-  // A malformed args text would make the whole file unparsable, so it is kept as a string instead.
-  const size_t first = args_json.find_first_not_of(" \t\r\n");
-  const bool args_is_object =
-      first != std::string::npos && args_json[first] == '{' && nlohmann::json::accept(args_json);
   bool wake = false;
   bool write_here = false;
   {
     std::lock_guard<std::mutex> lock(mu);
+    // A malformed args text would make the whole file unparsable, so it is kept as a string
+    // instead. A fused group sends the same args for every tensor, so the last text that passed
+    // is not parsed again.
+    bool args_is_object = !args_json.empty() && args_json == last_accepted_args;
+    if (!args_is_object) {
+      const size_t first = args_json.find_first_not_of(" \t\r\n");
+      args_is_object = first != std::string::npos && args_json[first] == '{' &&
+                       nlohmann::json::accept(args_json);
+      if (args_is_object) last_accepted_args = args_json;
+    }
     // Taken under the lock so that the file is in timestamp order.
     const auto now = std::chrono::steady_clock::now();
     const size_t before = pending.size();

@@ -95,7 +95,8 @@ Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, si
                         Scratch& scratch);
 
 // Sends a variable-length message to `peer` / receives one from `peer`, as a length message then a
-// payload message (both posted at once). Used for negotiation (engine/coordinator).
+// payload message (both posted at once). Point-to-point building blocks; negotiation uses
+// GatherMessages/BroadcastMessage instead.
 Status SendMessage(Comm& comm, int peer, const std::vector<uint8_t>& payload, uint64_t tag);
 StatusOr<std::vector<uint8_t>> RecvMessage(Comm& comm, int peer, uint64_t tag);
 

@@ -48,9 +48,7 @@ ExtentMap::ExtentMap(transport::Region& region)
 size_t ExtentMap::Index(size_t offset) const {
   // The last extent starting at or before `offset` that is not empty.
   auto it = std::upper_bound(starts_.begin(), starts_.end() - 1, offset);
-  size_t i = static_cast<size_t>(it - starts_.begin()) - 1;
-  while (i + 1 < extents_.size() && starts_[i + 1] <= offset) ++i;
-  return i;
+  return static_cast<size_t>(it - starts_.begin()) - 1;
 }
 
 std::pair<transport::Region*, size_t> ExtentMap::Locate(size_t offset) const {

@@ -70,9 +70,6 @@ class Pair {
   // message longer than `capacity` or with another tag is a protocol error.
   // REQUIRES: offset + capacity <= region.size().
   virtual Status Recv(Region& region, size_t offset, size_t capacity, uint64_t tag) = 0;
-
-  // Operations posted on this pair that have not completed.
-  virtual size_t pending() const = 0;
 };
 
 class Device {

@@ -37,7 +37,6 @@ class TcpPair final : public Pair {
   int peer() const override { return peer_; }
   Status Send(const Region& region, size_t offset, size_t nbytes, uint64_t tag) override;
   Status Recv(Region& region, size_t offset, size_t capacity, uint64_t tag) override;
-  size_t pending() const override { return sends_.size() + recvs_.size(); }
 
   // -1 once the connection is closed.
   int fd() const { return fd_.get(); }

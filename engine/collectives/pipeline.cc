@@ -121,7 +121,7 @@ void LayOutRing(const std::vector<Span>& recv_steps, const std::vector<bool>& sc
 }
 
 Status RunRing(Comm& comm, const ExtentMap& buf, const RingPlan& plan, OpCode op, uint32_t sequence,
-               DataType dtype, bool reduce, Scratch& scratch, const std::string& what) {
+               DataType dtype, bool reduce, Scratch& scratch, DescribeFn what) {
   transport::Device& device = *comm.device;
   const size_t num_recvs = plan.recvs.size();
   const size_t num_sends = plan.sends.size();
@@ -193,7 +193,7 @@ Status RunRing(Comm& comm, const ExtentMap& buf, const RingPlan& plan, OpCode op
     }
     if (s.ok()) s = post();
   }
-  if (!s.ok()) return s.WithContext(fmt::format("rank {}: {}", comm.rank(), what));
+  if (!s.ok()) return s.WithContext(fmt::format("rank {}: {}", comm.rank(), what()));
   return Status::OK();
 }
 

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -84,9 +85,26 @@ struct Span {
 void LayOutRing(const std::vector<Span>& recv_steps, const std::vector<bool>& scratch_steps,
                 Span own, size_t piece_bytes, RingPlan* plan, const ExtentMap* map = nullptr);
 
+// A non-owning reference to a callable returning the name of a call for error messages, so the
+// name is only formatted when an error needs it. Does not allocate. REQUIRES: the callable outlives
+// this reference (pass a lambda directly as the argument).
+class DescribeFn {
+ public:
+  template <typename F>
+  DescribeFn(const F& f)  // NOLINT(google-explicit-constructor): lets callers pass a lambda.
+      : callable_(&f),
+        call_([](const void* c) { return std::string((*static_cast<const F*>(c))()); }) {}
+  std::string operator()() const { return call_(callable_); }
+
+ private:
+  const void* callable_;
+  std::string (*call_)(const void*);
+};
+
 // Runs `plan` on buf. When `reduce` is true, scratch pieces are summed (ReduceSum, `dtype`) into
-// the buffer; otherwise they are received and dropped. `what` names the call in errors.
+// the buffer; otherwise they are received and dropped. `what()` names the call in errors; it is
+// invoked only on error.
 Status RunRing(Comm& comm, const ExtentMap& buf, const RingPlan& plan, OpCode op, uint32_t sequence,
-               DataType dtype, bool reduce, Scratch& scratch, const std::string& what);
+               DataType dtype, bool reduce, Scratch& scratch, DescribeFn what);
 
 }  // namespace kolo::collectives

@@ -69,8 +69,9 @@ Status Allreduce(Comm& comm, const ExtentMap& buf, size_t offset_bytes, size_t c
   RingPlan plan = AllreducePlan(comm.rank(), n, offset_bytes, count, elem, comm.chunk_bytes, buf);
   if (!reduce) plan.first = plan.second = Phase::kSendRecv;
   return RunRing(comm, buf, plan, reduce ? OpCode::kAllreduce : OpCode::kExchange, sequence, dtype,
-                 reduce, scratch,
-                 fmt::format("{} of {} {} elements", name, count, DataTypeName(dtype)));
+                 reduce, scratch, [&] {
+                   return fmt::format("{} of {} {} elements", name, count, DataTypeName(dtype));
+                 });
 }
 
 }  // namespace
@@ -126,8 +127,9 @@ Status RingBroadcast(Comm& comm, transport::Region& buf, size_t offset_bytes, si
         SendPiece{pieces[k].offset, pieces[k].nbytes, position > 0 ? static_cast<int64_t>(k) : -1});
   }
   Scratch unused;
-  return RunRing(comm, ExtentMap(buf), plan, OpCode::kBroadcast, sequence, DataType::kUInt8, false,
-                 unused, fmt::format("ring broadcast of {} bytes from rank {}", nbytes, root));
+  return RunRing(
+      comm, ExtentMap(buf), plan, OpCode::kBroadcast, sequence, DataType::kUInt8, false, unused,
+      [&] { return fmt::format("ring broadcast of {} bytes from rank {}", nbytes, root); });
 }
 
 Status RingAllgatherv(Comm& comm, transport::Region& buf, size_t offset_bytes,
@@ -158,9 +160,11 @@ Status RingAllgatherv(Comm& comm, transport::Region& buf, size_t offset_bytes,
   LayOutRing(steps, std::vector<bool>(steps.size(), false), block(comm.rank()), comm.chunk_bytes,
              &plan);
   Scratch unused;
-  return RunRing(
-      comm, ExtentMap(buf), plan, OpCode::kAllgatherv, sequence, DataType::kUInt8, false, unused,
-      fmt::format("ring allgatherv of {} bytes", displ[static_cast<size_t>(n)] - offset_bytes));
+  return RunRing(comm, ExtentMap(buf), plan, OpCode::kAllgatherv, sequence, DataType::kUInt8, false,
+                 unused, [&] {
+                   return fmt::format("ring allgatherv of {} bytes",
+                                      displ[static_cast<size_t>(n)] - offset_bytes);
+                 });
 }
 
 }  // namespace kolo::collectives

@@ -15,6 +15,7 @@
 
 #include "engine/bootstrap/store.h"
 #include "engine/transport/tcp/device.h"
+#include "tests/engine/rank_threads.h"
 
 namespace kolo::collectives {
 namespace {
@@ -23,15 +24,6 @@ using std::chrono::milliseconds;
 using transport::Device;
 using transport::Region;
 
-template <typename Fn>
-std::vector<Status> RunRanks(int n, Fn fn) {
-  std::vector<Status> out(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { out[static_cast<size_t>(r)] = fn(r); });
-  for (auto& t : threads) t.join();
-  return out;
-}
-
 // n ranks connected over loopback, each with its own Comm and Scratch.
 class Job {
  public:
@@ -39,7 +31,7 @@ class Job {
     devices_.resize(static_cast<size_t>(n));
     transport::tcp::TcpOptions options;
     options.secret = "collectives-test-secret";
-    auto statuses = RunRanks(n, [&](int r) -> Status {
+    auto statuses = kolo::testing::RunRankThreads(n, [&](int r) -> Status {
       KOLO_ASSIGN_OR_RETURN(devices_[static_cast<size_t>(r)],
                             transport::tcp::Connect(options, store_, r, n));
       return Status::OK();
@@ -56,7 +48,7 @@ class Job {
   // Every rank shuts down at once, as in a real job (a closing device waits, bounded, for its
   // peers to close their side too).
   ~Job() {
-    RunRanks(n_, [&](int r) {
+    kolo::testing::RunRankThreads(n_, [&](int r) {
       devices_[static_cast<size_t>(r)].reset();
       return Status::OK();
     });
@@ -74,7 +66,7 @@ class Job {
   // Runs fn(rank) on every rank; if a rank fails it aborts its device so the others stop too.
   template <typename Fn>
   std::vector<Status> Run(Fn fn) {
-    return RunRanks(n_, [&](int r) -> Status {
+    return kolo::testing::RunRankThreads(n_, [&](int r) -> Status {
       Status s = fn(r);
       if (!s.ok()) device(r).Abort(s);
       return s;
@@ -411,7 +403,7 @@ TEST(Collectives, AbortingRankFailsTheOthers) {
   Job job(4);
   ASSERT_TRUE(job.ok());
   std::vector<std::vector<float>> bufs(4, std::vector<float>(1 << 20, 1.0f));
-  auto statuses = RunRanks(4, [&](int r) -> Status {
+  auto statuses = kolo::testing::RunRankThreads(4, [&](int r) -> Status {
     if (r == 2) {
       job.device(r).Abort(Internal("rank 2 ran out of memory"));
       return Status::OK();

@@ -23,6 +23,7 @@
 #include "engine/transport/tcp/device.h"
 #include "engine/transport/tcp/sha256.h"
 #include "engine/transport/tcp/socket.h"
+#include "tests/engine/rank_threads.h"
 
 namespace kolo::transport::tcp {
 namespace {
@@ -51,22 +52,12 @@ TcpOptions Options(milliseconds timeout = milliseconds(20000)) {
   return o;
 }
 
-// Runs fn(rank) on `n` threads and returns each rank's status.
-template <typename Fn>
-std::vector<Status> RunRanks(int n, Fn fn) {
-  std::vector<Status> out(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { out[static_cast<size_t>(r)] = fn(r); });
-  for (auto& t : threads) t.join();
-  return out;
-}
-
 // Connects ranks 0..n-1 of a job of `size` ranks (the others, if any, join from elsewhere).
 Devices ConnectAll(int n, bootstrap::Store& store, const TcpOptions& options = Options(),
                    int size = 0) {
   if (size == 0) size = n;
   Devices devices(static_cast<size_t>(n));
-  auto statuses = RunRanks(n, [&](int r) -> Status {
+  auto statuses = kolo::testing::RunRankThreads(n, [&](int r) -> Status {
     KOLO_ASSIGN_OR_RETURN(devices[static_cast<size_t>(r)], Connect(options, store, r, size));
     return Status::OK();
   });
@@ -123,7 +114,7 @@ TEST(TcpTransport, SendRecvEverySize) {
   for (size_t size : sizes) {
     const std::vector<uint8_t> sent = Pattern(size, static_cast<uint32_t>(size));
     std::vector<uint8_t> got(size + 16, 0xee);
-    auto statuses = RunRanks(2, [&](int r) -> Status {
+    auto statuses = kolo::testing::RunRankThreads(2, [&](int r) -> Status {
       Device& dev = *d[r];
       std::vector<Completion> done;
       if (r == 0) {
@@ -157,7 +148,7 @@ TEST(TcpTransport, FifoOrderBothDirectionsAndShortMessages) {
   bootstrap::InMemoryStore store;
   Devices d = ConnectAll(3, store);
   constexpr int kMessages = 300;  // more than the pre-reserved queue, so it must grow
-  auto statuses = RunRanks(3, [&](int r) -> Status {
+  auto statuses = kolo::testing::RunRankThreads(3, [&](int r) -> Status {
     Device& dev = *d[r];
     std::vector<std::vector<uint8_t>> out, in;
     std::vector<std::unique_ptr<Region>> regions;
@@ -363,7 +354,7 @@ TEST(TcpTransport, AbortReachesEveryPeerEvenBehindUnreadMessages) {
   ASSERT_TRUE(WaitFor(*d[1], 3, &done, milliseconds(5000)).ok());
   d[1]->Abort(Internal("disk on fire"));
   d[1]->Abort(Internal("second call is a no-op"));
-  auto statuses = RunRanks(3, [&](int r) -> Status {
+  auto statuses = kolo::testing::RunRankThreads(3, [&](int r) -> Status {
     if (r == 1) return Status::OK();
     // Each survivor waits on the other survivor, not on rank 1.
     uint64_t word = 0;

@@ -31,52 +31,6 @@ inline int64_t Value(int64_t cls, int rank, const Formula& f) {
   return (cls + 13 * static_cast<int64_t>(rank)) % f.modulus + f.base;
 }
 
-inline double Load(DataType dtype, const void* buf, size_t i) {
-  switch (dtype) {
-    case DataType::kFloat32:
-      return static_cast<const float*>(buf)[i];
-    case DataType::kFloat64:
-      return static_cast<const double*>(buf)[i];
-    case DataType::kFloat16:
-      return HalfToFloat(static_cast<const uint16_t*>(buf)[i]);
-    case DataType::kBFloat16:
-      return BFloat16ToFloat(static_cast<const uint16_t*>(buf)[i]);
-    case DataType::kInt32:
-      return static_cast<const int32_t*>(buf)[i];
-    case DataType::kInt64:
-      return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
-    case DataType::kUInt8:
-      return static_cast<const uint8_t*>(buf)[i];
-  }
-  return 0;
-}
-
-inline void Store(DataType dtype, void* buf, size_t i, int64_t v) {
-  switch (dtype) {
-    case DataType::kFloat32:
-      static_cast<float*>(buf)[i] = static_cast<float>(v);
-      break;
-    case DataType::kFloat64:
-      static_cast<double*>(buf)[i] = static_cast<double>(v);
-      break;
-    case DataType::kFloat16:
-      static_cast<uint16_t*>(buf)[i] = FloatToHalf(static_cast<float>(v));
-      break;
-    case DataType::kBFloat16:
-      static_cast<uint16_t*>(buf)[i] = FloatToBFloat16(static_cast<float>(v));
-      break;
-    case DataType::kInt32:
-      static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v);
-      break;
-    case DataType::kInt64:
-      static_cast<int64_t*>(buf)[i] = v;
-      break;
-    case DataType::kUInt8:
-      static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(v);
-      break;
-  }
-}
-
 bool IsFloat(DataType dtype) {
   return dtype == DataType::kFloat32 || dtype == DataType::kFloat64 ||
          dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
@@ -144,7 +98,8 @@ void HostBuffer::Free::operator()(uint8_t* p) const { std::free(p); }
 
 void FillInput(DataType dtype, void* buf, size_t count, int rank) {
   const Formula f = FormulaFor(dtype);
-  for (size_t i = 0; i < count; ++i) Store(dtype, buf, i, Value(ClassOf(i, f), rank, f));
+  for (size_t i = 0; i < count; ++i)
+    StoreElement(dtype, buf, i, static_cast<double>(Value(ClassOf(i, f), rank, f)));
 }
 
 CheckResult CheckOutput(DataType dtype, const void* out, size_t count, int size, ReduceOp op) {
@@ -180,7 +135,7 @@ CheckResult CheckOutput(DataType dtype, const void* out, size_t count, int size,
   }
   CheckResult result;
   for (size_t i = 0; i < count; ++i) {
-    const double got = Load(dtype, out, i);
+    const double got = LoadElement(dtype, out, i);
     const double err = std::fabs(got - expected[static_cast<size_t>(ClassOf(i, f))]);
     if (!(err <= tol)) {  // NaN compares false
       ++result.wrong;

@@ -72,4 +72,52 @@ int64_t NumElements(const Shape& shape) {
 
 std::string ShapeToString(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ",")); }
 
+double LoadElement(DataType dtype, const void* data, size_t i) {
+  switch (dtype) {
+    case DataType::kFloat32:
+      return static_cast<const float*>(data)[i];
+    case DataType::kFloat64:
+      return static_cast<const double*>(data)[i];
+    case DataType::kFloat16:
+      return HalfToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DataType::kBFloat16:
+      return BFloat16ToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DataType::kInt32:
+      return static_cast<const int32_t*>(data)[i];
+    case DataType::kInt64:
+      return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case DataType::kUInt8:
+      return static_cast<const uint8_t*>(data)[i];
+  }
+  return 0;
+}
+
+void StoreElement(DataType dtype, void* data, size_t i, double value) {
+  // Integers go through int64 first: a direct double -> uint8 conversion of a value out of range
+  // is undefined, while int64 -> narrower integer wraps (C++20).
+  switch (dtype) {
+    case DataType::kFloat32:
+      static_cast<float*>(data)[i] = static_cast<float>(value);
+      break;
+    case DataType::kFloat64:
+      static_cast<double*>(data)[i] = value;
+      break;
+    case DataType::kFloat16:
+      static_cast<uint16_t*>(data)[i] = FloatToHalf(static_cast<float>(value));
+      break;
+    case DataType::kBFloat16:
+      static_cast<uint16_t*>(data)[i] = FloatToBFloat16(static_cast<float>(value));
+      break;
+    case DataType::kInt32:
+      static_cast<int32_t*>(data)[i] = static_cast<int32_t>(static_cast<int64_t>(value));
+      break;
+    case DataType::kInt64:
+      static_cast<int64_t*>(data)[i] = static_cast<int64_t>(value);
+      break;
+    case DataType::kUInt8:
+      static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(static_cast<int64_t>(value));
+      break;
+  }
+}
+
 }  // namespace kolo

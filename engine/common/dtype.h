@@ -37,6 +37,15 @@ using Shape = std::vector<int64_t>;
 int64_t NumElements(const Shape& shape);
 std::string ShapeToString(const Shape& shape);  // "[64,3,7,7]"
 
+// Element i of a buffer of `dtype`, read as a double. float16/bfloat16 go through the converters
+// below. REQUIRES: data holds at least i + 1 elements of dtype.
+double LoadElement(DataType dtype, const void* data, size_t i);
+// Writes `value` into element i of a buffer of `dtype`. Floating types round (float16/bfloat16
+// through the converters below); integer types truncate toward zero to int64, then wrap modulo
+// 2^bits. REQUIRES: data holds at least i + 1 elements; for integer types value lies within the
+// int64 range.
+void StoreElement(DataType dtype, void* data, size_t i, double value);
+
 // IEEE binary16 <-> float, round to nearest even; NaN and infinities preserved.
 inline float HalfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;

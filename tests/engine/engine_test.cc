@@ -16,7 +16,6 @@ namespace kolo {
 namespace {
 
 using testing::ExpectedSum;
-using testing::LoadAs;
 using testing::MakeInput;
 using testing::RankOptions;
 using testing::RunRanks;
@@ -48,7 +47,7 @@ TEST_P(AllreduceResult, MatchesReferenceForAwkwardSizes) {
       ASSERT_TRUE(engine.Wait(handles[k]).ok());
       size_t wrong = 0;
       for (size_t i = 0; i < counts[k]; ++i) {
-        if (LoadAs(dtype, bufs[k].data(), i) != ExpectedSum(size, i)) ++wrong;
+        if (LoadElement(dtype, bufs[k].data(), i) != ExpectedSum(size, i)) ++wrong;
       }
       EXPECT_EQ(wrong, 0u) << DescribeCase(dtype, counts[k], size) << " rank " << rank;
     }
@@ -142,7 +141,7 @@ TEST(Engine, FusionWithMixedDtypesFusesAndStaysCorrect) {
       ASSERT_TRUE(engine.Wait(hs[j].first).ok());
       const size_t count = 50 + j / dtypes.size();
       for (size_t i = 0; i < count; ++i) {
-        ASSERT_EQ(LoadAs(hs[j].second, bufs[j].data(), i), ExpectedSum(2, i)) << j;
+        ASSERT_EQ(LoadElement(hs[j].second, bufs[j].data(), i), ExpectedSum(2, i)) << j;
       }
     }
     const auto stats = engine.stats();

@@ -56,55 +56,9 @@ inline double InputValue(int rank, size_t i) {
   return static_cast<double>((i * 7 + rank * 3) % 29);
 }
 
-inline void StoreAs(DataType dtype, void* p, size_t i, double v) {
-  switch (dtype) {
-    case DataType::kFloat32:
-      static_cast<float*>(p)[i] = static_cast<float>(v);
-      break;
-    case DataType::kFloat64:
-      static_cast<double*>(p)[i] = v;
-      break;
-    case DataType::kFloat16:
-      static_cast<uint16_t*>(p)[i] = FloatToHalf(static_cast<float>(v));
-      break;
-    case DataType::kBFloat16:
-      static_cast<uint16_t*>(p)[i] = FloatToBFloat16(static_cast<float>(v));
-      break;
-    case DataType::kInt32:
-      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
-      break;
-    case DataType::kInt64:
-      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
-      break;
-    case DataType::kUInt8:
-      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
-      break;
-  }
-}
-
-inline double LoadAs(DataType dtype, const void* p, size_t i) {
-  switch (dtype) {
-    case DataType::kFloat32:
-      return static_cast<const float*>(p)[i];
-    case DataType::kFloat64:
-      return static_cast<const double*>(p)[i];
-    case DataType::kFloat16:
-      return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
-    case DataType::kBFloat16:
-      return BFloat16ToFloat(static_cast<const uint16_t*>(p)[i]);
-    case DataType::kInt32:
-      return static_cast<const int32_t*>(p)[i];
-    case DataType::kInt64:
-      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case DataType::kUInt8:
-      return static_cast<const uint8_t*>(p)[i];
-  }
-  return 0;
-}
-
 inline std::vector<uint8_t> MakeInput(DataType dtype, size_t count, int rank) {
   std::vector<uint8_t> buf(count * DataTypeSize(dtype) + 1);
-  for (size_t i = 0; i < count; ++i) StoreAs(dtype, buf.data(), i, InputValue(rank, i));
+  for (size_t i = 0; i < count; ++i) StoreElement(dtype, buf.data(), i, InputValue(rank, i));
   return buf;
 }
 

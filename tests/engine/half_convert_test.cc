@@ -221,5 +221,68 @@ TEST(BFloat16ConvertTest, KnownRoundings) {
   EXPECT_TRUE(IsBf16Nan(FloatToBFloat16(FromBits(0xff80ffffu))));
 }
 
+// LoadElement/StoreElement against raw bytes written and read independently with memcpy.
+template <typename T>
+T ReadRaw(const std::vector<uint8_t>& buf, size_t i) {
+  T v;
+  std::memcpy(&v, buf.data() + i * sizeof(T), sizeof(T));
+  return v;
+}
+
+TEST(ElementAccess, StoreWritesTheDtypesBytes) {
+  std::vector<uint8_t> buf(3 * 8, 0);
+  StoreElement(DataType::kFloat32, buf.data(), 2, 1.5);
+  EXPECT_EQ(ReadRaw<float>(buf, 2), 1.5f);
+  StoreElement(DataType::kFloat64, buf.data(), 1, -0.125);
+  EXPECT_EQ(ReadRaw<double>(buf, 1), -0.125);
+  StoreElement(DataType::kFloat16, buf.data(), 1, 1.0);
+  EXPECT_EQ(ReadRaw<uint16_t>(buf, 1), 0x3c00);
+  StoreElement(DataType::kBFloat16, buf.data(), 2, -2.0);
+  EXPECT_EQ(ReadRaw<uint16_t>(buf, 2), 0xc000);
+  StoreElement(DataType::kInt32, buf.data(), 1, -7.9);  // truncates toward zero
+  EXPECT_EQ(ReadRaw<int32_t>(buf, 1), -7);
+  StoreElement(DataType::kInt64, buf.data(), 2, 4294967296.0 * 3);
+  EXPECT_EQ(ReadRaw<int64_t>(buf, 2), int64_t{3} << 32);
+  StoreElement(DataType::kUInt8, buf.data(), 5, 300.0);  // wraps modulo 256
+  EXPECT_EQ(buf[5], 44);
+  StoreElement(DataType::kUInt8, buf.data(), 6, -1.0);
+  EXPECT_EQ(buf[6], 255);
+}
+
+TEST(ElementAccess, LoadReadsTheDtypesBytes) {
+  std::vector<uint8_t> buf(3 * 8, 0);
+  const float f = -3.25f;
+  std::memcpy(buf.data() + 4, &f, 4);
+  EXPECT_EQ(LoadElement(DataType::kFloat32, buf.data(), 1), -3.25);
+  const double d = 1e300;
+  std::memcpy(buf.data() + 16, &d, 8);
+  EXPECT_EQ(LoadElement(DataType::kFloat64, buf.data(), 2), 1e300);
+  const uint16_t h = 0xc500;  // -5 in binary16
+  std::memcpy(buf.data() + 2, &h, 2);
+  EXPECT_EQ(LoadElement(DataType::kFloat16, buf.data(), 1), -5.0);
+  const uint16_t b = 0x4040;  // 3 in bfloat16
+  std::memcpy(buf.data() + 4, &b, 2);
+  EXPECT_EQ(LoadElement(DataType::kBFloat16, buf.data(), 2), 3.0);
+  const int32_t i32 = -123456;
+  std::memcpy(buf.data() + 8, &i32, 4);
+  EXPECT_EQ(LoadElement(DataType::kInt32, buf.data(), 2), -123456.0);
+  const int64_t i64 = int64_t{1} << 40;
+  std::memcpy(buf.data() + 8, &i64, 8);
+  EXPECT_EQ(LoadElement(DataType::kInt64, buf.data(), 1), 1099511627776.0);
+  buf[3] = 200;
+  EXPECT_EQ(LoadElement(DataType::kUInt8, buf.data(), 3), 200.0);
+}
+
+TEST(ElementAccess, RoundTripsSmallIntegersInEveryDtype) {
+  for (DataType dtype : AllDataTypes()) {
+    std::vector<uint8_t> buf(64 * DataTypeSize(dtype));
+    for (size_t i = 0; i < 64; ++i) StoreElement(dtype, buf.data(), i, static_cast<double>(i * 3));
+    for (size_t i = 0; i < 64; ++i) {
+      EXPECT_EQ(LoadElement(dtype, buf.data(), i), static_cast<double>(i * 3))
+          << DataTypeName(dtype);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kolo

@@ -12,7 +12,6 @@ namespace kolo {
 namespace {
 
 using testing::ExpectedSum;
-using testing::LoadAs;
 using testing::MakeInput;
 
 std::unique_ptr<Engine> MakeEngine(const std::string& backend) {
@@ -49,7 +48,7 @@ void CheckAllreduce(Engine& engine) {
       ASSERT_TRUE(s.ok()) << s.ToString();
       size_t wrong = 0;
       for (size_t i = 0; i < counts[k]; ++i) {
-        wrong += LoadAs(dtype, bufs[k].data(), i) != ExpectedSum(size, i);
+        wrong += LoadElement(dtype, bufs[k].data(), i) != ExpectedSum(size, i);
       }
       EXPECT_EQ(wrong, 0u) << DataTypeName(dtype) << " count " << counts[k] << " rank " << rank;
     }

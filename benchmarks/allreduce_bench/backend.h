@@ -35,7 +35,8 @@ class Control;
 class Backend {
  public:
   virtual ~Backend() = default;
-  // The row label: "ring", "mpi", "mpi-direct", "gloo-ring", "gloo-ring-chunked", "link".
+  // The row label: "ring", "mpi", "mpi-direct", "gloo-ring", "gloo-ring-chunked", "gloo-allreduce",
+  // "link".
   virtual std::string name() const = 0;
   virtual BackendKind kind() const = 0;
   // False for `link`, which moves the bytes without reducing them: its output is not checked.
@@ -81,7 +82,8 @@ StatusOr<std::unique_ptr<Control>> MakeControl(const Options& options, transport
 // is not in use.
 void AbortJobAfterError(const Options& options, int exit_code);
 
-// Builds the rows of `kind` (gloo gives two: gloo-ring and gloo-ring-chunked). Collective: every
+// Builds the rows of `kind` (gloo gives gloo-ring-chunked and gloo-allreduce, plus gloo-ring with
+// --gloo-all). Collective: every
 // rank calls it for the same kinds in the same order.
 StatusOr<std::vector<std::unique_ptr<Backend>>> MakeBackends(BackendKind kind, BackendEnv& env);
 

@@ -97,6 +97,14 @@ Status Convert(const RawFlags& raw, BenchConfig* c) {
   if (!c->tensors.empty()) {
     // Fails early, before any rank connects, for an unknown model name.
     KOLO_RETURN_IF_ERROR(MakeTensorSet(c->tensors).status());
+    // A zero threshold would make the "fusion on" rows run unfused under the wrong label.
+    if (c->fusion != FusionMode::kOff && c->fusion_threshold_mb &&
+        static_cast<int64_t>(*c->fusion_threshold_mb * 1024.0 * 1024.0) <= 0) {
+      return InvalidArgument(
+          "--fusion-threshold-mb={} with --tensors leaves no fusion for the fusion-on rows: "
+          "allowed is at least 1 byte (1e-6 MiB), or pass --fusion off",
+          *c->fusion_threshold_mb);
+    }
     for (BackendKind k : c->backends) {
       if (!IsEngineBackend(k)) {
         return InvalidArgument(

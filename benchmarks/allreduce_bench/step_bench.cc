@@ -11,8 +11,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr int64_t kDefaultFusionThresholdBytes = 64LL << 20;
-
 std::chrono::milliseconds WaitTimeout(const Options& o) {
   return std::chrono::milliseconds(static_cast<int64_t>(o.peer_timeout_s * 2000.0) + 10000);
 }
@@ -165,11 +163,13 @@ StatusOr<StepRow> MeasureOne(const BenchConfig& config, const TensorSet& set, Ba
 StatusOr<std::vector<StepRow>> RunSteps(const BenchConfig& config, const TensorSet& set,
                                         BackendEnv& env, Control& control,
                                         const std::function<void(const StepRow&)>& on_row) {
-  int64_t on_threshold = env.options.fusion_threshold_bytes;
-  if (config.fusion_threshold_mb) {
-    on_threshold = static_cast<int64_t>(*config.fusion_threshold_mb * 1024 * 1024);
-  } else if (on_threshold <= 0) {
-    on_threshold = kDefaultFusionThresholdBytes;
+  // main.cc has already applied --fusion-threshold-mb to the engine options.
+  const int64_t on_threshold = env.options.fusion_threshold_bytes;
+  if (config.fusion != FusionMode::kOff && on_threshold <= 0) {
+    return InvalidArgument(
+        "the fusion-on rows need a fusion threshold above 0 bytes, got {} (set "
+        "--fusion-threshold-mb or KOLO_FUSION_THRESHOLD_BYTES above 0, or pass --fusion off)",
+        on_threshold);
   }
   std::vector<int64_t> thresholds;
   if (config.fusion != FusionMode::kOff) thresholds.push_back(on_threshold);

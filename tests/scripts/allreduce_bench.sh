@@ -109,6 +109,7 @@ expect_error bad_backend "allowed are a comma list of ring, mpi, mpi-direct, glo
 expect_error bad_dtype "float8" "$BENCH" --dtype float8
 expect_error bad_size "maxbytes" "$BENCH" -b 1M -e 1K
 expect_error bad_tensors "allowed are resnet101" "$BENCH" --tensors alexnet
+expect_error zero_threshold "fusion-threshold-mb=0" "$BENCH" --tensors resnet101 --fusion-threshold-mb 0
 expect_error mpi_under_kolo_run "needs a launch by mpirun" \
   "$KOLO_RUN" -np 2 --timeout-s 60 "$BENCH" --backend mpi-direct -e 64
 

@@ -134,7 +134,13 @@ StatusOr<Handle> Engine::Impl::Submit(TensorEntry entry) {
 }
 
 StatusOr<Handle> Engine::AllreduceAsync(const std::string& name, const void* in, void* out,
-                                        DataType dtype, const Shape& shape, ReduceOp op) {
+                                        DataType dtype, const Shape& shape, ReduceOp op,
+                                        const TensorPlace& place) {
+  if (place.on_device()) {
+    return InvalidArgument(
+        "allreduce '{}': the tensor is on CUDA device {}, but this engine moves host tensors only",
+        name, place.device);
+  }
   TensorEntry e;
   e.request = {name, CollectiveType::kAllreduce, dtype, static_cast<uint8_t>(op), 0, shape};
   e.in = in;
@@ -146,7 +152,12 @@ StatusOr<Handle> Engine::AllreduceAsync(const std::string& name, const void* in,
 }
 
 StatusOr<Handle> Engine::BroadcastAsync(const std::string& name, void* data, DataType dtype,
-                                        const Shape& shape, int root) {
+                                        const Shape& shape, int root, const TensorPlace& place) {
+  if (place.on_device()) {
+    return InvalidArgument(
+        "broadcast '{}': the tensor is on CUDA device {}, but this engine moves host tensors only",
+        name, place.device);
+  }
   if (root < 0 || root >= size()) {
     return InvalidArgument("broadcast '{}': root {} is outside [0, {})", name, root, size());
   }

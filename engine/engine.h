@@ -49,6 +49,18 @@ struct Handle {
   int64_t id = -1;
 };
 
+// Where a tensor's memory lives and when it is ready to be read.
+struct TensorPlace {
+  // -1: host memory. >= 0: memory on this CUDA device (needs a build with CUDA and a backend that
+  // moves device tensors; otherwise submission fails naming the tensor).
+  int device = -1;
+  // For device tensors: a cudaEvent_t recorded after the producer's last write. The engine waits
+  // on this event (not on the whole device) before it reads the tensor. nullptr: ready now.
+  // The event must stay valid until the handle completes.
+  void* ready_event = nullptr;
+  bool on_device() const { return device >= 0; }
+};
+
 // The result of an allgather: the concatenation of every rank's tensor along the first dimension.
 struct GatheredTensor {
   std::vector<uint8_t> data;
@@ -79,11 +91,12 @@ class Engine {
   // Allreduce: out = sum (or mean) over ranks of `in`. `in` may equal `out` (in place).
   // Errors at submission: a name already in flight; an engine that has shut down.
   StatusOr<Handle> AllreduceAsync(const std::string& name, const void* in, void* out,
-                                  DataType dtype, const Shape& shape, ReduceOp op);
+                                  DataType dtype, const Shape& shape, ReduceOp op,
+                                  const TensorPlace& place = {});
 
   // Broadcast `data` (in place) from rank `root` to every rank.
   StatusOr<Handle> BroadcastAsync(const std::string& name, void* data, DataType dtype,
-                                  const Shape& shape, int root);
+                                  const Shape& shape, int root, const TensorPlace& place = {});
 
   // Allgather: every rank's tensor concatenated along the first dimension, which may differ per
   // rank (the other dimensions must agree). Fetch the result with TakeGathered after Wait.

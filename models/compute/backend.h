@@ -1,0 +1,116 @@
+// The compute-backend interface: what the trainer needs from oneDNN (CPU), cuDNN (GPU) or replay
+// (recorded timings) to run a Graph forward and backward, layer by layer, and to update it.
+//
+// The trainer drives the layers itself (Forward(l) for l = 0..n-1, Backward(l) for l = n-1..0) so
+// that it can hand each parameter's gradient to the engine the moment Backward of its layer
+// returns, time every layer for --record-profile, and stay the same for every backend. A backend
+// owns all memory: parameters, gradients, momentum, activations and their gradients, workspaces.
+//
+// Gradient buffers are where the engine reduces in place: after Backward(l) the trainer passes
+// Gradient(p) of each parameter of l to Engine::AllreduceAsync (in == out), waits for that handle
+// and then calls Update(p). Between Backward(l) and the completion of that allreduce the trainer
+// calls nothing that touches the gradient of p.
+//
+// Thread-safety: one backend is used by one thread (the trainer's).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/common/dtype.h"
+#include "engine/common/status.h"
+#include "models/graph/graph.h"
+
+namespace kolo::models::compute {
+
+// Arithmetic of the GPU backend's convolutions and matrix products. fp32: strict IEEE float32;
+// tf32: float32 storage, TF32 tensor-core math (the default on GPUs); fp16 / bf16: mixed precision
+// (half activations and gradients, float32 master weights, loss scaling). oneDNN and replay accept
+// fp32 only (oneDNN computes in float32 on CPUs).
+enum class Precision : uint8_t { kFp32, kTf32, kFp16, kBf16 };
+const char* PrecisionName(Precision p);  // "fp32", "tf32", "fp16", "bf16"
+StatusOr<Precision> ParsePrecision(const std::string& name);
+
+struct BackendConfig {
+  int64_t batch = 0;  // images per micro-batch on this rank; > 0
+  Precision precision = Precision::kFp32;
+  uint64_t seed = 1;  // dropout masks (each backward pass draws new masks from it deterministically)
+  int device = 0;     // cudnn: the CUDA device ordinal
+  // replay: the profile to play (models/compute/replay/profile.h). Others ignore it.
+  std::string profile_path;
+};
+
+// torch.optim.SGD semantics: g' = g * grad_scale + weight_decay * w; v = momentum * v + g';
+// w -= learning_rate * v. Momentum starts at zero.
+struct SgdConfig {
+  double learning_rate = 0.1;
+  double momentum = 0.9;
+  double weight_decay = 1e-4;
+};
+
+// A parameter's gradient buffer as the engine sees it.
+struct GradientView {
+  void* data = nullptr;  // numel elements of dtype, contiguous, in the parameter's layout
+  DataType dtype = DataType::kFloat32;
+  int64_t numel = 0;
+  int device = -1;              // -1: host memory; else the CUDA device holding it
+  void* ready_event = nullptr;  // device buffers: cudaEvent_t recorded after the write
+};
+
+class ComputeBackend {
+ public:
+  virtual ~ComputeBackend() = default;
+
+  // "onednn", "cudnn" or "replay" (what rows and records call compute=).
+  virtual const char* name() const = 0;
+
+  // Creates every kernel and buffer for `graph` at config.batch images per micro-batch. Called
+  // once. Parameters start at zero; the trainer sets them. `graph` must outlive the backend.
+  // Errors: an unsupported precision or layer, out of memory, a profile that does not match.
+  [[nodiscard]] virtual Status Prepare(const Graph& graph, const BackendConfig& config) = 0;
+
+  // Host float32 copies in and out of parameter `param` (graph.params()[param].numel values).
+  [[nodiscard]] virtual Status SetParameter(int param, std::span<const float> values) = 0;
+  [[nodiscard]] virtual Status GetParameter(int param, std::span<float> out) = 0;
+  // The gradient buffer's current contents, as float32 (tests, gradient checks).
+  [[nodiscard]] virtual Status GetGradient(int param, std::span<float> out) = 0;
+
+  // The input batch: batch * C * H * W float32 NCHW images and batch int32 labels. Copied; the
+  // same batch is used by every later step until SetInput is called again.
+  [[nodiscard]] virtual Status SetInput(std::span<const float> images,
+                                        std::span<const int32_t> labels) = 0;
+
+  // Forward of one layer. REQUIRES: its inputs' Forward ran in this pass.
+  [[nodiscard]] virtual Status Forward(int layer) = 0;
+  // Sum of the loss layers' values of the last forward pass (waits for the device if needed).
+  virtual StatusOr<double> Loss() = 0;
+
+  // Backward of one layer: the gradient with respect to its inputs (summed over consumers) and,
+  // for layers with parameters, the parameter gradients. `accumulate` adds the parameter
+  // gradients to what the buffers hold (local gradient aggregation) instead of overwriting them.
+  // REQUIRES: the Forward of this pass and the Backward of every consumer ran.
+  [[nodiscard]] virtual Status Backward(int layer, bool accumulate) = 0;
+
+  // Where parameter `param`'s gradient lives (stable from Prepare on).
+  virtual GradientView Gradient(int param) = 0;
+
+  // One SGD step of parameter `param` from its gradient buffer (see SgdConfig).
+  [[nodiscard]] virtual Status Update(int param, const SgdConfig& sgd, double grad_scale) = 0;
+
+  // Waits until all queued work is done (GPU); returns at once on CPU.
+  [[nodiscard]] virtual Status Synchronize() = 0;
+
+  // Seconds spent inside the backend's kernels (oneDNN primitives, cuDNN/cuBLAS calls as seen by
+  // the host, replay sleeps) since the previous call. Used to report the trainer's own overhead.
+  virtual double TakeKernelSeconds() = 0;
+};
+
+// The backends this build has, by name, in the order `--compute` lists them.
+std::vector<std::string> AvailableComputeBackends();
+// Creates the backend `name`; an unknown or unavailable name is an error listing those available.
+StatusOr<std::unique_ptr<ComputeBackend>> CreateComputeBackend(const std::string& name);
+
+}  // namespace kolo::models::compute

@@ -84,6 +84,11 @@ struct FullyConnectedParams {
 struct LossParams {
   int64_t num_classes = 0;
   double weight = 1.0;  // the auxiliary head of Inception V3 uses 0.4
+  // Test loss (the textbook data-parallel example): when true the layer's value is weight * the
+  // plain sum of its input over the batch and all units — no softmax, no mean, labels ignored — so
+  // d loss / d input = weight for every element. Backends implement it beside softmax
+  // cross-entropy; the zoo's models never set it.
+  bool sum_of_inputs = false;
 };
 using LayerParams = std::variant<std::monostate, ConvParams, BatchNormParams, PoolParams,
                                  DropoutParams, FullyConnectedParams, LossParams>;

@@ -67,6 +67,11 @@ class ComputeBackend {
   // "onednn", "cudnn" or "replay" (what rows and records call compute=).
   virtual const char* name() const = 0;
 
+  // The accelerator this backend computes on, for records and profiles ("NVIDIA H100 80GB HBM3");
+  // empty for CPU backends (the record then names the CPU). Replay returns the device its profile
+  // was recorded on. Valid after Prepare.
+  virtual std::string DeviceName() const { return {}; }
+
   // Creates every kernel and buffer for `graph` at config.batch images per micro-batch. Called
   // once. Parameters start at zero; the trainer sets them. `graph` must outlive the backend.
   // Errors: an unsupported precision or layer, out of memory, a profile that does not match.

@@ -108,8 +108,10 @@ struct Parameter {
 struct Layer {
   std::string name;
   LayerKind kind = LayerKind::kInput;
-  std::vector<int> inputs;     // producer layer indices
-  std::vector<int> consumers;  // filled by Graph: the layers that read this layer's output
+  std::vector<int> inputs;  // producer layer indices
+  // Filled by Graph as layers are added: the layers that read this layer's output, in increasing
+  // order, each listed once (even a layer that reads it twice, as Add(x, x) does).
+  std::vector<int> consumers;
   LayerParams params;
   ImageShape in;   // shape of inputs[0] (of the first input for concat; the logits for the loss)
   ImageShape out;  // the loss layer's out is (1, 1, 1)
@@ -150,6 +152,8 @@ class Graph {
   const Layer& layer(int i) const { return layers_.at(static_cast<size_t>(i)); }
   const std::vector<Parameter>& params() const { return params_; }
   int input_layer() const { return input_; }
+  // The index of the layer called `name`, or -1 if there is none.
+  int FindLayer(const std::string& name) const;
   std::vector<int> loss_layers() const;
   ImageShape input_shape() const;
 

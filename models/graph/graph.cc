@@ -383,7 +383,9 @@ int Graph::SoftmaxCrossEntropy(const std::string& name, int logits, const LossPa
   if (CheckInput(name, logits)) {
     l.in = layers_[static_cast<size_t>(logits)].out;
     const ImageShape want{p.num_classes, 1, 1};
-    if (p.num_classes <= 0 || !(p.weight >= 0)) {
+    if (p.sum_of_inputs && p.weight >= 0) {
+      l.out = {1, 1, 1};  // a plain sum reads any shape; num_classes is not used
+    } else if (p.num_classes <= 0 || !(p.weight >= 0)) {
       Fail(InvalidArgument(
           "graph '{}': loss '{}' has num_classes {} and weight {}; num_classes must be positive "
           "and weight >= 0",

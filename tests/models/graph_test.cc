@@ -254,6 +254,16 @@ TEST(GraphTest, FirstErrorWinsAndLaterLayersStillGetIndices) {
   EXPECT_TRUE(g.params().empty());  // failed layers own no parameters
 }
 
+TEST(GraphTest, SumOfInputsLossReadsAnyShape) {
+  Graph g("sum");
+  const int x = g.Input("input", {2, 1, 1});
+  const int fc = g.FullyConnected("dense", x, {.units = 3, .bias = false});
+  g.SoftmaxCrossEntropy("loss", fc, {.num_classes = 0, .sum_of_inputs = true});
+  ASSERT_TRUE(g.Finish().ok());
+  EXPECT_EQ(g.layer(2).out, (ImageShape{1, 1, 1}));
+  EXPECT_EQ(g.layer(2).in, (ImageShape{3, 1, 1}));
+}
+
 TEST(GraphTest, InputShapeMustBePositive) {
   Graph g("in");
   const int x = g.Input("input", {3, 0, 8});

@@ -1,0 +1,158 @@
+"""Command lines behind scripts/sweep, scripts/report and scripts/check-regression.
+
+    python -m reports.cli sweep FILE --out DIR [--bin-dir DIR] [--dry-run] [--retry-failed] [--no-report]
+    python -m reports.cli report DIR
+    python -m reports.cli check-regression CSV --baseline FILE
+
+Exit status: 0 success; 1 a point failed, the gate fell short, or something could not run;
+2 a bad command line, sweep file, baseline or CSV; 128 + N when stopped by signal N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+from reports import gate, report, runner, schema, sweepfile
+from reports.launch import command
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kolo-sweeps", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("sweep", help="run a sweep file")
+    p.add_argument("file", help="sweep file (TOML; format in sweeps/README.md)")
+    p.add_argument("--out", required=True, help="results folder (results.csv, points/, report/)")
+    p.add_argument(
+        "--bin-dir",
+        default=None,
+        help="folder of kolo-train and kolo-run (default: $KOLO_BIN_DIR or build/bin, built first)",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="validate, list the points and commands, run nothing"
+    )
+    p.add_argument("--retry-failed", action="store_true", help="run points again whose row says failed")
+    p.add_argument("--no-report", action="store_true", help="skip the report at the end")
+
+    p = sub.add_parser("report", help="plots and an HTML page from a sweep folder")
+    p.add_argument("dir", help="sweep folder holding results.csv")
+
+    p = sub.add_parser("check-regression", help="compare a results CSV with a baseline")
+    p.add_argument("csv", help="results.csv of a sweep")
+    p.add_argument("--baseline", required=True, help="baseline file (TOML; format in reports/README.md)")
+
+    args = parser.parse_args(argv)
+    if args.command == "sweep":
+        return _sweep(args)
+    if args.command == "report":
+        return _report(args.dir)
+    return _check(args)
+
+
+def _sweep(args) -> int:
+    try:
+        sweep = sweepfile.load(args.file, ROOT)
+    except sweepfile.SweepError as e:
+        print(f"sweep: {len(e.problems)} problem(s) in {e.path}:", file=sys.stderr)
+        for problem in e.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 2
+    bin_dir = args.bin_dir or os.environ.get("KOLO_BIN_DIR") or os.path.join(ROOT, "build", "bin")
+    if args.dry_run:
+        print(f"sweep {sweep.name}: {len(sweep.points)} point(s), timeout {sweep.timeout_s:g} s each")
+        program = sweep.launcher.program or os.path.join(bin_dir, "kolo-train")
+        for point in sweep.points:
+            profile = sweepfile.profile_path(point, ROOT) if "profile" in point else None
+            json_path = os.path.join(args.out, "points", point["point_id"], "record.json")
+            argv = command(
+                point,
+                sweep.launcher,
+                program,
+                os.path.join(bin_dir, "kolo-run"),
+                json_path,
+                sweep.timeout_s,
+                profile,
+            )
+            print(f"{point['point_id']}  {sweepfile.describe(point)}\n    {' '.join(argv)}")
+        return 0
+    if (
+        not args.bin_dir
+        and not os.environ.get("KOLO_BIN_DIR")
+        and not sweep.launcher.program
+        and os.environ.get("KOLO_SKIP_BUILD", "0") != "1"
+    ):
+        build = subprocess.run(
+            [os.path.join(ROOT, "scripts", "build"), "--target", "kolo-train", "--target", "kolo-run"],
+            stdin=subprocess.DEVNULL,
+        )
+        if build.returncode != 0:
+            print("sweep: building kolo-train and kolo-run failed (scripts/build)", file=sys.stderr)
+            return 1
+    try:
+        outcome = runner.run(sweep, args.out, bin_dir=bin_dir, retry_failed=args.retry_failed)
+    except runner.Interrupted as e:
+        print(
+            f"sweep: stopped by {e}; finished points are in {args.out}/results.csv, "
+            "run the same command again to go on",
+            file=sys.stderr,
+        )
+        return 128 + e.signum
+    except (OSError, RuntimeError, schema.SchemaError) as e:
+        print(f"sweep: {e}", file=sys.stderr)
+        return 1
+    print(
+        f"sweep {sweep.name}: {outcome.ran} point(s) run, {outcome.skipped} skipped, "
+        f"{outcome.failed} failed; results: {os.path.join(args.out, runner.RESULTS)}",
+        file=sys.stderr,
+    )
+    status = 0
+    if outcome.failed:
+        for failure in outcome.failures:
+            print(f"  failed: {failure}", file=sys.stderr)
+        status = 1
+    if not args.no_report:
+        status = max(status, _report(args.out))
+    return status
+
+
+def _report(out_dir: str) -> int:
+    try:
+        path = report.build(out_dir)
+    except FileNotFoundError as e:
+        print(f"report: {e}", file=sys.stderr)
+        return 2
+    except schema.SchemaError as e:
+        print(f"report: {e}", file=sys.stderr)
+        return 2
+    print(f"report: {path}", file=sys.stderr)
+    return 0
+
+
+def _check(args) -> int:
+    try:
+        checks = gate.load_baseline(args.baseline)
+        rows = schema.read_rows(args.csv)
+    except (gate.BaselineError, schema.SchemaError) as e:
+        print(f"check-regression: {e}", file=sys.stderr)
+        return 2
+    if not os.path.exists(args.csv):
+        print(f"check-regression: {args.csv} does not exist", file=sys.stderr)
+        return 2
+    verdicts = gate.evaluate(rows, checks)
+    failed = [v for v in verdicts if not v.ok]
+    print(gate.table(verdicts))
+    if failed:
+        print(f"\ncheck-regression: {len(failed)} of {len(verdicts)} check(s) fell short of {args.baseline}:")
+        print(gate.table(failed))
+        return 1
+    print(f"\ncheck-regression: all {len(verdicts)} check(s) passed against {args.baseline}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

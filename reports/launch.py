@@ -1,0 +1,164 @@
+"""Command lines for one sweep point, and starting and stopping them without leftovers."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import time
+
+from reports import settings
+from reports.sweepfile import Launcher
+
+# mpirun flags for ranks on this host over loopback TCP (the same as scripts/lib.sh's).
+LOOPBACK_MPIRUN_ARGS = (
+    "--oversubscribe",
+    "--allow-run-as-root",
+    "--mca",
+    "btl",
+    "self,tcp",
+    "--mca",
+    "btl_tcp_if_include",
+    "lo",
+    "--mca",
+    "oob_tcp_if_include",
+    "lo",
+    "--bind-to",
+    "none",
+)
+# Every process of a point inherits this variable with the point's own token, so that processes
+# which left the process group (or were orphaned) are still found and stopped.
+TOKEN_VAR = "KOLOSWEEP_POINT"
+TERM_GRACE_S = 5.0
+REAP_BOUND_S = 10.0
+
+
+def command(
+    point: dict,
+    launcher: Launcher,
+    program: str,
+    kolo_run: str,
+    json_path: str,
+    timeout_s: float,
+    profile: str | None,
+) -> list[str]:
+    """The argv that runs `point`: mpirun or kolo-run around `program` (kolo-train)."""
+    args = settings.trainer_args(point)
+    if profile is not None:
+        i = args.index("--profile")
+        args[i + 1] = profile
+    train = [program, *args, "--json", json_path]
+    np_ = str(settings.process_count(point))
+    if launcher.kind == "local":
+        return [kolo_run, "-np", np_, "--timeout-s", str(int(timeout_s) + 1), "--", *train]
+    argv = [launcher.mpirun, "-np", np_]
+    if launcher.is_local():
+        argv += list(LOOPBACK_MPIRUN_ARGS)
+    if launcher.hosts:
+        argv += ["-H", ",".join(h if s is None else f"{h}:{s}" for h, s in launcher.hosts)]
+    if launcher.hostfile:
+        argv += ["--hostfile", launcher.hostfile]
+    for name, value in launcher.env.items():
+        argv += ["-x", f"{name}={value}"]
+    return argv + launcher.args + train
+
+
+_libc = None
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: if the sweep runner is killed outright, the
+    # launcher it started gets SIGKILL instead of running on unattended.
+    if _libc is not None:
+        _libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def start(argv: list[str], env: dict[str, str], log_path: str, token: str) -> subprocess.Popen:
+    """Starts `argv` in a new session (its own process group) with output to `log_path`."""
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            _libc = None
+    env = dict(env, **{TOKEN_VAR: token})
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+
+
+def processes_of(root_pid: int, token: str) -> set[int]:
+    """Live processes of a point: `root_pid`'s descendants and any process carrying `token`."""
+    parents: dict[int, int] = {}
+    found: set[int] = set()
+    needle = f"{TOKEN_VAR}={token}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+            # Field 4 (ppid) follows the ")" that ends the command name.
+            parents[pid] = int(stat[stat.rindex(b")") + 2 :].split()[1])
+            if pid != os.getpid():
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if needle in f.read().split(b"\0"):
+                        found.add(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    stack = [root_pid]
+    while stack:
+        pid = stack.pop()
+        if pid in parents:
+            found.add(pid)
+        stack.extend(children.get(pid, []))
+    return found
+
+
+def stop(proc: subprocess.Popen, token: str) -> None:
+    """Stops every process of a point: SIGTERM to its process group and to each process found by
+    processes_of, SIGKILL to what is left after TERM_GRACE_S; reaps the launcher."""
+    for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, REAP_BOUND_S)):
+        pids = processes_of(proc.pid, token) if proc.poll() is None else processes_of(-1, token)
+        if proc.poll() is None:
+            _signal_group(proc.pid, sig)
+        for pid in pids:
+            _signal(pid, sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            proc.poll()
+            if proc.returncode is not None and not processes_of(-1, token):
+                return
+            time.sleep(0.1)
+    proc.poll()
+
+
+def reap_leftovers(token: str) -> int:
+    """Kills processes that still carry `token` after the launcher exited; returns how many."""
+    pids = processes_of(-1, token)
+    for pid in pids:
+        _signal(pid, signal.SIGKILL)
+    return len(pids)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)

@@ -1,0 +1,292 @@
+"""Runs a sweep: each point under a timeout, one CSV row appended the moment it finishes.
+
+Layout of the output folder:
+  results.csv            one row per finished point (reports/SCHEMA.md)
+  points/<id>/log.txt    the point's output (launcher and every rank)
+  points/<id>/record.json  kolo-train's JSON record
+  sweep.toml             a copy of the sweep file that ran last
+  report/                the report (reports.report)
+A point whose id has a row in results.csv is skipped when the sweep runs again.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from reports import efficiency, launch, schema, settings, sweepfile
+from reports.sweepfile import Sweep
+
+RESULTS = "results.csv"
+_ERROR_RE = re.compile(r"\b(error|failed|exception|what\(\))", re.IGNORECASE)
+_HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_MPIRUN_NOISE = re.compile(r"^(-{5,}|mpirun (detected|noticed)|Primary job|Prterun|\s*$)")
+
+
+class Interrupted(Exception):
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+@dataclass
+class Outcome:
+    ran: int = 0
+    skipped: int = 0
+    failed: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+class Progress:
+    """A progress line per event on `stream`: a bar, done/total, elapsed time and an ETA from the
+    mean duration of the points run so far."""
+
+    def __init__(self, total: int, stream=sys.stderr, width: int = 24):
+        self.total = total
+        self.done = 0
+        self.stream = stream
+        self.width = width
+        self.started = time.monotonic()
+        self.durations: list[float] = []
+
+    def eta_s(self) -> float | None:
+        if not self.durations:
+            return None
+        return (sum(self.durations) / len(self.durations)) * (self.total - self.done)
+
+    def bar(self) -> str:
+        filled = int(self.width * self.done / self.total) if self.total else self.width
+        pct = 100 * self.done / self.total if self.total else 100
+        eta = self.eta_s()
+        eta_text = _hms(eta) if eta is not None else "?"
+        return (
+            f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} {pct:3.0f}% "
+            f"elapsed {_hms(time.monotonic() - self.started)} ETA {eta_text}"
+        )
+
+    def say(self, text: str) -> None:
+        print(f"{self.bar()} | {text}", file=self.stream, flush=True)
+
+    def finished(self, seconds: float | None, text: str) -> None:
+        self.done += 1
+        if seconds is not None:
+            self.durations.append(seconds)
+        self.say(text)
+
+
+def _hms(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def new_run_id() -> str:
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{secrets.token_hex(2)}"
+
+
+def failure_text(log_text: str, returncode: int) -> str:
+    """One line saying why a point failed: the first line of its log that reads like an error
+    (mpirun's boilerplate skipped), else its last line, after the exit status."""
+    lines = [ln.strip() for ln in log_text.splitlines() if not _MPIRUN_NOISE.match(ln)]
+    lines = [ln for ln in lines if ln]
+    pick = next((ln for ln in lines if _ERROR_RE.search(ln)), lines[-1] if lines else "no output")
+    what = f"exit status {returncode}" if returncode >= 0 else f"killed by {signal.Signals(-returncode).name}"
+    return f"{what}: {pick}"[:500]
+
+
+def run(
+    sweep: Sweep, out_dir: str, *, bin_dir: str, retry_failed: bool = False, stream=sys.stderr
+) -> Outcome:
+    """Runs every point of `sweep` that has no row in out_dir/results.csv yet (nor a failed one,
+    with retry_failed). Raises Interrupted on SIGINT/SIGTERM after stopping the running point."""
+    os.makedirs(os.path.join(out_dir, "points"), exist_ok=True)
+    with open(os.path.join(out_dir, ".lock"), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(f"another sweep is writing to {out_dir}") from None
+        return _run_locked(sweep, out_dir, bin_dir, retry_failed, stream)
+
+
+def _run_locked(sweep: Sweep, out_dir: str, bin_dir: str, retry_failed: bool, stream) -> Outcome:
+    csv_path = os.path.join(out_dir, RESULTS)
+    done = {}
+    for row in schema.read_rows(csv_path):
+        done[row["point_id"]] = row["status"]
+    shutil.copyfile(sweep.path, os.path.join(out_dir, "sweep.toml"))
+
+    program = sweep.launcher.program or os.path.join(bin_dir, "kolo-train")
+    kolo_run = os.path.join(bin_dir, "kolo-run")
+    _require_executable(program, "the trainer (kolo-train)")
+    if sweep.launcher.kind == "local":
+        _require_executable(kolo_run, 'kolo-run ([launcher] kind = "local")')
+    elif shutil.which(sweep.launcher.mpirun) is None:
+        raise FileNotFoundError(f"mpirun not found: {sweep.launcher.mpirun!r} ([launcher] mpirun)")
+
+    todo = []
+    outcome = Outcome()
+    for point in sweep.points:
+        status = done.get(point["point_id"])
+        if status == "ok" or (status == "failed" and not retry_failed):
+            outcome.skipped += 1
+        else:
+            todo.append(point)
+    progress = Progress(len(todo), stream)
+    if outcome.skipped:
+        print(f"sweep {sweep.name}: {outcome.skipped} point(s) already in {csv_path}, skipped", file=stream)
+    run_id = new_run_id()
+    previous = _install_handlers()
+    try:
+        for point in todo:
+            progress.say(f"running {sweepfile.describe(point)}")
+            row = _run_point(point, sweep, out_dir, run_id, program, kolo_run)
+            rows = schema.read_rows(csv_path) + [row]
+            row = efficiency.with_efficiency(rows)[-1]
+            # A signal now would leave half a row; hold it until the row is on disk.
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
+            try:
+                schema.append_row(csv_path, row)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            outcome.ran += 1
+            seconds = float(row["duration_s"]) if row["duration_s"] else None
+            if row["status"] == "ok":
+                eff = (
+                    f", efficiency {float(row['scaling_efficiency']):.2f}"
+                    if row["scaling_efficiency"]
+                    else ""
+                )
+                result = f"ok {float(row['total_images_per_sec'] or 0):.1f} images/sec{eff}"
+            else:
+                outcome.failed += 1
+                outcome.failures.append(f"{sweepfile.describe(point)}: {row['error']}")
+                result = f"FAILED {row['error']} (log: {os.path.join(out_dir, row['log'])})"
+            progress.finished(seconds, f"{sweepfile.describe(point)} -> {result}")
+    finally:
+        _restore_handlers(previous)
+    # Now that every configuration's smallest rank count may have run, recompute efficiencies.
+    rows = schema.read_rows(csv_path)
+    if rows:
+        schema.write_rows(csv_path, efficiency.with_efficiency(rows))
+    return outcome
+
+
+def _require_executable(path: str, what: str) -> None:
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise FileNotFoundError(f"{what} not found or not executable: {path} (build it, or pass --bin-dir)")
+
+
+def _run_point(point: dict, sweep: Sweep, out_dir: str, run_id: str, program: str, kolo_run: str) -> dict:
+    pid = point["point_id"]
+    pdir = os.path.join(out_dir, "points", pid)
+    os.makedirs(pdir, exist_ok=True)
+    log_path = os.path.join(pdir, "log.txt")
+    json_path = os.path.join(pdir, "record.json")
+    for stale in (log_path, json_path):
+        if os.path.exists(stale):
+            os.unlink(stale)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    profile = sweepfile.profile_path(point, root) if "profile" in point else None
+    argv = launch.command(point, sweep.launcher, program, kolo_run, json_path, sweep.timeout_s, profile)
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(_quote(a) for a in argv) + "\n")
+    env = dict(os.environ)
+    env.update(sweep.launcher.env)
+    token = f"{run_id}-{pid}"
+    started = time.monotonic()
+    proc = launch.start(argv, env, log_path, token)
+    timed_out = False
+    try:
+        proc.wait(timeout=sweep.timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        launch.stop(proc, token)
+    except BaseException:
+        launch.stop(proc, token)
+        with open(log_path, "a") as log:
+            log.write("sweep: interrupted; every process of this point was stopped\n")
+        raise
+    leftovers = launch.reap_leftovers(token)
+    duration = time.monotonic() - started
+    rel_log = os.path.relpath(log_path, out_dir)
+    nodes = sweep.launcher.nodes_for(settings.process_count(point))
+
+    record, record_error = _read_record(json_path)
+    if timed_out:
+        status, error = (
+            "failed",
+            f"timed out after {sweep.timeout_s:g} s ([sweep] timeout_s); every process stopped",
+        )
+    elif proc.returncode != 0:
+        with open(log_path, errors="replace") as f:
+            status, error = "failed", failure_text(f.read(), proc.returncode)
+        if record and record.get("status") == "failed" and record.get("error"):
+            error = f"exit status {proc.returncode}: {record['error']}"
+    elif record is None:
+        status, error = "failed", f"kolo-train exited 0 but {record_error}"
+    elif record.get("status") != "ok":
+        status, error = "failed", record.get("error") or f"record status {record.get('status')!r}"
+    else:
+        status, error = "ok", ""
+    if leftovers and status == "ok":
+        status, error = "failed", f"{leftovers} process(es) outlived the launcher and were killed"
+    row = schema.make_row(
+        point,
+        record,
+        run_id=run_id,
+        status=status,
+        error=error,
+        nodes=nodes,
+        duration_s=round(duration, 2),
+        log=rel_log,
+    )
+    if not row["timestamp"]:
+        row["timestamp"] = _now()
+    return row
+
+
+def _read_record(path: str) -> tuple[dict | None, str]:
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except FileNotFoundError:
+        return None, f"wrote no JSON record ({path})"
+    except (OSError, json.JSONDecodeError) as e:
+        return None, f"wrote an unreadable JSON record ({path}: {e})"
+    if not isinstance(record, dict):
+        return None, f"wrote a JSON record that is not an object ({path})"
+    return record, ""
+
+
+def _quote(arg: str) -> str:
+    return arg if re.fullmatch(r"[\w@%+=:,./-]+", arg) else "'" + arg.replace("'", "'\\''") + "'"
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted(signum)
+
+
+def _install_handlers():
+    previous = {}
+    for sig in _HANDLED:
+        previous[sig] = signal.signal(sig, _raise_interrupted)
+    return previous
+
+
+def _restore_handlers(previous) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)

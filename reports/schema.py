@@ -1,0 +1,231 @@
+"""The results CSV: its columns (documented in reports/SCHEMA.md), rows built from kolo-train's
+JSON record, and reading and appending that survive a killed writer."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import tempfile
+
+from reports import settings
+
+# Run metadata, then the settings (reports.settings order, ranks and nodes next to each other),
+# then the results. Order is part of the schema.
+META = ("run_id", "point_id", "repeat", "timestamp", "kolo_commit", "hosts", "cpu_model", "gpu_model")
+SETTING_COLUMNS = (
+    "model",
+    "batch_size",
+    "ranks",
+    "nodes",
+    "backend",
+    "transport",
+    "compute",
+    "profile",
+    "precision",
+    "fusion_threshold_mb",
+    "cycle_time_ms",
+    "backward_passes_per_step",
+    "ps_servers",
+    "ps_placement",
+    "image_size",
+    "num_classes",
+    "num_warmup_batches",
+    "num_batches",
+)
+RESULTS = (
+    "total_images_per_sec",
+    "images_per_sec_per_rank",
+    "images_per_sec_stddev",
+    "step_time_ms_median",
+    "final_loss",
+    "kernel_share",
+    "scaling_efficiency",
+    "efficiency_base_ranks",
+    "duration_s",
+    "status",
+    "error",
+    "log",
+)
+COLUMNS = META + SETTING_COLUMNS + RESULTS
+NUMERIC = (
+    "repeat",
+    "batch_size",
+    "ranks",
+    "nodes",
+    "fusion_threshold_mb",
+    "cycle_time_ms",
+    "backward_passes_per_step",
+    "ps_servers",
+    "image_size",
+    "num_classes",
+    "num_warmup_batches",
+    "num_batches",
+    "total_images_per_sec",
+    "images_per_sec_per_rank",
+    "images_per_sec_stddev",
+    "step_time_ms_median",
+    "final_loss",
+    "kernel_share",
+    "scaling_efficiency",
+    "efficiency_base_ranks",
+    "duration_s",
+)
+STATUSES = ("ok", "failed")
+_RESULT_FIELDS = (
+    "total_images_per_sec",
+    "images_per_sec_per_rank",
+    "images_per_sec_stddev",
+    "step_time_ms_median",
+    "final_loss",
+    "kernel_share",
+)
+
+assert set(settings.NAMES) <= set(SETTING_COLUMNS), "every sweep setting needs a CSV column"
+
+
+class SchemaError(Exception):
+    """A CSV that is not a kolo results file (wrong header, bad value)."""
+
+
+def cell(value) -> str:
+    """One CSV cell: numbers without float noise, lists joined with ';', None empty."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.6g}" if abs(value) < 1e15 else repr(value)
+    if isinstance(value, (list, tuple)):
+        return ";".join(str(v) for v in value)
+    return " ".join(str(value).split())  # one line: errors may hold newlines
+
+
+def make_row(
+    point: dict,
+    record: dict | None,
+    *,
+    run_id: str,
+    status: str,
+    error: str = "",
+    nodes: int | None = None,
+    duration_s: float | None = None,
+    log: str = "",
+) -> dict:
+    """A CSV row for a finished point. Settings come from kolo-train's record where it has them
+    (what actually ran) and from the point otherwise; results only from the record."""
+    if status not in STATUSES:
+        raise ValueError(f"status {status!r}; allowed: {STATUSES}")
+    record = record or {}
+    rec_settings = record.get("settings") or {}
+    results = record.get("results") or {}
+    row = {c: "" for c in COLUMNS}
+    row.update(
+        run_id=run_id,
+        point_id=point["point_id"],
+        repeat=point.get("repeat", 0),
+        timestamp=record.get("timestamp", ""),
+        kolo_commit=record.get("kolo_commit", ""),
+        hosts=record.get("hosts", []),
+        cpu_model=record.get("cpu_model", ""),
+        gpu_model=record.get("gpu_model", ""),
+    )
+    merged = {k: v for k, v in rec_settings.items() if v is not None}
+    merged.update({k: v for k, v in point.items() if k in SETTING_COLUMNS})
+    for name in SETTING_COLUMNS:
+        setting = settings.BY_NAME.get(name)
+        if setting is None or setting.applies is None or setting.applies(merged):
+            row[name] = merged.get(name)
+    if not row["nodes"]:
+        row["nodes"] = rec_settings.get("nodes") or nodes
+    if status == "ok":
+        for name in _RESULT_FIELDS:
+            row[name] = results.get(name)
+    row.update(status=status, error=error, duration_s=duration_s, log=log)
+    return {k: cell(v) for k, v in row.items()}
+
+
+def read_rows(path: str) -> list[dict]:
+    """The rows of a results CSV as dicts of strings. A missing file has no rows; a last line cut
+    short by a killed writer is dropped. Raises SchemaError on a header that is not COLUMNS."""
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="") as f:
+        text = f.read()
+    if not text.strip():
+        return []
+    complete = text if text.endswith("\n") else text[: text.rfind("\n") + 1]
+    reader = csv.DictReader(io.StringIO(complete))
+    if tuple(reader.fieldnames or ()) != COLUMNS:
+        raise SchemaError(
+            f"{path}: header is not kolo's results schema (reports/SCHEMA.md); "
+            f"got {reader.fieldnames}, expected {list(COLUMNS)}"
+        )
+    rows = []
+    for row in reader:
+        if None in row or any(v is None for v in row.values()):
+            raise SchemaError(f"{path}: line {reader.line_num} has {len(row)} cells, expected {len(COLUMNS)}")
+        rows.append(row)
+    return rows
+
+
+def append_row(path: str, row: dict) -> None:
+    """Appends `row` and syncs it to disk before returning; writes the header to a new file.
+    Repairs a last line cut short by a killed writer first."""
+    new = not os.path.exists(path) or os.path.getsize(path) == 0
+    if not new:
+        with open(path, "rb+") as f:
+            data = f.read()
+            if not data.endswith(b"\n"):
+                f.seek(data.rfind(b"\n") + 1)
+                f.truncate()
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    if new:
+        writer.writeheader()
+    writer.writerow({c: row.get(c, "") for c in COLUMNS})
+    with open(path, "a", newline="") as f:
+        f.write(buf.getvalue())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_rows(path: str, rows: list[dict]) -> None:
+    """Replaces the CSV at `path` with `rows` atomically (a reader sees the old or the new file)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".results-", suffix=".csv", dir=directory)
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
+            writer.writeheader()
+            for row in rows:
+                writer.writerow({c: row.get(c, "") for c in COLUMNS})
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def number(row: dict, column: str) -> float | None:
+    """The value of a numeric column as a float, None when empty."""
+    text = row.get(column, "")
+    if text in ("", None):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise SchemaError(
+            f"column {column} holds {text!r}, not a number (point {row.get('point_id')})"
+        ) from None
+
+
+def latest_per_point(rows: list[dict]) -> list[dict]:
+    """One row per point id, the last one written (a rerun of a failed point supersedes it)."""
+    last: dict[str, dict] = {}
+    for row in rows:
+        last.pop(row["point_id"], None)
+        last[row["point_id"]] = row
+    return list(last.values())

@@ -1,0 +1,176 @@
+"""The settings a sweep point may fix: their types, allowed values and kolo-train flags.
+
+One table serves the sweep-file validator, the command-line builder and the CSV schema, so a
+setting is named the same everywhere: in a sweep file, in kolo-train's JSON record ("settings")
+and as a CSV column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# Models kolo-train knows (models/zoo); the names are its --model values.
+MODELS = (
+    "inception_v3",
+    "inception_v3_noaux",
+    "resnet50",
+    "resnet101",
+    "resnet152",
+    "vgg16",
+    "tiny_mlp",
+    "tiny_cnn",
+)
+COMPUTES = ("onednn", "cudnn", "replay")
+BACKENDS = ("ring", "mpi", "ps", "nccl")
+TRANSPORTS = ("tcp", "rdma")
+PRECISIONS = ("fp32", "fp16")
+PS_PLACEMENTS = ("greedy", "split")
+
+# Backends whose traffic goes over kolo's own transports (tcp or rdma).
+TRANSPORT_BACKENDS = ("ring", "ps")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One knob of a sweep point.
+
+    kind: "int", "float" or "str". choices: the allowed strings (str settings with a closed set).
+    minimum / exclusive_minimum: the allowed range of a number. flag: kolo-train's option, or None
+    for settings the launcher consumes (ranks). applies: whether the setting means anything for a
+    point; a setting that does not apply is left out of the point (and of its id), so that for
+    example ps_servers does not multiply ring points.
+    """
+
+    name: str
+    kind: str
+    flag: str | None
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+    exclusive_minimum: bool = False
+    maximum: float | None = None
+    applies: Callable[[dict], bool] | None = None
+    help: str = ""
+
+    def allowed(self) -> str:
+        """Says in words what values are allowed."""
+        if self.choices:
+            return "one of " + ", ".join(f'"{c}"' for c in self.choices)
+        noun = {"int": "an integer", "float": "a number", "str": "a string"}[self.kind]
+        parts = []
+        if self.minimum is not None:
+            op = ">" if self.exclusive_minimum else ">="
+            parts.append(f"{op} {_fmt(self.minimum)}")
+        if self.maximum is not None:
+            parts.append(f"<= {_fmt(self.maximum)}")
+        return noun + (" " + " and ".join(parts) if parts else "")
+
+    def check(self, value: object) -> str | None:
+        """Returns None when `value` is allowed, else why not (naming what is allowed)."""
+        if self.kind == "int":
+            ok_type = isinstance(value, int) and not isinstance(value, bool)
+        elif self.kind == "float":
+            ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
+        else:
+            ok_type = isinstance(value, str)
+        if not ok_type:
+            return f"{value!r} is a {_toml_type(value)}; allowed: {self.allowed()}"
+        if self.choices and value not in self.choices:
+            return f"{value!r} is not allowed; allowed: {self.allowed()}"
+        if self.kind == "str" and not self.choices and not value:
+            return "an empty string is not allowed; allowed: a non-empty string"
+        if self.minimum is not None:
+            low = value <= self.minimum if self.exclusive_minimum else value < self.minimum
+            if low:
+                return f"{value!r} is out of range; allowed: {self.allowed()}"
+        if self.maximum is not None and value > self.maximum:
+            return f"{value!r} is out of range; allowed: {self.allowed()}"
+        return None
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _toml_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "table"
+    return type(value).__name__
+
+
+def _uses_transport(point: dict) -> bool:
+    return point.get("backend", "ring") in TRANSPORT_BACKENDS
+
+
+def _is_ps(point: dict) -> bool:
+    return point.get("backend") == "ps"
+
+
+def _is_replay(point: dict) -> bool:
+    return point.get("compute") == "replay"
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("model", "str", "--model", choices=MODELS, help="network to train"),
+    Setting("ranks", "int", None, minimum=1, maximum=65536, help="training workers"),
+    Setting("batch_size", "int", "--batch-size", minimum=1, maximum=65536, help="per rank"),
+    Setting("num_warmup_batches", "int", "--num-warmup-batches", minimum=0),
+    Setting("num_batches", "int", "--num-batches", minimum=1),
+    Setting("compute", "str", "--compute", choices=COMPUTES),
+    Setting(
+        "profile",
+        "str",
+        "--profile",
+        applies=_is_replay,
+        help="replay profile; {model} and {batch_size} are replaced; relative to the repository",
+    ),
+    Setting("backend", "str", "--backend", choices=BACKENDS),
+    Setting("transport", "str", "--transport", choices=TRANSPORTS, applies=_uses_transport),
+    Setting("precision", "str", "--precision", choices=PRECISIONS),
+    Setting("fusion_threshold_mb", "float", "--fusion-threshold-mb", minimum=0),
+    Setting("cycle_time_ms", "float", "--cycle-time-ms", minimum=0, exclusive_minimum=True),
+    Setting("backward_passes_per_step", "int", "--backward-passes-per-step", minimum=1),
+    Setting("image_size", "int", "--image-size", minimum=1),
+    Setting("num_classes", "int", "--num-classes", minimum=1),
+    Setting("ps_servers", "int", "--ps-servers", minimum=1, applies=_is_ps),
+    Setting("ps_placement", "str", "--ps-placement", choices=PS_PLACEMENTS, applies=_is_ps),
+)
+
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+NAMES: tuple[str, ...] = tuple(s.name for s in SETTINGS)
+
+
+def normalize(point: dict) -> dict:
+    """Drops the settings that do not apply to `point` and orders the rest as in SETTINGS."""
+    return {
+        name: point[name]
+        for name in NAMES
+        if name in point and (BY_NAME[name].applies is None or BY_NAME[name].applies(point))
+    }
+
+
+def process_count(point: dict) -> int:
+    """Processes the launcher starts: the training ranks plus, for backend ps, its servers."""
+    servers = point.get("ps_servers", 1) if _is_ps(point) else 0
+    return point["ranks"] + servers
+
+
+def trainer_args(point: dict) -> list[str]:
+    """kolo-train's command-line arguments for `point` (settings it does not set are left to
+    kolo-train's defaults)."""
+    args: list[str] = []
+    for name, value in normalize(point).items():
+        flag = BY_NAME[name].flag
+        if flag is not None:
+            args += [flag, _fmt(value) if isinstance(value, float) else str(value)]
+    return args

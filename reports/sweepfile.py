@@ -1,0 +1,416 @@
+"""Sweep files: loading, validation of the whole file, and expansion of the matrix into points.
+
+The format is documented in sweeps/README.md. validate_* functions collect every problem they
+find (as SweepError's list) instead of stopping at the first, so one run names them all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import json
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reports import settings
+
+TABLES = ("sweep", "launcher", "fixed", "matrix", "exclude")
+SWEEP_KEYS = ("name", "description", "timeout_s", "repeats")
+LAUNCHER_KEYS = ("kind", "mpirun", "args", "hosts", "hostfile", "env", "program")
+LAUNCHER_KINDS = ("mpirun", "local")
+DEFAULT_TIMEOUT_S = 600.0
+_HOST_RE = re.compile(r"^[A-Za-z0-9_.\-]+(:[1-9][0-9]*)?$")
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+class SweepError(Exception):
+    """A sweep file that cannot be run; `problems` lists every problem found, one line each."""
+
+    def __init__(self, path: str, problems: list[str]):
+        self.path = path
+        self.problems = problems
+        super().__init__("\n".join(f"{path}: {p}" for p in problems))
+
+
+@dataclass
+class Launcher:
+    kind: str = "mpirun"
+    mpirun: str = "mpirun"
+    args: list[str] = field(default_factory=list)
+    hosts: list[tuple[str, int | None]] = field(default_factory=list)  # (host, slots or None)
+    hostfile: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    program: str | None = None  # the trainer; None = <bin dir>/kolo-train
+
+    def is_local(self) -> bool:
+        """True when every rank runs on this host (then the loopback flags are added)."""
+        if self.kind == "local":
+            return True
+        if self.hostfile:
+            return False
+        own = {os.uname().nodename, *LOCAL_HOSTS}
+        return all(h in own for h, _ in self.hosts)
+
+    def slots(self) -> list[int | None]:
+        """Slots per host in order, from `hosts` or the hostfile; empty for this host alone."""
+        if self.hostfile:
+            return [slots for _, slots in read_hostfile(self.hostfile)]
+        return [slots for _, slots in self.hosts]
+
+    def nodes_for(self, processes: int) -> int:
+        """Hosts that `processes` ranks occupy when mpirun fills each host's slots in order."""
+        slots = self.slots()
+        if not slots or any(s is None for s in slots):
+            return max(1, min(len(slots), processes)) if slots else 1
+        used, nodes = 0, 0
+        for s in slots:
+            if used >= processes:
+                break
+            used += s
+            nodes += 1
+        return max(nodes, 1)
+
+
+@dataclass
+class Sweep:
+    path: str
+    name: str
+    description: str
+    timeout_s: float
+    repeats: int
+    launcher: Launcher
+    points: list[dict]  # normalized settings, each with "repeat" and "point_id"
+
+
+def read_hostfile(path: str) -> list[tuple[str, int | None]]:
+    """Open MPI hostfile lines "host [slots=N]"; comments and blank lines skipped."""
+    hosts = []
+    for line in Path(path).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        words = line.split()
+        slots = None
+        for w in words[1:]:
+            if w.startswith("slots="):
+                slots = int(w.split("=", 1)[1])
+        hosts.append((words[0], slots))
+    return hosts
+
+
+def point_id(point: dict) -> str:
+    """A stable id of a point: a hash of its normalized settings and repeat index."""
+    key = {k: v for k, v in point.items() if k not in ("point_id",)}
+    text = json.dumps(key, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def load(path: str, root: str) -> Sweep:
+    """Reads and validates the sweep file at `path`; relative paths in it (profiles, hostfile)
+    are taken from the repository root `root`. Raises SweepError listing every problem."""
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except OSError as e:
+        raise SweepError(path, [f"cannot read the file: {e.strerror}"]) from None
+    except tomllib.TOMLDecodeError as e:
+        raise SweepError(path, [f"not valid TOML: {e}"]) from None
+    return parse(doc, path, root)
+
+
+def parse(doc: dict, path: str, root: str) -> Sweep:
+    """Validates a parsed sweep file and expands its matrix (see load)."""
+    problems: list[str] = []
+    for key, value in doc.items():
+        if key not in TABLES:
+            problems.append(f"unknown key {key!r} at the top level; allowed: {_names(TABLES)}")
+        elif key == "exclude":
+            if not isinstance(value, list):
+                problems.append("exclude must be an array of tables ([[exclude]])")
+        elif not isinstance(value, dict):
+            problems.append(f"{key} must be a table ([{key}])")
+    if problems:
+        raise SweepError(path, problems)
+
+    name, description, timeout_s, repeats = _parse_sweep(doc.get("sweep", {}), path, problems)
+    launcher = _parse_launcher(doc.get("launcher", {}), root, problems)
+    fixed = _parse_fixed(doc.get("fixed", {}), problems)
+    matrix = _parse_matrix(doc.get("matrix", {}), fixed, problems)
+    excludes = _parse_excludes(doc.get("exclude", []), problems)
+    for required in ("model", "ranks"):
+        if required not in fixed and required not in matrix:
+            problems.append(f"{required!r} is set nowhere; give it in [fixed] or [matrix]")
+    if problems:
+        raise SweepError(path, problems)
+
+    points = expand(fixed, matrix, excludes, repeats)
+    if not points:
+        problems.append("[[exclude]] leaves no point to run")
+    for point in points:
+        _check_point(point, launcher, root, problems)
+    if problems:
+        raise SweepError(path, _dedupe(problems))
+    return Sweep(path, name, description, timeout_s, repeats, launcher, points)
+
+
+def expand(fixed: dict, matrix: dict, excludes: list[dict], repeats: int) -> list[dict]:
+    """The points of the matrix: the product of its axes (ranks outermost, ascending, so each
+    configuration's smallest rank count runs first), with [fixed] added, settings that do not
+    apply dropped, excluded points removed and duplicates merged; each point then repeated."""
+    axes = list(matrix.items())
+    axes.sort(key=lambda kv: kv[0] != "ranks")  # stable: ranks first, the others in file order
+    if "ranks" in matrix:
+        axes[0] = ("ranks", sorted(matrix["ranks"]))
+    names = [k for k, _ in axes]
+    seen: set[str] = set()
+    points: list[dict] = []
+    for combo in itertools.product(*(values for _, values in axes)):
+        raw = dict(fixed)
+        raw.update(zip(names, combo, strict=True))
+        if any(_matches(raw, ex) for ex in excludes):
+            continue
+        base = settings.normalize(raw)
+        if "profile" in base:
+            # On a bad placeholder the template stays as it is; _check_point names it.
+            with contextlib.suppress(KeyError, IndexError, ValueError):
+                base["profile"] = fill_profile(base)
+        key = json.dumps(base, sort_keys=True)
+        if key in seen:
+            continue
+        seen.add(key)
+        for r in range(repeats):
+            point = dict(base, repeat=r)
+            point["point_id"] = point_id(point)
+            points.append(point)
+    return points
+
+
+def fill_profile(point: dict) -> str:
+    """The point's profile with {model} and {batch_size} replaced."""
+    return point["profile"].format(model=point.get("model", ""), batch_size=point.get("batch_size", ""))
+
+
+def profile_path(point: dict, root: str) -> str:
+    """The point's replay profile, absolute (relative paths are taken from `root`)."""
+    text = fill_profile(point)
+    return text if os.path.isabs(text) else os.path.join(root, text)
+
+
+def _matches(point: dict, exclude: dict) -> bool:
+    return all(point.get(k) in values for k, values in exclude.items())
+
+
+def _names(items) -> str:
+    return ", ".join(items)
+
+
+def _dedupe(items: list[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def _parse_sweep(table: dict, path: str, problems: list[str]):
+    name = Path(path).stem
+    description = ""
+    timeout_s = DEFAULT_TIMEOUT_S
+    repeats = 1
+    for key, value in table.items():
+        where = f"[sweep] {key}"
+        if key not in SWEEP_KEYS:
+            problems.append(f"unknown key {where}; allowed: {_names(SWEEP_KEYS)}")
+        elif key in ("name", "description"):
+            if not isinstance(value, str):
+                problems.append(f"{where} must be a string, not {settings._toml_type(value)}")
+            elif key == "name":
+                name = value
+            else:
+                description = value
+        elif key == "timeout_s":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                problems.append(f"{where} = {value!r} is not allowed; allowed: a number of seconds > 0")
+            else:
+                timeout_s = float(value)
+        elif key == "repeats":
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100:
+                problems.append(f"{where} = {value!r} is not allowed; allowed: an integer 1 to 100")
+            else:
+                repeats = value
+    return name, description, timeout_s, repeats
+
+
+def _parse_launcher(table: dict, root: str, problems: list[str]) -> Launcher:
+    launcher = Launcher()
+    for key, value in table.items():
+        where = f"[launcher] {key}"
+        if key not in LAUNCHER_KEYS:
+            problems.append(f"unknown key {where}; allowed: {_names(LAUNCHER_KEYS)}")
+        elif key == "kind":
+            if value not in LAUNCHER_KINDS:
+                problems.append(f"{where} = {value!r} is not allowed; allowed: " + '"mpirun", "local"')
+            else:
+                launcher.kind = value
+        elif key in ("mpirun", "program"):
+            if not isinstance(value, str) or not value:
+                problems.append(f"{where} must be a non-empty string (a command or a path)")
+            else:
+                setattr(launcher, key, value)
+        elif key == "args":
+            if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+                problems.append(f"{where} must be an array of strings (extra mpirun arguments)")
+            else:
+                launcher.args = list(value)
+        elif key == "hosts":
+            launcher.hosts = _parse_hosts(value, where, problems)
+        elif key == "hostfile":
+            if not isinstance(value, str) or not value:
+                problems.append(f"{where} must be a path (a string)")
+                continue
+            full = value if os.path.isabs(value) else os.path.join(root, value)
+            try:
+                read_hostfile(full)
+                launcher.hostfile = full
+            except (OSError, ValueError) as e:
+                problems.append(f"{where} = {value!r} cannot be read: {e}")
+        elif key == "env":
+            if not isinstance(value, dict):
+                problems.append(f'{where} must be a table of NAME = "value"')
+                continue
+            for k, v in value.items():
+                if not _ENV_RE.match(k) or not isinstance(v, str):
+                    problems.append(
+                        f"{where}.{k} = {v!r} is not allowed; allowed: a variable name and a string value"
+                    )
+            launcher.env = {k: v for k, v in value.items() if isinstance(v, str)}
+    if launcher.hosts and launcher.hostfile:
+        problems.append("[launcher] hosts and hostfile are both set; give one")
+    if launcher.kind == "local":
+        for key in ("mpirun", "args", "hosts", "hostfile"):
+            if key in table:
+                problems.append(
+                    f'[launcher] {key} is not allowed with kind = "local" '
+                    '(kolo-run starts every rank on this host); use kind = "mpirun"'
+                )
+    return launcher
+
+
+def _parse_hosts(value, where: str, problems: list[str]) -> list[tuple[str, int | None]]:
+    if not isinstance(value, str) or not value.strip():
+        problems.append(f'{where} must be a string like "host1:8,host2:8"')
+        return []
+    hosts = []
+    for item in value.split(","):
+        item = item.strip()
+        if not _HOST_RE.match(item):
+            problems.append(f"{where}: {item!r} is not allowed; allowed: host or host:slots (slots >= 1)")
+            continue
+        host, _, slots = item.partition(":")
+        hosts.append((host, int(slots) if slots else None))
+    return hosts
+
+
+def _parse_fixed(table: dict, problems: list[str]) -> dict:
+    fixed = {}
+    for key, value in table.items():
+        setting = settings.BY_NAME.get(key)
+        if setting is None:
+            problems.append(f"unknown setting [fixed] {key}; allowed: {_names(settings.NAMES)}")
+            continue
+        why = setting.check(value)
+        if why:
+            problems.append(f"[fixed] {key}: {why}")
+        else:
+            fixed[key] = value
+    return fixed
+
+
+def _parse_matrix(table: dict, fixed: dict, problems: list[str]) -> dict:
+    matrix = {}
+    for key, values in table.items():
+        setting = settings.BY_NAME.get(key)
+        if setting is None:
+            problems.append(f"unknown axis [matrix] {key}; allowed: {_names(settings.NAMES)}")
+            continue
+        if key in fixed:
+            problems.append(f"{key} is in both [fixed] and [matrix]; keep one")
+            continue
+        if not isinstance(values, list) or not values:
+            problems.append(f"[matrix] {key} must be a non-empty array of values ({setting.allowed()})")
+            continue
+        ok = True
+        for i, value in enumerate(values):
+            why = setting.check(value)
+            if why:
+                problems.append(f"[matrix] {key}[{i}]: {why}")
+                ok = False
+        if ok and len(set(values)) != len(values):
+            problems.append(f"[matrix] {key} lists a value twice: {values!r}")
+            ok = False
+        if ok:
+            matrix[key] = list(values)
+    return matrix
+
+
+def _parse_excludes(items: list, problems: list[str]) -> list[dict]:
+    excludes = []
+    for i, item in enumerate(items):
+        where = f"[[exclude]] #{i + 1}"
+        if not isinstance(item, dict) or not item:
+            problems.append(f"{where} must be a non-empty table of setting = value or [values]")
+            continue
+        ex = {}
+        for key, value in item.items():
+            setting = settings.BY_NAME.get(key)
+            if setting is None:
+                problems.append(f"unknown setting {where} {key}; allowed: {_names(settings.NAMES)}")
+                continue
+            values = value if isinstance(value, list) else [value]
+            for v in values:
+                why = setting.check(v)
+                if why:
+                    problems.append(f"{where} {key}: {why}")
+            ex[key] = values
+        excludes.append(ex)
+    return excludes
+
+
+def _check_point(point: dict, launcher: Launcher, root: str, problems: list[str]) -> None:
+    """Checks that need a whole point: a replay profile that exists, a backend the launcher can
+    run, enough slots on the hosts."""
+    label = describe(point)
+    if point.get("compute") == "replay":
+        if "profile" not in point:
+            problems.append(f'point {label}: compute = "replay" needs a profile (a file path)')
+        else:
+            try:
+                full = profile_path(point, root)
+            except (KeyError, IndexError, ValueError) as e:
+                problems.append(
+                    f"profile {point['profile']!r}: bad placeholder {e}; allowed: {{model}}, {{batch_size}}"
+                )
+            else:
+                if not os.path.isfile(full):
+                    problems.append(f"point {label}: profile {full} does not exist")
+    if launcher.kind == "local" and point.get("backend") == "mpi":
+        problems.append(f'point {label}: backend "mpi" needs mpirun; [launcher] kind = "local" runs kolo-run')
+    if launcher.kind == "mpirun" and not launcher.is_local() and "--oversubscribe" not in launcher.args:
+        slots = launcher.slots()
+        if slots and all(s is not None for s in slots):
+            need = settings.process_count(point)
+            if need > sum(slots):
+                problems.append(
+                    f"point {label}: needs {need} processes but the hosts give {sum(slots)} slots; "
+                    'add hosts or put "--oversubscribe" in [launcher] args'
+                )
+
+
+def describe(point: dict) -> str:
+    """A short human label of a point: its settings as key=value."""
+    return " ".join(
+        f"{k}={v}"
+        for k, v in point.items()
+        if k not in ("point_id", "profile") and not (k == "repeat" and v == 0)
+    )

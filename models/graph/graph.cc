@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <numeric>
-#include <unordered_set>
 #include <utility>
 
 namespace kolo::models {
@@ -18,36 +17,6 @@ int64_t WindowOutput(int64_t in, int64_t kernel, int64_t stride, int64_t pad) {
 }
 
 }  // namespace
-
-std::string ToString(const ImageShape& s) { return fmt::format("{}x{}x{}", s.c, s.h, s.w); }
-
-const char* LayerKindName(LayerKind kind) {
-  switch (kind) {
-    case LayerKind::kInput:
-      return "input";
-    case LayerKind::kConv:
-      return "conv";
-    case LayerKind::kBatchNorm:
-      return "batch_norm";
-    case LayerKind::kRelu:
-      return "relu";
-    case LayerKind::kMaxPool:
-      return "max_pool";
-    case LayerKind::kAvgPool:
-      return "avg_pool";
-    case LayerKind::kConcat:
-      return "concat";
-    case LayerKind::kAdd:
-      return "add";
-    case LayerKind::kDropout:
-      return "dropout";
-    case LayerKind::kFullyConnected:
-      return "fully_connected";
-    case LayerKind::kSoftmaxCrossEntropy:
-      return "softmax_cross_entropy";
-  }
-  return "unknown";
-}
 
 void Graph::Fail(Status s) {
   if (error_.ok()) error_ = std::move(s);
@@ -400,73 +369,6 @@ int Graph::SoftmaxCrossEntropy(const std::string& name, int logits, const LossPa
     }
   }
   return AddLayer(std::move(l));
-}
-
-Status Graph::Finish() {
-  if (finished_) return FailedPrecondition("graph '{}': Finish() called twice", name_);
-  finished_ = true;
-  if (!error_.ok()) return error_;
-  if (input_ < 0) return InvalidArgument("graph '{}' has no input layer", name_);
-  std::unordered_set<std::string> names;
-  for (const Layer& l : layers_) {
-    if (!names.insert(l.name).second) {
-      return InvalidArgument("graph '{}': two layers are named '{}'; names must be unique", name_,
-                             l.name);
-    }
-  }
-  if (loss_layers().empty()) {
-    return InvalidArgument("graph '{}' has no loss layer; add SoftmaxCrossEntropy", name_);
-  }
-  for (const Layer& l : layers_) {
-    if (l.kind != LayerKind::kSoftmaxCrossEntropy && l.consumers.empty()) {
-      return InvalidArgument(
-          "graph '{}': the output of {} layer '{}' is never read; every layer but a loss needs a "
-          "consumer",
-          name_, LayerKindName(l.kind), l.name);
-    }
-  }
-  return Status::OK();
-}
-
-std::vector<int> Graph::loss_layers() const {
-  std::vector<int> out;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    if (layers_[i].kind == LayerKind::kSoftmaxCrossEntropy) out.push_back(static_cast<int>(i));
-  }
-  return out;
-}
-
-int Graph::FindLayer(const std::string& name) const {
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    if (layers_[i].name == name) return static_cast<int>(i);
-  }
-  return -1;
-}
-
-ImageShape Graph::input_shape() const {
-  if (input_ < 0) return {};
-  return layers_[static_cast<size_t>(input_)].out;
-}
-
-std::vector<int> Graph::BackpropOrder() const {
-  std::vector<int> order;
-  order.reserve(params_.size());
-  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
-    order.insert(order.end(), it->param_ids.begin(), it->param_ids.end());
-  }
-  return order;
-}
-
-int64_t Graph::NumParameterElements() const {
-  int64_t n = 0;
-  for (const Parameter& p : params_) n += p.numel;
-  return n;
-}
-
-int64_t Graph::ForwardMacsPerImage() const {
-  int64_t n = 0;
-  for (const Layer& l : layers_) n += l.macs;
-  return n;
 }
 
 }  // namespace kolo::models

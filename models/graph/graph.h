@@ -177,4 +177,8 @@ class Graph {
   bool finished_ = false;
 };
 
+// A table of the graph: a header line (name, layers, parameters, tensors, G MACs per image), then
+// one line per layer with its name, kind, output shape, parameter elements and MACs per image.
+std::string ToString(const Graph& graph);
+
 }  // namespace kolo::models

@@ -254,6 +254,18 @@ TEST(GraphTest, FirstErrorWinsAndLaterLayersStillGetIndices) {
   EXPECT_TRUE(g.params().empty());  // failed layers own no parameters
 }
 
+TEST(GraphTest, ToStringListsEveryLayer) {
+  Graph g("table");
+  const int x = g.Input("input", {3, 4, 4});
+  const int c = g.Conv("conv", x, Conv(2, 3, 1, 1, true));
+  ASSERT_TRUE(FinishWithHead(g, c, 5).ok());
+  const std::string text = ToString(g);
+  EXPECT_THAT(text, HasSubstr("table: 4 layers, 221 parameters in 4 tensors"));
+  EXPECT_THAT(text, ::testing::ContainsRegex("conv +conv +2x4x4 +56 +864\n"));
+  EXPECT_THAT(text, ::testing::ContainsRegex("head_fc +fully_connected +5x1x1 +165 +160\n"));
+  EXPECT_THAT(text, ::testing::ContainsRegex("head_loss +softmax_cross_entropy +1x1x1 +0 +0\n"));
+}
+
 TEST(GraphTest, SumOfInputsLossReadsAnyShape) {
   Graph g("sum");
   const int x = g.Input("input", {2, 1, 1});

@@ -50,19 +50,31 @@ Engine::~Engine() { Shutdown().IgnoreError(); }
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const Options& options, bootstrap::Store* store) {
   KOLO_RETURN_IF_ERROR(options.Validate());
+  if (options.backend == "ps") return CreateParameterServerRank(options, store);
+  return CreateRank(options, store, nullptr);
+}
+
+StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
+                                                     bootstrap::Store* store,
+                                                     backends::ps::Job* ps_job) {
   SetLogLevel(options.log_level);
   if (options.size > 1) SetLogRank(options.rank);
   auto impl = std::make_unique<Impl>(options);
   Impl& e = *impl;
 
-  KOLO_ASSIGN_OR_RETURN(e.rendezvous, bootstrap::StartRendezvous(options, store));
+  if (ps_job != nullptr) {
+    e.rendezvous = std::move(ps_job->rendezvous);
+  } else {
+    KOLO_ASSIGN_OR_RETURN(e.rendezvous, bootstrap::StartRendezvous(options, store));
+  }
   transport::tcp::TcpOptions tcp;
   tcp.listen_addr = e.rendezvous.listen_addr;
   tcp.socket_buffer_bytes = options.socket_buffer_bytes;
   tcp.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.peer_timeout_s * 1000));
   tcp.secret = e.rendezvous.secret;
   tcp.busy_poll = options.busy_poll;
-  auto device = transport::tcp::Connect(tcp, *e.rendezvous.store, options.rank, options.size);
+  bootstrap::Store& addresses = ps_job != nullptr ? *ps_job->worker_store : *e.rendezvous.store;
+  auto device = transport::tcp::Connect(tcp, addresses, options.rank, options.size);
   if (!device.ok())
     return device.status().WithContext(fmt::format("rank {}: connecting to peers", options.rank));
   e.device = std::move(device).value();
@@ -113,6 +125,11 @@ StatusOr<Handle> Engine::Impl::Submit(TensorEntry entry) {
       return InvalidArgument("{} '{}': shape {} has a negative dimension", type, name,
                              ShapeToString(entry.request.shape));
     }
+  }
+  if (role == Role::kServer) {
+    return FailedPrecondition(
+        "{} '{}': this rank is parameter server {}; collectives run among the workers only",
+        type, name, options.rank);
   }
   std::lock_guard<std::mutex> lock(mu);
   if (!fatal.ok()) return fatal;
@@ -235,6 +252,8 @@ Status Engine::Barrier() {
 }
 
 Status Engine::Shutdown() {
+  // A parameter-server worker first tells the servers it is done (its errors are in fatal).
+  if (impl_->ps_worker) impl_->ps_worker->Shutdown().IgnoreError();
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->shutdown_requested = true;
@@ -246,7 +265,9 @@ Status Engine::Shutdown() {
 
 Engine::Stats Engine::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->stats;
+  Stats s = impl_->stats;
+  impl_->AddParameterServerStats(&s);
+  return s;
 }
 
 }  // namespace kolo

@@ -40,6 +40,9 @@ namespace kolo {
 namespace bootstrap {
 class Store;
 }
+namespace backends::ps {
+struct Job;
+}
 
 enum class ReduceOp : uint8_t { kSum = 0, kAverage = 1 };
 const char* ReduceOpName(ReduceOp op);
@@ -68,6 +71,29 @@ struct GatheredTensor {
   std::vector<int64_t> first_dims;  // each rank's first dimension, in rank order
 };
 
+// Parameter-server jobs (Options::backend == "ps", engine/backends/ps/): each launch rank is
+// either a worker (a data-parallel training rank) or a parameter server. Which ranks serve is
+// Options::ps_servers / ps_server_ranks (options.h explains the mapping: by default the last K).
+enum class Role : uint8_t { kWorker, kServer };
+
+// One trainable variable, as a worker registers it with the parameter servers.
+struct VariableSpec {
+  std::string name;
+  DataType dtype = DataType::kFloat32;
+  Shape shape;
+};
+
+// The update a parameter server applies to a variable: with g the average over workers of the
+// pushed gradients, g' = g * grad_scale + weight_decay * w; v = momentum * v + g';
+// w -= learning_rate * v; the momentum v starts at zero (torch.optim.SGD without dampening or
+// Nesterov; models/compute/backend.h SgdConfig with grad_scale applied first).
+struct SgdSettings {
+  double learning_rate = 0.1;
+  double momentum = 0.9;
+  double weight_decay = 1e-4;
+  double grad_scale = 1.0;
+};
+
 class Engine {
  public:
   // Starts one rank: connects to every peer (address exchange through the store at
@@ -82,6 +108,8 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  // On worker ranks of a "ps" job: the worker index and worker count (data-parallel ranks); on
+  // server ranks: the server index and server count. Otherwise the launch rank and size.
   int rank() const;
   int size() const;
   int local_rank() const;
@@ -119,6 +147,42 @@ class Engine {
   // "shut down". Any rank's shutdown ends the job's engine on every rank. Idempotent.
   Status Shutdown();
 
+  // --- Parameter servers (backend "ps"). Under "ps", allreduce, broadcast, allgather and barrier
+  // work among the workers (rank() and size() as above); server ranks only Serve.
+
+  // kServer on parameter-server ranks; kWorker everywhere else (every rank of other backends).
+  Role role() const;
+  // True with backend "ps": workers push gradients and pull updated weights (PushPullAsync)
+  // instead of averaging gradients and updating locally.
+  bool updates_on_servers() const;
+
+  // Server ranks: serves the workers until every worker has shut down (OK), or fails when a peer
+  // dies or misbehaves (the error names it; every worker then fails too). Every wait is bounded:
+  // a dead peer is seen at once, a stalled step as the KOLO_STALL_* settings say. Blocks the
+  // calling thread. Errors: FailedPrecondition on a worker rank.
+  [[nodiscard]] Status Serve();
+
+  // Workers, once, before the first PushPullAsync, with the same list on every worker: every
+  // variable to be updated on the servers, in creation (forward) order. Fixes the placement of
+  // variables on servers (Options::ps_placement), the same on every rank; worker 0 prints each
+  // server's share (one line per server, to stderr). Returns once every server has accepted the
+  // list (bounded by the peer timeout). Errors: float32 only; duplicate or empty names; lists
+  // that differ between workers (then every rank fails, naming the worker).
+  [[nodiscard]] Status RegisterVariables(const std::vector<VariableSpec>& vars);
+
+  // Workers (backend "ps"): pushes `grad`, this worker's gradient of variable `name`, to the
+  // server(s) holding the variable, the moment it is called; once every worker has pushed the
+  // variable for this step, each server averages the pushes, applies `sgd` (SgdSettings; worker
+  // 0's settings, which must equal every worker's) and sends the new values, which are written
+  // into `weights` before the handle completes (Wait / Poll). The first PushPull of a variable
+  // also carries worker 0's `weights` as its initial value (after the trainer's broadcast every
+  // worker holds the same). `grad` must stay unchanged and `weights` untouched until the handle
+  // completes. One PushPull per variable may be in flight. dtype and shape must match the
+  // registration. Errors at submission: unregistered name, mismatch, a name in flight, a rank
+  // that is not a worker of a "ps" job, an engine that has failed or shut down.
+  StatusOr<Handle> PushPullAsync(const std::string& name, const void* grad, void* weights,
+                                 DataType dtype, const Shape& shape, const SgdSettings& sgd);
+
   // Statistics since Create, for benchmarks and tests.
   struct Stats {
     int64_t cycles = 0;
@@ -131,6 +195,12 @@ class Engine {
     // Time spent agreeing (bit-vector exchange and coordinator rounds) in cycles that released
     // work; includes waiting inside the exchange for ranks that arrive later.
     double coordination_us = 0;
+    // Parameter servers: payload bytes this rank sent to / received from the other side (workers:
+    // to and from the servers; servers: to and from the workers), and completed PushPulls
+    // (workers) or applied shard updates (servers).
+    int64_t ps_bytes_sent = 0;
+    int64_t ps_bytes_received = 0;
+    int64_t ps_updates = 0;
   };
   Stats stats() const;
 
@@ -138,6 +208,15 @@ class Engine {
 
  private:
   explicit Engine(std::unique_ptr<Impl> impl);
+  // One rank of the collective engine. `ps_job` (a worker of a parameter-server job, joined by
+  // CreateParameterServerRank) supplies the rendezvous and the workers' address store; `options`
+  // are then the worker's (rank and size among the workers) and were validated as launched.
+  static StatusOr<std::unique_ptr<Engine>> CreateRank(const Options& options,
+                                                      bootstrap::Store* store,
+                                                      backends::ps::Job* ps_job);
+  // Backend "ps" (engine_ps.cc): joins the job, then builds a server rank or a worker rank.
+  static StatusOr<std::unique_ptr<Engine>> CreateParameterServerRank(const Options& options,
+                                                                     bootstrap::Store* store);
   std::unique_ptr<Impl> impl_;
 };
 

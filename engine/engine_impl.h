@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "engine/backends/backend.h"
+#include "engine/backends/ps/server.h"
+#include "engine/backends/ps/worker.h"
 #include "engine/bootstrap/rendezvous.h"
 #include "engine/collectives/collectives.h"
 #include "engine/coordinator/message.h"
@@ -114,6 +116,14 @@ struct Engine::Impl {
   SteadyClock::time_point last_stall_check;
   std::unordered_map<std::string, SteadyClock::time_point> stall_warned;  // rank 0
   std::vector<std::string> group_names;  // tensors of the collective in flight (timeline)
+
+  // Parameter-server jobs (engine_ps.cc). Set once at creation: a worker has ps_worker (its
+  // thread reports completions under mu), a server has ps_server and no engine thread. Declared
+  // last so that they stop before everything they refer to is destroyed.
+  Role role = Role::kWorker;
+  void AddParameterServerStats(Stats* stats) const;
+  std::unique_ptr<backends::ps::Worker> ps_worker;
+  std::unique_ptr<backends::ps::Server> ps_server;
 };
 
 }  // namespace kolo

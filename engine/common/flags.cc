@@ -6,7 +6,8 @@ namespace kolo {
 
 void EngineFlags::Add(CLI::App& app) {
   const std::string g = "Engine";
-  app.add_option("--backend", backend_, "collective backend: ring | mpi (KOLO_BACKEND)")->group(g);
+  app.add_option("--backend", backend_, "collective backend: ring | mpi | ps (KOLO_BACKEND)")
+      ->group(g);
   app.add_option("--fusion-threshold-mb", fusion_threshold_mb_,
                  "Tensor Fusion buffer size in MiB; 0 disables fusion (default 64)")
       ->group(g);
@@ -29,6 +30,19 @@ void EngineFlags::Add(CLI::App& app) {
   app.add_option("--log-level", log_level_, "trace | debug | info | warning | error")->group(g);
   app.add_option("--ring-chunk-kb", ring_chunk_kb_, "ring pipeline chunk in KiB")->group(g);
   app.add_option("--socket-buffer-kb", socket_buffer_kb_, "socket buffer size in KiB")->group(g);
+  const std::string ps = "Parameter server";
+  app.add_option("--ps-servers", ps_servers_,
+                 "with --backend ps: how many ranks serve; by default the last ones "
+                 "(KOLO_PS_SERVERS, default 1)")
+      ->group(ps);
+  app.add_option("--ps-server-ranks", ps_server_ranks_,
+                 "with --backend ps: the ranks that serve, comma-separated, e.g. 8,17 "
+                 "(KOLO_PS_SERVER_RANKS)")
+      ->group(ps);
+  app.add_option("--ps-placement", ps_placement_,
+                 "with --backend ps: greedy (whole tensors, fewest bytes first; default) | split "
+                 "(large tensors cut across servers) (KOLO_PS_PLACEMENT)")
+      ->group(ps);
 }
 
 Status EngineFlags::Apply(Options* o) const {
@@ -58,6 +72,14 @@ Status EngineFlags::Apply(Options* o) const {
   if (peer_timeout_s_) o->peer_timeout_s = *peer_timeout_s_;
   if (ring_chunk_kb_) o->ring_chunk_bytes = *ring_chunk_kb_ * 1024;
   if (socket_buffer_kb_) o->socket_buffer_bytes = *socket_buffer_kb_ * 1024;
+  if (ps_server_ranks_) {
+    auto ranks = ParseRankList("--ps-server-ranks", *ps_server_ranks_);
+    if (!ranks.ok()) return ranks.status();
+    o->ps_server_ranks = *ranks;
+    o->ps_servers = static_cast<int>(ranks->size());
+  }
+  if (ps_servers_) o->ps_servers = *ps_servers_;
+  if (ps_placement_) o->ps_placement = *ps_placement_;
   Status s = o->Validate();
   if (!s.ok()) return s.WithContext("invalid engine flags");
   return Status::OK();

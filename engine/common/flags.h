@@ -19,7 +19,8 @@ class EngineFlags {
  public:
   // Registers --backend, --fusion-threshold-mb, --cycle-time-ms, --cache-capacity, --timeline,
   // --stall-check-s, --stall-shutdown-s, --peer-timeout-s, --iface, --log-level,
-  // --ring-chunk-kb, --socket-buffer-kb in group "Engine".
+  // --ring-chunk-kb, --socket-buffer-kb in group "Engine", and --ps-servers, --ps-server-ranks,
+  // --ps-placement in group "Parameter server".
   void Add(CLI::App& app);
   // Writes the flags that were given into *options and validates the result.
   Status Apply(Options* options) const;
@@ -30,6 +31,8 @@ class EngineFlags {
       peer_timeout_s_;
   std::optional<int> cache_capacity_;
   std::optional<int64_t> ring_chunk_kb_, socket_buffer_kb_;
+  std::optional<int> ps_servers_;
+  std::optional<std::string> ps_server_ranks_, ps_placement_;
 };
 
 }  // namespace kolo

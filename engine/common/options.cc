@@ -60,7 +60,10 @@ const char* const kKnownVariables[] = {"KOLO_RANK",
                                        "KOLO_PEER_TIMEOUT_SECONDS",
                                        "KOLO_STALL_CHECK_SECONDS",
                                        "KOLO_STALL_SHUTDOWN_SECONDS",
-                                       "KOLO_SKIP_BOOTSTRAP"};
+                                       "KOLO_SKIP_BOOTSTRAP",
+                                       "KOLO_PS_SERVERS",
+                                       "KOLO_PS_SERVER_RANKS",
+                                       "KOLO_PS_PLACEMENT"};
 
 }  // namespace
 
@@ -125,6 +128,64 @@ StatusOr<LogLevel> ParseLogLevel(const std::string& value) {
       value);
 }
 
+StatusOr<std::vector<int>> ParseRankList(const std::string& what, const std::string& value) {
+  std::vector<int> ranks;
+  size_t start = 0;
+  while (start <= value.size() && !value.empty()) {
+    size_t comma = value.find(',', start);
+    if (comma == std::string::npos) comma = value.size();
+    const std::string item = value.substr(start, comma - start);
+    auto r = ParseInt(what, item, 0, 1 << 20);
+    if (!r.ok()) {
+      return InvalidArgument("{}='{}': item '{}' is not a rank: allowed is a comma-separated list "
+                             "of ranks such as 8,17",
+                             what, value, item);
+    }
+    ranks.push_back(static_cast<int>(*r));
+    start = comma + 1;
+  }
+  return ranks;
+}
+
+namespace {
+
+Status ValidateParameterServers(const Options& o) {
+  if (o.ps_placement != "greedy" && o.ps_placement != "split") {
+    return InvalidArgument("parameter-server placement '{}' is unknown: allowed are greedy, split",
+                           o.ps_placement);
+  }
+  if (o.backend != "ps") return Status::OK();
+  if (o.ps_servers < 1 || o.ps_servers >= o.size) {
+    return InvalidArgument(
+        "{} parameter server(s) in a job of {} rank(s): backend 'ps' needs at least one server and "
+        "one worker, so allowed are 1 to size - 1 = {} servers (KOLO_PS_SERVERS / --ps-servers)",
+        o.ps_servers, o.size, o.size - 1);
+  }
+  if (!o.ps_server_ranks.empty()) {
+    if (static_cast<int>(o.ps_server_ranks.size()) != o.ps_servers) {
+      return InvalidArgument(
+          "the parameter-server rank list names {} rank(s) but {} server(s) were asked for: "
+          "give KOLO_PS_SERVERS equal to the list's length, or leave it unset",
+          o.ps_server_ranks.size(), o.ps_servers);
+    }
+    std::vector<bool> seen(static_cast<size_t>(o.size), false);
+    for (int r : o.ps_server_ranks) {
+      if (r < 0 || r >= o.size) {
+        return InvalidArgument("parameter-server rank {} is outside [0, {}) for a job of {} ranks",
+                               r, o.size, o.size);
+      }
+      if (seen[static_cast<size_t>(r)]) {
+        return InvalidArgument(
+            "parameter-server rank {} is listed twice: every server rank must be distinct", r);
+      }
+      seen[static_cast<size_t>(r)] = true;
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 StatusOr<int64_t> ParseByteSize(const std::string& what, const std::string& value) {
   if (value.empty())
     return InvalidArgument("{} is empty: expected a size such as 4096, 64K, 1M", what);
@@ -162,9 +223,10 @@ Status Options::Validate() const {
   if (local_rank < 0 || local_rank >= local_size) {
     return InvalidArgument("local_rank={} is outside [0, local_size={})", local_rank, local_size);
   }
-  if (backend != "ring" && backend != "mpi") {
-    return InvalidArgument("backend '{}' is unknown: allowed are ring, mpi", backend);
+  if (backend != "ring" && backend != "mpi" && backend != "ps") {
+    return InvalidArgument("backend '{}' is unknown: allowed are ring, mpi, ps", backend);
   }
+  KOLO_RETURN_IF_ERROR(ValidateParameterServers(*this));
   if (backend == "mpi" && !launched_by_mpirun && size > 1) {
     return InvalidArgument("backend 'mpi' needs a launch by mpirun (OMPI_COMM_WORLD_SIZE unset)");
   }
@@ -238,6 +300,12 @@ StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string
   KOLO_RETURN_IF_ERROR(ReadDouble(env, "KOLO_PEER_TIMEOUT_SECONDS", 1e-3, 1e6, &o.peer_timeout_s));
   KOLO_RETURN_IF_ERROR(ReadDouble(env, "KOLO_STALL_CHECK_SECONDS", 0, 1e6, &o.stall_warning_s));
   KOLO_RETURN_IF_ERROR(ReadDouble(env, "KOLO_STALL_SHUTDOWN_SECONDS", 0, 1e6, &o.stall_shutdown_s));
+  if (const std::string* v = Find(env, "KOLO_PS_SERVER_RANKS")) {
+    KOLO_ASSIGN_OR_RETURN(o.ps_server_ranks, ParseRankList("KOLO_PS_SERVER_RANKS", *v));
+    o.ps_servers = static_cast<int>(o.ps_server_ranks.size());
+  }
+  KOLO_RETURN_IF_ERROR(ReadInt32(env, "KOLO_PS_SERVERS", 0, 1 << 20, &o.ps_servers));
+  if (const std::string* v = Find(env, "KOLO_PS_PLACEMENT")) o.ps_placement = *v;
   KOLO_RETURN_IF_ERROR(o.Validate());
   SetLogLevel(o.log_level);
   for (const std::string& key : UnknownKoloVariables(env)) {

@@ -49,7 +49,8 @@ struct Options {
 
   // --- Engine.
   // KOLO_BACKEND: collective backend for fused buffers: "ring" (kolo's ring over the transport)
-  // or "mpi" (MPI_Allreduce; needs mpirun).
+  // or "mpi" (MPI_Allreduce; needs mpirun). "ps": parameter servers update the variables
+  // (Engine::PushPullAsync); collectives among the workers run on the ring.
   std::string backend = "ring";
   // KOLO_FUSION_THRESHOLD_BYTES: largest fusion buffer; 0 disables Tensor Fusion.
   int64_t fusion_threshold_bytes = 64ll << 20;
@@ -68,6 +69,27 @@ struct Options {
   std::string timeline_path;
   // KOLO_LOG_LEVEL: trace, debug, info, warning, error.
   LogLevel log_level = LogLevel::kWarning;
+
+  // --- Parameter-server baseline (backend "ps"; engine/backends/ps/). The job's `size`
+  // ranks split into K servers and size - K workers (data-parallel ranks).
+  // How ranks map to roles: by default the servers are the LAST K ranks (size - K .. size - 1).
+  // mpirun's default by-slot mapping fills hosts in order, so with `-np W+K -H h1:s1,...` the
+  // servers land on the last host(s), colocated with that host's workers, and on one machine
+  // every server shares the host with the workers. This needs no exchange between ranks, keeps
+  // worker index == launch rank (so local_rank still selects the GPU), and works for any K.
+  // To place one server on every host as tf_cnn_benchmarks' distributed runs did, give each
+  // host one slot more than its GPUs and name the servers with KOLO_PS_SERVER_RANKS (with 4 hosts
+  // of 8 GPUs: -np 36 -H h1:9,h2:9,h3:9,h4:9 and KOLO_PS_SERVER_RANKS=8,17,26,35).
+  // KOLO_PS_SERVERS: K, in [1, size - 1]. When only KOLO_PS_SERVER_RANKS is given, K is its length.
+  int ps_servers = 1;
+  // KOLO_PS_SERVER_RANKS: the launch ranks that serve, comma-separated ("8,17"); empty = the last
+  // K ranks. Distinct, each in [0, size), exactly K of them.
+  std::vector<int> ps_server_ranks;
+  // KOLO_PS_PLACEMENT: how variables are spread over the servers. "greedy" (default): whole
+  // tensors, each to the server with the fewest bytes so far, in creation order (TensorFlow's
+  // GreedyLoadBalancingStrategy, the baseline of the Horovod paper); "split": tensors of at least
+  // 1 MiB cut evenly across all servers, smaller ones greedy.
+  std::string ps_placement = "greedy";
 
   // Checks ranges and combinations; the error names the value and what is allowed.
   Status Validate() const;
@@ -90,6 +112,8 @@ StatusOr<double> ParseDouble(const std::string& what, const std::string& value, 
                              double max);
 StatusOr<bool> ParseBool(const std::string& what, const std::string& value);
 StatusOr<LogLevel> ParseLogLevel(const std::string& value);
+// "8,17,26" -> {8, 17, 26}; every item an integer in [0, 1 << 20]; empty -> {}.
+StatusOr<std::vector<int>> ParseRankList(const std::string& what, const std::string& value);
 // "64M", "1.5G", "4096", "256K" -> bytes (powers of 1024).
 StatusOr<int64_t> ParseByteSize(const std::string& what, const std::string& value);
 

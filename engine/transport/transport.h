@@ -91,8 +91,16 @@ class Device {
   // Completion is appended to *out), or `timeout` passes (returns DeadlineExceeded naming the
   // peers with pending operations), or a peer fails: a lost connection returns Unavailable naming
   // the peer's rank; a peer's Abort returns Aborted with the peer's rank and reason. After an
-  // error every later call fails the same way (the error is sticky).
+  // error every later call fails the same way (the error is sticky). Also returns OK, possibly
+  // with no completion, after Wake.
   virtual Status Poll(std::vector<Completion>* out, std::chrono::milliseconds timeout) = 0;
+
+  // Makes the Poll in progress on the driving thread (or, if none, the next Poll) return soon,
+  // possibly with no completion: a thread that queued work for the driving thread wakes it with
+  // this instead of waiting for its timeout. Thread-safe: the one method any thread may call
+  // while another drives the device. Safe default: nothing (Poll returns at its next completion
+  // or timeout).
+  virtual void Wake() {}
 
   // Tells every connected peer that this rank is failing with `reason`, best effort and without
   // blocking for long, then closes every connection. Idempotent.

@@ -2,7 +2,9 @@
 
 #include <poll.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -19,6 +21,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kListenerId = std::numeric_limits<uint64_t>::max();
+constexpr uint64_t kWakeId = kListenerId - 1;
 constexpr int kMaxEvents = 64;
 // Bounds on the best-effort farewell frames: a peer that does not read cannot hold us longer.
 constexpr std::chrono::milliseconds kAbortBound{1000};
@@ -59,6 +62,13 @@ class TcpDevice final : public Device {
     ev.data.u64 = kListenerId;
     if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, listener_.get(), &ev) != 0) {
       return ErrnoStatus(StatusCode::kInternal, "epoll_ctl(ADD, listener)", errno);
+    }
+    wake_ = Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (!wake_.valid()) return ErrnoStatus(StatusCode::kInternal, "eventfd", errno);
+    ev.events = EPOLLIN;
+    ev.data.u64 = kWakeId;
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev) != 0) {
+      return ErrnoStatus(StatusCode::kInternal, "epoll_ctl(ADD, eventfd)", errno);
     }
     for (auto& p : pairs_) {
       if (!p) continue;
@@ -105,9 +115,17 @@ class TcpDevice final : public Device {
       if (n < 0 && errno != EINTR) {
         return state_.Fail(ErrnoStatus(StatusCode::kInternal, "epoll_wait", errno));
       }
+      bool woken = false;
       for (int i = 0; i < n; ++i) {
         if (events[i].data.u64 == kListenerId) {
           RejectLateConnections();
+          continue;
+        }
+        if (events[i].data.u64 == kWakeId) {
+          uint64_t count;
+          while (::read(wake_.get(), &count, sizeof count) > 0) {
+          }
+          woken = true;
           continue;
         }
         Status s = pairs_[events[i].data.u64]->OnEvents(events[i].events);
@@ -118,6 +136,7 @@ class TcpDevice final : public Device {
         state_.completions.clear();
         return Status::OK();
       }
+      if (woken) return Status::OK();
       if (Clock::now() >= deadline) return TimedOut(timeout);
     }
   }
@@ -130,6 +149,12 @@ class TcpDevice final : public Device {
       if (p) p->QueueAbort(text);
     }
     CloseAll(kAbortBound);
+  }
+
+  void Wake() override {
+    const uint64_t one = 1;
+    // A full counter (EAGAIN) means a wake-up is already pending: nothing is lost.
+    [[maybe_unused]] const ssize_t n = ::write(wake_.get(), &one, sizeof one);
   }
 
   uint64_t bytes_sent() const override { return state_.bytes_sent; }
@@ -212,6 +237,7 @@ class TcpDevice final : public Device {
   DeviceState state_;
   Fd listener_;
   Fd epoll_;
+  Fd wake_;  // eventfd in the epoll set; Wake writes it
   std::vector<std::unique_ptr<TcpPair>> pairs_;  // null at this rank
   bool closed_ = false;
 };

@@ -1,0 +1,148 @@
+#include "engine/backends/ps/job.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "engine/collectives/collectives.h"
+#include "engine/transport/tcp/device.h"
+
+namespace kolo::backends::ps {
+namespace {
+
+// Settings that every rank, worker or server, must share: they fix roles, placement and framing.
+std::string AgreementKey(const Options& o) {
+  return fmt::format("size={} backend={} ps_servers={} ps_server_ranks=[{}] ps_placement={} "
+                     "ring_chunk_bytes={}",
+                     o.size, o.backend, o.ps_servers, fmt::join(o.ps_server_ranks, ","),
+                     o.ps_placement, o.ring_chunk_bytes);
+}
+
+StatusOr<std::string> HostName() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) {
+    return ErrnoStatus(StatusCode::kInternal, "gethostname", errno);
+  }
+  return std::string(host);
+}
+
+// Rank 0's verdict on every rank's "settings\nhost" message.
+std::string RootAnswer(const std::vector<std::vector<uint8_t>>& all, const std::string& key) {
+  std::string hosts(1, 'H');
+  for (size_t r = 0; r < all.size(); ++r) {
+    const std::string theirs(all[r].begin(), all[r].end());
+    const size_t nl = std::min(theirs.find('\n'), theirs.size());
+    if (theirs.compare(0, nl, key) != 0) {
+      return fmt::format(
+          "Eranks disagree on parameter-server settings that must match: rank 0 has '{}', rank {} "
+          "has '{}'",
+          key, r, theirs.substr(0, nl));
+    }
+    hosts.append(theirs, std::min(nl + 1, theirs.size()), std::string::npos);
+    hosts.push_back('\n');
+  }
+  return hosts;
+}
+
+// Gathers (settings, host name) at rank 0, which checks the settings and answers with either an
+// error ("E" + text) or every rank's host name ("H" + names, one per line).
+StatusOr<std::vector<std::string>> AgreeAndListHosts(transport::Device& device, const Options& o,
+                                                     std::chrono::milliseconds timeout) {
+  collectives::Comm comm;
+  comm.device = &device;
+  comm.timeout = timeout;
+  KOLO_ASSIGN_OR_RETURN(const std::string host, HostName());
+  const std::string mine = fmt::format("{}\n{}", AgreementKey(o), host);
+  KOLO_ASSIGN_OR_RETURN(auto all, collectives::GatherMessages(comm, 0, {mine.begin(), mine.end()}));
+  const std::string answer = comm.rank() == 0 ? RootAnswer(all, AgreementKey(o)) : std::string();
+  KOLO_ASSIGN_OR_RETURN(auto reply,
+                        collectives::BroadcastMessage(comm, 0, {answer.begin(), answer.end()}));
+  const std::string text(reply.begin(), reply.end());
+  if (text.empty()) return ProtocolError("rank 0 sent an empty answer to the settings check");
+  if (text[0] != 'H') return InvalidArgument("{}", text.substr(1));
+  std::vector<std::string> hosts;
+  size_t start = 1;
+  for (size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
+    hosts.push_back(text.substr(start, nl - start));
+  }
+  if (static_cast<int>(hosts.size()) != o.size) {
+    return ProtocolError("rank 0 listed {} hosts for a job of {} ranks", hosts.size(), o.size);
+  }
+  return hosts;
+}
+
+}  // namespace
+
+std::string Roles::Describe(int launch_rank) const {
+  const size_t r = static_cast<size_t>(launch_rank);
+  return fmt::format("{} {} (rank {})", role[r] == Role::kServer ? "server" : "worker", index[r],
+                     launch_rank);
+}
+
+Roles AssignRoles(const Options& o) {
+  Roles roles;
+  roles.server_ranks = o.ps_server_ranks;
+  if (roles.server_ranks.empty()) {
+    for (int r = o.size - o.ps_servers; r < o.size; ++r) roles.server_ranks.push_back(r);
+  }
+  roles.role.assign(static_cast<size_t>(o.size), Role::kWorker);
+  roles.index.assign(static_cast<size_t>(o.size), 0);
+  for (size_t j = 0; j < roles.server_ranks.size(); ++j) {
+    const size_t r = static_cast<size_t>(roles.server_ranks[j]);
+    roles.role[r] = Role::kServer;
+    roles.index[r] = static_cast<int>(j);
+  }
+  for (int r = 0; r < o.size; ++r) {
+    if (roles.role[static_cast<size_t>(r)] == Role::kWorker) {
+      roles.index[static_cast<size_t>(r)] = roles.workers();
+      roles.worker_ranks.push_back(r);
+    }
+  }
+  return roles;
+}
+
+StatusOr<Job> Join(const Options& options, bootstrap::Store* external) {
+  Job job;
+  job.options = options;
+  job.roles = AssignRoles(options);
+  job.role = job.roles.role[static_cast<size_t>(options.rank)];
+  job.index = job.roles.index[static_cast<size_t>(options.rank)];
+  KOLO_ASSIGN_OR_RETURN(job.policy, ParsePlacementPolicy(options.ps_placement));
+  KOLO_ASSIGN_OR_RETURN(job.rendezvous, bootstrap::StartRendezvous(options, external));
+
+  transport::tcp::TcpOptions tcp;
+  tcp.listen_addr = job.rendezvous.listen_addr;
+  tcp.socket_buffer_bytes = options.socket_buffer_bytes;
+  tcp.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.peer_timeout_s * 1000));
+  tcp.secret = job.rendezvous.secret;
+  tcp.busy_poll = options.busy_poll;
+  bootstrap::PrefixStore ps_store("ps/", *job.rendezvous.store);
+  auto device = transport::tcp::Connect(tcp, ps_store, options.rank, options.size);
+  if (!device.ok()) {
+    return device.status().WithContext(fmt::format(
+        "{}: connecting the parameter-server job", job.roles.Describe(options.rank)));
+  }
+  job.device = std::move(device).value();
+  KOLO_ASSIGN_OR_RETURN(auto hosts, AgreeAndListHosts(*job.device, options, tcp.timeout));
+
+  if (job.role == Role::kWorker) {
+    Options& w = job.worker_options;
+    w = options;
+    w.rank = job.index;
+    w.size = job.roles.workers();
+    w.local_rank = 0;
+    w.local_size = 0;
+    const std::string& mine = hosts[static_cast<size_t>(options.rank)];
+    for (int r : job.roles.worker_ranks) {
+      if (hosts[static_cast<size_t>(r)] != mine) continue;
+      if (r < options.rank) ++w.local_rank;
+      ++w.local_size;
+    }
+    job.worker_store = std::make_unique<bootstrap::PrefixStore>("workers/", *job.rendezvous.store);
+  }
+  return job;
+}
+
+}  // namespace kolo::backends::ps

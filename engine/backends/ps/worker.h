@@ -1,0 +1,160 @@
+// The worker side of the parameter-server baseline: pushes gradients to the servers that hold
+// each variable the moment the trainer submits them, and pulls the updated values back.
+//
+// One thread per worker drives the job's device (Job::device): it takes submissions from a queue
+// (waking the device so that a push never waits for a poll to time out), posts the sends of every
+// push at once (the transport writes them in order as the socket drains), and receives the
+// servers' replies in whatever order the servers finish. A variable's handle completes when every
+// one of its shards has been pushed and pulled.
+//
+// Errors: the thread's first failure (a server or another rank lost or aborted, a protocol
+// violation) is fatal: it aborts the job's device (every peer then fails, naming this worker) and
+// reports the error, naming the peer, through FailFn; every pending and later PushPull fails
+// with it.
+//
+// Thread-safety: every public method may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/backends/ps/job.h"
+#include "engine/backends/ps/placement.h"
+#include "engine/backends/ps/wire.h"
+#include "engine/engine.h"
+#include "engine/timeline/timeline.h"
+
+namespace kolo::backends::ps {
+
+class Worker {
+ public:
+  // Called on the worker's thread when a PushPull completes (OK, or its failure).
+  using CompleteFn = std::function<void(int64_t handle, const Status& status)>;
+  // Called once, on the worker's thread, with the first fatal error (before the PushPulls it
+  // fails are completed).
+  using FailFn = std::function<void(const Status& status)>;
+
+  // Takes the job's device and starts the thread. `timeline` (may be null) must outlive the
+  // Worker. REQUIRES: job.role == Role::kWorker.
+  Worker(Job job, CompleteFn complete, FailFn fail, timeline::Timeline* timeline);
+  // Shuts down as Shutdown does.
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // See Engine::RegisterVariables. Waits at most the peer timeout for every server's answer.
+  Status RegisterVariables(const std::vector<VariableSpec>& vars);
+  // Validates and queues one PushPull (Engine::PushPullAsync) whose completion is reported with
+  // `handle` through CompleteFn. Errors (nothing queued): unregistered name, dtype or shape
+  // other than registered, the variable already in flight, a failed or stopped worker.
+  Status PushPull(int64_t handle, const std::string& name, const void* grad, void* weights,
+                  DataType dtype, const Shape& shape, const SgdSettings& sgd);
+  // Tells every server this worker is done, stops the thread and closes the device. PushPulls
+  // still in flight fail with "shut down". Returns the fatal error, if any. Idempotent.
+  Status Shutdown();
+
+  // Payload bytes exchanged with the servers, and completed PushPulls.
+  int64_t bytes_sent() const { return bytes_sent_.load(); }
+  int64_t bytes_received() const { return bytes_received_.load(); }
+  int64_t updates() const { return updates_.load(); }
+  // The placement, once RegisterVariables has returned OK.
+  const Placement& placement() const { return placement_; }
+
+ private:
+  struct Request {
+    int var = 0;
+    int64_t handle = 0;
+    const void* grad = nullptr;
+    void* weights = nullptr;
+    SgdSettings sgd;
+  };
+  // What a posted operation on one server's pair is, in posting order (a pair completes its sends
+  // in order, and its receives in order).
+  struct SendSlot {
+    int var = -1;      // -1: registration or bye
+    bool last = false;  // the last message of this push to this server for one shard
+  };
+  struct RecvSlot {
+    int shard = -1;  // -1: a header
+    size_t bytes = 0;
+  };
+  // Background-thread state of one variable.
+  struct Variable {
+    VariableSpec spec;
+    uint64_t step = 0;  // completed PushPulls
+    int64_t handle = -1;
+    int pending_sends = 0;  // shards whose push is not yet written
+    int pending_pulls = 0;  // shards whose new value has not arrived
+    bool pulling = false;   // timeline: PS_PULL open
+    const void* grad_ptr = nullptr;
+    void* weights_ptr = nullptr;
+    std::unique_ptr<transport::Region> grad_region, weights_region;
+  };
+
+  void Run();
+  Status Loop();
+  Status SendRegistration();
+  Status StartPush(const Request& r);
+  Status PostHeaderRecv(int server);
+  Status OnCompletion(const transport::Completion& c);
+  Status OnHeader(int server);
+  void MaybeComplete(Variable& v);
+  void FailInFlight(const Status& status);
+  void UpdateCounters();
+
+  Job job_;
+  const CompleteFn complete_;
+  const FailFn fail_;
+  timeline::Timeline* const timeline_;
+  const size_t chunk_bytes_;
+  const std::chrono::milliseconds peer_timeout_;
+
+  // Lock order: mu_ is the only lock; never held across communication or callbacks.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Request> queue_;                  // GUARDED_BY(mu_)
+  std::unordered_map<std::string, int> index_;  // GUARDED_BY(mu_): name -> variable
+  std::vector<VariableSpec> specs_;             // GUARDED_BY(mu_)
+  std::vector<bool> in_flight_;                 // GUARDED_BY(mu_)
+  bool registering_ = false;                    // GUARDED_BY(mu_): registration queued
+  std::optional<Status> registered_;            // GUARDED_BY(mu_): the servers' answer
+  bool stop_ = false;                           // GUARDED_BY(mu_)
+  bool stopped_ = false;                        // GUARDED_BY(mu_): the thread has ended
+  Status fatal_;                                // GUARDED_BY(mu_)
+  std::thread thread_;
+  std::mutex shutdown_mu_;  // serialises Shutdown callers (taken before mu_)
+
+  // Set by RegisterVariables before the registration is queued, read-only afterwards.
+  Placement placement_;
+  Registration registration_;
+
+  // Background thread only.
+  std::vector<Variable> vars_;
+  std::vector<Header> push_headers_;  // one per shard
+  std::unique_ptr<transport::Region> push_headers_region_;
+  std::vector<Header> rx_headers_;  // one per server
+  std::unique_ptr<transport::Region> rx_headers_region_;
+  std::vector<Header> control_headers_;  // register, bye
+  std::unique_ptr<transport::Region> control_region_;
+  std::vector<uint8_t> registration_text_;
+  std::unique_ptr<transport::Region> registration_region_;
+  std::vector<std::deque<SendSlot>> sends_;  // per server
+  std::vector<std::deque<RecvSlot>> recvs_;  // per server
+  std::vector<bool> acked_;                  // per server: registration accepted
+  std::vector<transport::Completion> completions_;
+
+  std::atomic<int64_t> bytes_sent_{0}, bytes_received_{0}, updates_{0};
+};
+
+}  // namespace kolo::backends::ps

@@ -12,19 +12,21 @@ from dataclasses import dataclass
 
 # Models kolo-train knows (models/zoo); the names are its --model values.
 MODELS = (
-    "inception_v3",
-    "inception_v3_noaux",
+    "inception3",
+    "inception3-noaux",
     "resnet50",
     "resnet101",
     "resnet152",
     "vgg16",
-    "tiny_mlp",
-    "tiny_cnn",
+    "tiny-mlp",
+    "tiny-cnn",
+    "tiny-resnet",
+    "tiny-inception",
 )
 COMPUTES = ("onednn", "cudnn", "replay")
 BACKENDS = ("ring", "mpi", "ps", "nccl")
 TRANSPORTS = ("tcp", "rdma")
-PRECISIONS = ("fp32", "fp16")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 PS_PLACEMENTS = ("greedy", "split")
 
 # Backends whose traffic goes over kolo's own transports (tcp or rdma).

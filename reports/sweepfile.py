@@ -143,7 +143,7 @@ def parse(doc: dict, path: str, root: str) -> Sweep:
     matrix = _parse_matrix(doc.get("matrix", {}), fixed, problems)
     excludes = _parse_excludes(doc.get("exclude", []), problems)
     for required in ("model", "ranks"):
-        if required not in fixed and required not in matrix:
+        if required not in doc.get("fixed", {}) and required not in doc.get("matrix", {}):
             problems.append(f"{required!r} is set nowhere; give it in [fixed] or [matrix]")
     if problems:
         raise SweepError(path, problems)

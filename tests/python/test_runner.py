@@ -1,0 +1,200 @@
+"""The sweep runner through real mpirun, with a stand-in trainer (fixtures/fake_kolo_train.py)
+that has kolo-train's flags and JSON record: rows appended per point, failures recorded while the
+sweep goes on, timeouts that leave no process behind, and resume after the runner is killed."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from reports import launch, schema
+
+from conftest import FAKE_TRAIN, ROOT, need_mpirun, run_cli
+
+
+def sweep_text(models=("resnet101", "vgg16"), ranks=(1, 2), timeout_s=60, extra=""):
+    return f"""
+[sweep]
+name = "runner-test"
+timeout_s = {timeout_s}
+[launcher]
+kind = "mpirun"
+program = "{FAKE_TRAIN}"
+[fixed]
+batch_size = 16
+{extra}
+[matrix]
+model = {list(models)!r}
+ranks = {list(ranks)!r}
+"""
+
+
+@pytest.fixture(autouse=True)
+def _mpirun():
+    need_mpirun()
+
+
+def test_rows_logs_efficiency_and_report(write_sweep, tmp_path):
+    out = tmp_path / "out"
+    calls = tmp_path / "calls.txt"
+    result = run_cli(
+        "sweep", write_sweep(sweep_text()), "--out", str(out), env={"FAKE_TRAIN_CALLS": str(calls)}
+    )
+    assert result.returncode == 0, result.stderr
+    rows = schema.read_rows(str(out / "results.csv"))
+    assert [(r["model"], r["ranks"], r["status"]) for r in rows] == [
+        ("resnet101", "1", "ok"),
+        ("vgg16", "1", "ok"),
+        ("resnet101", "2", "ok"),
+        ("vgg16", "2", "ok"),
+    ]
+    # The stand-in makes 100 / (1 + 0.1 (ranks - 1)) images/sec per rank: 2 ranks -> 1/1.1.
+    assert [r["scaling_efficiency"] for r in rows] == ["1.0000", "1.0000", "0.9091", "0.9091"]
+    for r in rows:
+        log = (out / r["log"]).read_text()
+        assert log.startswith("$ mpirun -np") and "total images/sec" in log
+        assert r["run_id"] and r["timestamp"] and r["hosts"]
+    assert len(calls.read_text().splitlines()) == 4
+    assert "ETA" in result.stderr and "4/4 100%" in result.stderr
+    assert (out / "report" / "index.html").exists()
+    # A second run has nothing to do.
+    again = run_cli(
+        "sweep", write_sweep(sweep_text()), "--out", str(out), env={"FAKE_TRAIN_CALLS": str(calls)}
+    )
+    assert again.returncode == 0 and "4 point(s) already in" in again.stderr
+    assert len(calls.read_text().splitlines()) == 4
+
+
+def test_failed_point_is_a_row_and_the_sweep_goes_on(write_sweep, tmp_path):
+    out = tmp_path / "out"
+    result = run_cli(
+        "sweep",
+        write_sweep(sweep_text(ranks=(1,))),
+        "--out",
+        str(out),
+        "--no-report",
+        env={"FAKE_TRAIN_FAIL": "resnet101"},
+    )
+    assert result.returncode == 1
+    rows = schema.read_rows(str(out / "results.csv"))
+    assert [(r["model"], r["status"]) for r in rows] == [("resnet101", "failed"), ("vgg16", "ok")]
+    assert rows[0]["error"].startswith("exit status 3: kolo-train: error: model 'resnet101' cannot run here")
+    assert rows[0]["total_images_per_sec"] == ""
+    assert "failed: model=resnet101" in result.stderr
+    # --retry-failed runs only the failed point again; the newest row wins.
+    retry = run_cli(
+        "sweep", write_sweep(sweep_text(ranks=(1,))), "--out", str(out), "--retry-failed", "--no-report"
+    )
+    assert retry.returncode == 0, retry.stderr
+    latest = schema.latest_per_point(schema.read_rows(str(out / "results.csv")))
+    assert sorted((r["model"], r["status"]) for r in latest) == [("resnet101", "ok"), ("vgg16", "ok")]
+
+
+def test_timeout_stops_every_process(write_sweep, tmp_path):
+    out = tmp_path / "out"
+    started = time.monotonic()
+    result = run_cli(
+        "sweep",
+        write_sweep(sweep_text(ranks=(2,), timeout_s=4)),
+        "--out",
+        str(out),
+        "--no-report",
+        env={"FAKE_TRAIN_HANG": "resnet101"},
+    )
+    assert time.monotonic() - started < 60
+    assert result.returncode == 1
+    rows = schema.read_rows(str(out / "results.csv"))
+    assert [(r["model"], r["status"]) for r in rows] == [("resnet101", "failed"), ("vgg16", "ok")]
+    assert rows[0]["error"].startswith("timed out after 4 s")
+    # Nothing of the point lives on, not even the grandchild that left the process group.
+    survivors = [pid for pid in filter(str.isdigit, os.listdir("/proc")) if _is_sleep_600(pid)]
+    assert not survivors, survivors
+
+
+def _is_sleep_600(pid):
+    """A `sleep 600` that a point of a sweep started (it carries the runner's point token)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if f.read().split(b"\0")[:2] != [b"sleep", b"600"]:
+                return False
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"{launch.TOKEN_VAR}=".encode() in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_resume_after_the_runner_is_killed(write_sweep, tmp_path, sig):
+    out = tmp_path / "out"
+    calls = tmp_path / "calls.txt"
+    path = write_sweep(sweep_text(models=("resnet101", "vgg16", "resnet50"), ranks=(1, 2)))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), FAKE_TRAIN_CALLS=str(calls), FAKE_TRAIN_SLEEP_S="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reports.cli", "sweep", path, "--out", str(out), "--no-report"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    csv_path = str(out / "results.csv")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(schema.read_rows(csv_path)) < 2:
+        time.sleep(0.2)
+    os.kill(proc.pid, sig)
+    proc.wait(timeout=60)
+    done = {r["point_id"] for r in schema.read_rows(csv_path)}
+    assert 2 <= len(done) < 6
+    started_before = len(calls.read_text().splitlines())
+    # The interrupted point's processes are gone (SIGTERM: stopped by the runner; SIGKILL: the
+    # launcher dies with its parent and its ranks with it).
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _fake_trainers(out):
+        time.sleep(0.2)
+    assert not _fake_trainers(out)
+
+    result = run_cli("sweep", path, "--out", str(out), "--no-report", env={"FAKE_TRAIN_CALLS": str(calls)})
+    assert result.returncode == 0, result.stderr
+    rows = schema.read_rows(csv_path)
+    assert len(rows) == 6 and len({r["point_id"] for r in rows}) == 6
+    assert all(r["status"] == "ok" for r in rows)
+    # Only the points without a row ran again.
+    assert len(calls.read_text().splitlines()) - started_before == 6 - len(done)
+
+
+def _fake_trainers(out):
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if FAKE_TRAIN.name.encode() in cmd and str(out).encode() in cmd:
+            found.append(pid)
+    return found
+
+
+def test_second_sweep_on_the_same_folder_is_refused(write_sweep, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    import fcntl
+
+    with open(out / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        result = run_cli("sweep", write_sweep(sweep_text()), "--out", str(out))
+    assert result.returncode == 1 and "another sweep is writing" in result.stderr
+
+
+def test_missing_trainer_is_named(write_sweep, tmp_path):
+    text = sweep_text().replace(str(FAKE_TRAIN), str(tmp_path / "no-such-trainer"))
+    result = run_cli("sweep", write_sweep(text), "--out", str(tmp_path / "out"))
+    assert result.returncode == 1 and "not found or not executable" in result.stderr
+
+
+def test_dry_run_lists_commands(write_sweep, tmp_path):
+    result = run_cli("sweep", write_sweep(sweep_text()), "--out", str(tmp_path / "out"), "--dry-run")
+    assert result.returncode == 0
+    assert result.stdout.count("mpirun -np") == 4 and "--oversubscribe" in result.stdout
+    assert not (tmp_path / "out").exists()

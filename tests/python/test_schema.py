@@ -1,0 +1,110 @@
+"""The results CSV: the documented columns, rows from kolo-train's record, appends that survive a
+killed writer."""
+
+import re
+
+import pytest
+from reports import schema
+
+from conftest import FIXTURES, ROOT
+
+
+def test_schema_doc_lists_every_column_in_order():
+    doc = (ROOT / "reports" / "SCHEMA.md").read_text()
+    documented = re.findall(r"^\| `([a-z_]+)` \|", doc, flags=re.MULTILINE)
+    assert tuple(documented) == schema.COLUMNS
+
+
+def test_fixture_has_the_schema():
+    rows = schema.read_rows(str(FIXTURES / "results.csv"))
+    assert len(rows) == 46
+    assert all(r["status"] in schema.STATUSES for r in rows)
+
+
+RECORD = {
+    "kolo_commit": "abc",
+    "timestamp": "2026-01-01T00:00:00Z",
+    "hosts": ["a", "b"],
+    "cpu_model": "cpu",
+    "gpu_model": "H100",
+    "settings": {
+        "model": "vgg16",
+        "batch_size": 64,
+        "ranks": 4,
+        "nodes": 2,
+        "backend": "ring",
+        "transport": "tcp",
+        "ps_servers": 0,
+    },
+    "results": {
+        "total_images_per_sec": 1234.5678,
+        "images_per_sec_per_rank": 308.64,
+        "images_per_sec_stddev": 2.5,
+        "step_time_ms_median": 207.1,
+        "final_loss": 6.5,
+        "kernel_share": 0.93,
+        "engine_stats": {"cycles": 10},
+    },
+    "status": "ok",
+    "error": "",
+}
+
+
+def test_row_from_record():
+    point = {"model": "vgg16", "ranks": 4, "backend": "ring", "point_id": "p1", "repeat": 1}
+    row = schema.make_row(
+        point, RECORD, run_id="r1", status="ok", nodes=1, duration_s=3.25, log="points/p1/log.txt"
+    )
+    assert list(row) == list(schema.COLUMNS)
+    assert row["hosts"] == "a;b"
+    assert row["nodes"] == "2"  # the record's, not the launcher's guess
+    assert row["batch_size"] == "64"  # kolo-train's default, as it recorded it
+    assert row["ps_servers"] == ""  # does not apply to ring
+    assert row["total_images_per_sec"] == "1234.57"
+    assert row["repeat"] == "1" and row["duration_s"] == "3.25"
+
+
+def test_failed_row_has_no_results_and_one_line_error():
+    point = {"model": "vgg16", "ranks": 4, "point_id": "p1", "repeat": 0}
+    row = schema.make_row(point, RECORD, run_id="r1", status="failed", error="boom\nsecond line", nodes=1)
+    assert row["total_images_per_sec"] == ""
+    assert row["error"] == "boom second line"
+    with pytest.raises(ValueError):
+        schema.make_row(point, None, run_id="r", status="maybe")
+
+
+def test_append_read_roundtrip_and_torn_last_line(tmp_path):
+    path = str(tmp_path / "results.csv")
+    point = {"model": "vgg16", "ranks": 1, "point_id": "p1", "repeat": 0}
+    schema.append_row(path, schema.make_row(point, RECORD, run_id="r", status="ok"))
+    with open(path, "a") as f:
+        f.write("r,p2,0,2026")  # a writer killed mid-row
+    assert [r["point_id"] for r in schema.read_rows(path)] == ["p1"]
+    schema.append_row(
+        path,
+        schema.make_row(dict(point, point_id="p3"), None, run_id="r", status="failed", error='x, "quoted"'),
+    )
+    rows = schema.read_rows(path)
+    assert [r["point_id"] for r in rows] == ["p1", "p3"]
+    assert rows[1]["error"] == 'x, "quoted"'
+
+
+def test_wrong_header_is_refused(tmp_path):
+    path = tmp_path / "results.csv"
+    path.write_text("a,b\n1,2\n")
+    with pytest.raises(schema.SchemaError, match="header is not kolo's results schema"):
+        schema.read_rows(str(path))
+
+
+def test_non_number_is_named():
+    with pytest.raises(schema.SchemaError, match="column ranks holds 'four'"):
+        schema.number({"ranks": "four", "point_id": "p"}, "ranks")
+
+
+def test_latest_row_per_point_wins():
+    rows = [
+        {"point_id": "a", "status": "failed"},
+        {"point_id": "b", "status": "ok"},
+        {"point_id": "a", "status": "ok"},
+    ]
+    assert [(r["point_id"], r["status"]) for r in schema.latest_per_point(rows)] == [("b", "ok"), ("a", "ok")]

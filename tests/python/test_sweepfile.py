@@ -1,0 +1,199 @@
+"""Validation of sweep files: every kind of mistake is named with what is allowed, before any
+point runs, and the command line exits 2."""
+
+import pytest
+from reports import sweepfile
+
+from conftest import ROOT, run_cli
+
+GOOD = """
+[sweep]
+name = "good"
+timeout_s = 60
+[fixed]
+batch_size = 16
+[matrix]
+model = ["resnet101", "vgg16"]
+ranks = [1, 2]
+"""
+
+# (sweep file text, a fragment the error must contain)
+BAD = {
+    "toml-syntax": ("[matrix\nmodel = 1", "not valid TOML"),
+    "unknown-table": (
+        "[sweeep]\nname='x'\n" + GOOD.split("[fixed]")[1],
+        "unknown key 'sweeep' at the top level",
+    ),
+    "table-not-table": ("fixed = 3\n[matrix]\nmodel=['vgg16']\nranks=[1]", "fixed must be a table"),
+    "exclude-not-array": ("exclude = 3\n[matrix]\nmodel=['vgg16']\nranks=[1]", "exclude must be an array"),
+    "unknown-sweep-key": (
+        "[sweep]\ntimout_s = 5\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        "unknown key [sweep] timout_s",
+    ),
+    "timeout-zero": (
+        "[sweep]\ntimeout_s = 0\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        "timeout_s = 0 is not allowed",
+    ),
+    "timeout-string": (
+        "[sweep]\ntimeout_s = '5'\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        "a number of seconds > 0",
+    ),
+    "repeats-float": (
+        "[sweep]\nrepeats = 1.5\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        "repeats = 1.5 is not allowed",
+    ),
+    "name-int": ("[sweep]\nname = 3\n[matrix]\nmodel=['vgg16']\nranks=[1]", "[sweep] name must be a string"),
+    "launcher-key": (
+        "[launcher]\nkind='mpirun'\nnp=4\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        "unknown key [launcher] np",
+    ),
+    "launcher-kind": (
+        "[launcher]\nkind='slurm'\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        "'slurm' is not allowed",
+    ),
+    "launcher-args": ("[launcher]\nargs='-x A'\n[matrix]\nmodel=['vgg16']\nranks=[1]", "array of strings"),
+    "hosts-format": (
+        "[launcher]\nhosts='h1:8,h2:x'\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        "'h2:x' is not allowed",
+    ),
+    "hosts-zero-slots": (
+        "[launcher]\nhosts='h1:0'\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        "host:slots (slots >= 1)",
+    ),
+    "hosts-and-hostfile": (
+        "[launcher]\nhosts='h1:2'\nhostfile='CMakeLists.txt'\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        "hosts and hostfile are both set",
+    ),
+    "hostfile-missing": (
+        "[launcher]\nhostfile='no/such/file'\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        "cannot be read",
+    ),
+    "local-with-hosts": (
+        "[launcher]\nkind='local'\nhosts='h1:2'\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        '[launcher] hosts is not allowed with kind = "local"',
+    ),
+    "env-not-string": (
+        "[launcher]\nenv={KOLO_X=1}\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        "[launcher] env.KOLO_X = 1",
+    ),
+    "unknown-setting": (
+        "[fixed]\nbatchsize=16\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        "unknown setting [fixed] batchsize",
+    ),
+    "wrong-type": (
+        "[fixed]\nbatch_size='16'\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        "'16' is a string; allowed: an integer",
+    ),
+    "bool-for-int": ("[fixed]\nbatch_size=true\n[matrix]\nmodel=['vgg16']\nranks=[1]", "True is a boolean"),
+    "bad-choice": (
+        "[fixed]\nbackend='gloo'\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        "'gloo' is not allowed; allowed: one of \"ring\"",
+    ),
+    "out-of-range": (
+        "[fixed]\ncycle_time_ms=0\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        "allowed: a number > 0",
+    ),
+    "unknown-model": (
+        "[matrix]\nmodel=['alexnet']\nranks=[1]",
+        "[matrix] model[0]: 'alexnet' is not allowed",
+    ),
+    "ranks-zero": (
+        "[matrix]\nmodel=['vgg16']\nranks=[1, 0]",
+        "[matrix] ranks[1]: 0 is out of range; allowed: an integer >= 1",
+    ),
+    "axis-not-list": ("[matrix]\nmodel='vgg16'\nranks=[1]", "[matrix] model must be a non-empty array"),
+    "axis-empty": ("[matrix]\nmodel=[]\nranks=[1]", "[matrix] model must be a non-empty array"),
+    "axis-duplicate": ("[matrix]\nmodel=['vgg16']\nranks=[1, 2, 1]", "lists a value twice"),
+    "unknown-axis": ("[matrix]\nmodel=['vgg16']\nranks=[1]\ngpus=[1]", "unknown axis [matrix] gpus"),
+    "fixed-and-matrix": (
+        "[fixed]\nranks=2\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        "ranks is in both [fixed] and [matrix]",
+    ),
+    "model-missing": ("[matrix]\nranks=[1]", "'model' is set nowhere"),
+    "ranks-missing": ("[matrix]\nmodel=['vgg16']", "'ranks' is set nowhere"),
+    "exclude-unknown": (
+        "[matrix]\nmodel=['vgg16']\nranks=[1]\n[[exclude]]\nrank=1",
+        "unknown setting [[exclude]] #1 rank",
+    ),
+    "exclude-bad-value": (
+        "[matrix]\nmodel=['vgg16']\nranks=[1]\n[[exclude]]\nbackend='tpc'",
+        "[[exclude]] #1 backend",
+    ),
+    "exclude-all": (
+        "[matrix]\nmodel=['vgg16']\nranks=[1]\n[[exclude]]\nmodel='vgg16'",
+        "leaves no point to run",
+    ),
+    "replay-no-profile": (
+        "[fixed]\ncompute='replay'\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        "needs a profile",
+    ),
+    "profile-missing": (
+        "[fixed]\ncompute='replay'\nprofile='models/profiles/{model}-nope.json'\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        "vgg16-nope.json does not exist",
+    ),
+    "profile-placeholder": (
+        "[fixed]\ncompute='replay'\nprofile='{modle}.json'\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        "bad placeholder",
+    ),
+    "mpi-under-kolo-run": (
+        "[launcher]\nkind='local'\n[matrix]\nmodel=['vgg16']\nranks=[1]\nbackend=['mpi']",
+        'backend "mpi" needs mpirun',
+    ),
+    "too-few-slots": (
+        "[launcher]\nhosts='node1:2,node2:2'\n[matrix]\nmodel=['vgg16']\nranks=[4, 8]",
+        "needs 8 processes but the hosts give 4 slots",
+    ),
+    "ps-servers-count-in-slots": (
+        "[launcher]\nhosts='node1:4'\n[fixed]\nbackend='ps'\nps_servers=1\n[matrix]\nmodel=['vgg16']\nranks=[4]",
+        "needs 5 processes but the hosts give 4 slots",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_sweep_file_is_named(case, write_sweep):
+    text, fragment = BAD[case]
+    path = write_sweep(text)
+    with pytest.raises(sweepfile.SweepError) as err:
+        sweepfile.load(path, str(ROOT))
+    assert fragment in str(err.value), str(err.value)
+    assert str(err.value).startswith(path)
+
+
+def test_every_problem_is_reported_at_once(write_sweep):
+    path = write_sweep("[fixed]\nbatch_size=0\nbackend='x'\n[matrix]\nmodel=['nope']\nranks=[0]\n")
+    with pytest.raises(sweepfile.SweepError) as err:
+        sweepfile.load(path, str(ROOT))
+    assert len(err.value.problems) == 4, err.value.problems
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(sweepfile.SweepError, match="cannot read the file"):
+        sweepfile.load(str(tmp_path / "none.toml"), str(ROOT))
+
+
+def test_cli_exits_2_and_runs_nothing(write_sweep, tmp_path):
+    path = write_sweep("[matrix]\nmodel=['vgg16']\nranks=[1]\nbackend=['gloo']\n")
+    out = tmp_path / "out"
+    result = run_cli("sweep", path, "--out", str(out))
+    assert result.returncode == 2
+    assert "[matrix] backend[0]: 'gloo' is not allowed" in result.stderr
+    assert not out.exists()
+
+
+def test_good_file_loads(write_sweep):
+    sweep = sweepfile.load(write_sweep(GOOD), str(ROOT))
+    assert sweep.name == "good"
+    assert sweep.timeout_s == 60
+    assert len(sweep.points) == 4
+
+
+def test_hostfile_slots(write_sweep, tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# cluster\nnode1 slots=2\nnode2 slots=2\n")
+    text = f"[launcher]\nhostfile='{hostfile}'\n[matrix]\nmodel=['vgg16']\nranks=[2, 4, 8]\n"
+    with pytest.raises(sweepfile.SweepError, match="needs 8 processes but the hosts give 4 slots"):
+        sweepfile.load(write_sweep(text), str(ROOT))
+    text = text.replace("[2, 4, 8]", "[2, 4]")
+    sweep = sweepfile.load(write_sweep(text), str(ROOT))
+    assert [sweep.launcher.nodes_for(p["ranks"]) for p in sweep.points] == [1, 2]

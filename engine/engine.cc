@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "engine/common/logging.h"
+#include "engine/cuda/staged_ring.h"
 #include "engine/engine_impl.h"
 #include "engine/transport/tcp/device.h"
 
@@ -90,6 +91,17 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
     e.backends.push_back(std::move(mpi));
   }
   e.backends.push_back(backends::MakeRingBackend(&e.comm));
+  if (options.backend == "nccl") {
+    // One GPU per rank: the rank's local index picks it.
+    std::string why;
+    const int gpus = cuda::DeviceCount(&why);
+    if (gpus == 0) {
+      return FailedPrecondition("rank {}: backend 'nccl' needs a CUDA device: {}", options.rank,
+                                why);
+    }
+    KOLO_ASSIGN_OR_RETURN(e.gpu, cuda::CreateDeviceContext(options.local_rank % gpus, tcp.timeout));
+    KOLO_ASSIGN_OR_RETURN(e.device_collectives, backends::MakeNcclCollectives(e.comm, *e.gpu));
+  }
 
   if (!options.timeline_path.empty()) {
     KOLO_ASSIGN_OR_RETURN(
@@ -150,40 +162,65 @@ StatusOr<Handle> Engine::Impl::Submit(TensorEntry entry) {
   return h;
 }
 
+Status Engine::Impl::PrepareDevice(const char* type, const std::string& name,
+                                   const TensorPlace& place) {
+  if (options.backend != "ring" && options.backend != "nccl") {
+    return InvalidArgument(
+        "{} '{}': the tensor is on CUDA device {}, but backend '{}' moves host tensors only; use "
+        "backend ring or nccl for device tensors, or pass a host tensor",
+        type, name, place.device, options.backend);
+  }
+  std::lock_guard<std::mutex> lock(gpu_mu);
+  if (!gpu) {
+    const auto timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(options.peer_timeout_s * 1000));
+    auto ctx = cuda::CreateDeviceContext(place.device, timeout);
+    if (!ctx.ok()) return ctx.status().WithContext(fmt::format("{} '{}'", type, name));
+    auto ring = cuda::MakeStagedRing(&comm, ctx->get());
+    if (!ring.ok()) return ring.status().WithContext(fmt::format("{} '{}'", type, name));
+    gpu = std::move(ctx).value();
+    device_collectives = std::move(ring).value();
+  }
+  if (place.device != gpu->device()) {
+    return InvalidArgument(
+        "{} '{}': the tensor is on CUDA device {}, but rank {} moves tensors of CUDA device {} "
+        "only (one device per rank{})",
+        type, name, place.device, options.rank, gpu->device(),
+        options.backend == "nccl" ? "; backend nccl uses device local_rank % device count" : "");
+  }
+  return Status::OK();
+}
+
 StatusOr<Handle> Engine::AllreduceAsync(const std::string& name, const void* in, void* out,
                                         DataType dtype, const Shape& shape, ReduceOp op,
                                         const TensorPlace& place) {
-  if (place.on_device()) {
-    return InvalidArgument(
-        "allreduce '{}': the tensor is on CUDA device {}, but this engine moves host tensors only",
-        name, place.device);
-  }
   TensorEntry e;
   e.request = {name, CollectiveType::kAllreduce, dtype, static_cast<uint8_t>(op), 0, shape};
+  e.request.on_device = place.on_device();
   e.in = in;
   e.out = out;
+  e.place = place;
   if (NumElements(shape) > 0 && (in == nullptr || out == nullptr)) {
     return InvalidArgument("allreduce '{}': null buffer for shape {}", name, ShapeToString(shape));
   }
+  if (place.on_device()) KOLO_RETURN_IF_ERROR(impl_->PrepareDevice("allreduce", name, place));
   return impl_->Submit(std::move(e));
 }
 
 StatusOr<Handle> Engine::BroadcastAsync(const std::string& name, void* data, DataType dtype,
                                         const Shape& shape, int root, const TensorPlace& place) {
-  if (place.on_device()) {
-    return InvalidArgument(
-        "broadcast '{}': the tensor is on CUDA device {}, but this engine moves host tensors only",
-        name, place.device);
-  }
   if (root < 0 || root >= size()) {
     return InvalidArgument("broadcast '{}': root {} is outside [0, {})", name, root, size());
   }
   TensorEntry e;
   e.request = {name, CollectiveType::kBroadcast, dtype, 0, root, shape};
+  e.request.on_device = place.on_device();
   e.out = data;
+  e.place = place;
   if (NumElements(shape) > 0 && data == nullptr) {
     return InvalidArgument("broadcast '{}': null buffer for shape {}", name, ShapeToString(shape));
   }
+  if (place.on_device()) KOLO_RETURN_IF_ERROR(impl_->PrepareDevice("broadcast", name, place));
   return impl_->Submit(std::move(e));
 }
 

@@ -97,6 +97,63 @@ Status Engine::Impl::RunFused(const std::vector<Response>& responses, const fusi
   return Status::OK();
 }
 
+// Device work is queued on the context's stream, so the MEMCPY_IN and collective activities time
+// the queueing (and, for the ring, the staged wire); MEMCPY_OUT ends when the results are written.
+Status Engine::Impl::RunDevice(const std::vector<Response>& responses, const fusion::Group& group,
+                               const std::string& op_name, double scale) {
+  cuda::DeviceContext& ctx = *gpu;
+  const DataType dtype = responses[group.members[0]].request.dtype;
+  const size_t elem = DataTypeSize(dtype);
+  KOLO_RETURN_IF_ERROR(ctx.Activate());
+  std::vector<TensorEntry*> entries;
+  for (size_t i : group.members) {
+    TensorEntry& e = PendingEntry(responses[i].request.name);
+    KOLO_RETURN_IF_ERROR(ctx.WaitEvent(e.place.ready_event));
+    entries.push_back(&e);
+  }
+  auto bytes_of = [&](const TensorEntry* e) {
+    return static_cast<size_t>(NumElements(e->request.shape)) * elem;
+  };
+  // A group runs in the device fusion buffer; a lone tensor in its output.
+  void* buf = nullptr;
+  std::vector<fusion::CopyEntry> in, out;
+  if (group.fused) {
+    KOLO_ASSIGN_OR_RETURN(uint8_t* fused, ctx.FusionBuffer(group.bytes));
+    size_t offset = 0;
+    for (TensorEntry* e : entries) {
+      in.push_back({e->in, fused + offset, bytes_of(e)});
+      out.push_back({fused + offset, e->out, bytes_of(e)});
+      offset += bytes_of(e);
+    }
+    buf = fused;
+  } else {
+    TensorEntry* e = entries[0];
+    if (e->in != e->out) in.push_back({e->in, e->out, bytes_of(e)});
+    if (scale != 1.0) out.push_back({e->out, e->out, bytes_of(e)});
+    buf = e->out;
+  }
+  for (const auto& n : group_names) TimelineBegin(n, "MEMCPY_IN_FUSION_BUFFER");
+  KOLO_RETURN_IF_ERROR(ctx.Pack(in.data(), in.size()));
+  for (const auto& n : group_names) TimelineEnd(n, "MEMCPY_IN_FUSION_BUFFER");
+
+  for (const auto& n : group_names) TimelineBegin(n, op_name);
+  Status status = group.bytes == 0 ? Status::OK()
+                                   : device_collectives->Allreduce(buf, group.bytes / elem, dtype);
+  for (const auto& n : group_names) TimelineEnd(n, op_name);
+  KOLO_RETURN_IF_ERROR(status);
+
+  for (const auto& n : group_names) TimelineBegin(n, "MEMCPY_OUT_FUSION_BUFFER");
+  KOLO_RETURN_IF_ERROR(ctx.Unpack(out.data(), out.size(), dtype, scale));
+  KOLO_RETURN_IF_ERROR(ctx.Synchronize());
+  for (const auto& n : group_names) TimelineEnd(n, "MEMCPY_OUT_FUSION_BUFFER");
+  if (group.fused) {
+    std::lock_guard<std::mutex> lock(mu);
+    stats.fused_bytes += static_cast<int64_t>(group.bytes);
+    stats.packed_bytes += static_cast<int64_t>(group.bytes);
+  }
+  return Status::OK();
+}
+
 Status Engine::Impl::ExecuteAllreduce(const std::vector<Response>& responses,
                                       const fusion::Group& group) {
   const coordinator::Request& first = responses[group.members[0]].request;
@@ -107,7 +164,8 @@ Status Engine::Impl::ExecuteAllreduce(const std::vector<Response>& responses,
   const bool average = first.reduce_op == static_cast<uint8_t>(ReduceOp::kAverage);
   const double scale = average ? 1.0 / options.size : 1.0;
   backends::Backend& backend = BackendFor(first);
-  const std::string op_name = UpperName(backend.name()) + "_ALLREDUCE";
+  const std::string op_name =
+      UpperName(first.on_device ? device_collectives->name() : backend.name()) + "_ALLREDUCE";
 
   group_names.clear();
   for (size_t i : group.members) group_names.push_back(responses[i].request.name);
@@ -127,7 +185,9 @@ Status Engine::Impl::ExecuteAllreduce(const std::vector<Response>& responses,
   }
 
   Status status;
-  if (fused) {
+  if (first.on_device) {
+    status = RunDevice(responses, group, op_name, scale);
+  } else if (fused) {
     status = RunFused(responses, group, backend, op_name, scale);
   } else {
     TensorEntry& e = PendingEntry(first.name);
@@ -152,12 +212,25 @@ Status Engine::Impl::ExecuteBroadcast(const Response& response) {
   const std::string& name = response.request.name;
   TensorEntry& e = PendingEntry(name);
   backends::Backend& backend = BackendFor(response.request);
-  const std::string op_name = UpperName(backend.name()) + "_BROADCAST";
+  const bool on_device = response.request.on_device;
+  const std::string op_name =
+      UpperName(on_device ? device_collectives->name() : backend.name()) + "_BROADCAST";
   TimelineBegin(
       name, "BROADCAST",
       fmt::format("{{\"bytes\":{},\"root\":{}}}", response.bytes(), response.request.root));
   TimelineBegin(name, op_name);
-  Status status = backend.Broadcast(e.out, response.bytes(), response.request.root);
+  Status status;
+  if (!on_device) {
+    status = backend.Broadcast(e.out, response.bytes(), response.request.root);
+  } else {
+    // In place on the device: after the producer's event, on the engine's stream.
+    status = gpu->Activate();
+    if (status.ok()) status = gpu->WaitEvent(e.place.ready_event);
+    if (status.ok() && response.bytes() > 0) {
+      status = device_collectives->Broadcast(e.out, response.bytes(), response.request.root);
+    }
+    if (status.ok()) status = gpu->Synchronize();
+  }
   TimelineEnd(name, op_name);
   TimelineEnd(name, "BROADCAST");
   {

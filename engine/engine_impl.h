@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/backends/backend.h"
+#include "engine/backends/device_collectives.h"
 #include "engine/backends/ps/server.h"
 #include "engine/backends/ps/worker.h"
 #include "engine/bootstrap/rendezvous.h"
@@ -22,6 +23,7 @@
 #include "engine/coordinator/message.h"
 #include "engine/coordinator/message_table.h"
 #include "engine/coordinator/response_cache.h"
+#include "engine/cuda/device_context.h"
 #include "engine/engine.h"
 #include "engine/fusion/fusion_buffer.h"
 #include "engine/fusion/planner.h"
@@ -38,6 +40,7 @@ struct TensorEntry {
   coordinator::Request request;
   const void* in = nullptr;  // allreduce input, allgather input
   void* out = nullptr;       // allreduce output, broadcast data
+  TensorPlace place;         // host, or a CUDA device with the producer's ready event
   SteadyClock::time_point submitted;
   int cache_bit = -1;  // >= 0 while waiting as a response-cache hit
 };
@@ -66,6 +69,11 @@ struct Engine::Impl {
   // backend reduces scattered buffers, all in one collective.
   Status RunFused(const std::vector<coordinator::Response>& responses, const fusion::Group& group,
                   backends::Backend& backend, const std::string& op_name, double scale);
+  // A group of device tensors: packed into the device fusion buffer (or reduced in place when
+  // alone) after each tensor's ready event, reduced by device_collectives, unpacked and scaled on
+  // the context's stream; returns once the results are in the outputs.
+  Status RunDevice(const std::vector<coordinator::Response>& responses, const fusion::Group& group,
+                   const std::string& op_name, double scale);
   Status ExecuteBroadcast(const coordinator::Response& response);
   Status ExecuteAllgather(const coordinator::Response& response);
   backends::Backend& BackendFor(const coordinator::Request& request);
@@ -80,6 +88,9 @@ struct Engine::Impl {
   void TimelineEnd(const std::string& name, const std::string& activity);
 
   // --- Submission side.
+  // Checks that this rank can move a device tensor `name` at `place` and sets up the CUDA context
+  // (and the staged ring) on first use. Errors name the tensor and what is allowed.
+  Status PrepareDevice(const char* type, const std::string& name, const TensorPlace& place);
   StatusOr<Handle> Submit(TensorEntry entry);
   StatusOr<HandleState> WaitState(Handle handle, std::chrono::milliseconds timeout);
 
@@ -89,6 +100,14 @@ struct Engine::Impl {
   collectives::Comm comm;
   std::vector<std::unique_ptr<backends::Backend>> backends;  // ordered; the last accepts all
   std::unique_ptr<timeline::Timeline> timeline;
+
+  // Device tensors. gpu and device_collectives are set once, under gpu_mu (at Create for backend
+  // nccl, else when the first device tensor is submitted), before any device tensor is queued;
+  // from then on only the background thread uses them. device_collectives refers to gpu and is
+  // declared after it, so that it is destroyed first. Lock order: gpu_mu, then mu.
+  std::mutex gpu_mu;
+  std::unique_ptr<cuda::DeviceContext> gpu;
+  std::unique_ptr<backends::DeviceCollectives> device_collectives;
 
   // Lock order: mu is the only lock; never held across communication.
   std::mutex mu;

@@ -6,7 +6,7 @@ namespace kolo {
 
 void EngineFlags::Add(CLI::App& app) {
   const std::string g = "Engine";
-  app.add_option("--backend", backend_, "collective backend: ring | mpi | ps (KOLO_BACKEND)")
+  app.add_option("--backend", backend_, "collective backend: ring | mpi | ps | nccl (KOLO_BACKEND)")
       ->group(g);
   app.add_option("--fusion-threshold-mb", fusion_threshold_mb_,
                  "Tensor Fusion buffer size in MiB; 0 disables fusion (default 64)")

@@ -223,8 +223,8 @@ Status Options::Validate() const {
   if (local_rank < 0 || local_rank >= local_size) {
     return InvalidArgument("local_rank={} is outside [0, local_size={})", local_rank, local_size);
   }
-  if (backend != "ring" && backend != "mpi" && backend != "ps") {
-    return InvalidArgument("backend '{}' is unknown: allowed are ring, mpi, ps", backend);
+  if (backend != "ring" && backend != "mpi" && backend != "ps" && backend != "nccl") {
+    return InvalidArgument("backend '{}' is unknown: allowed are ring, mpi, ps, nccl", backend);
   }
   KOLO_RETURN_IF_ERROR(ValidateParameterServers(*this));
   if (backend == "mpi" && !launched_by_mpirun && size > 1) {

@@ -51,6 +51,9 @@ struct Options {
   // KOLO_BACKEND: collective backend for fused buffers: "ring" (kolo's ring over the transport)
   // or "mpi" (MPI_Allreduce; needs mpirun). "ps": parameter servers update the variables
   // (Engine::PushPullAsync); collectives among the workers run on the ring.
+  // "nccl": tensors in CUDA device memory go through NCCL (one GPU per rank: device local_rank
+  // modulo the device count), host tensors through the ring. With "ring", device tensors go
+  // through the ring via pinned host staging; other backends refuse device tensors.
   std::string backend = "ring";
   // KOLO_FUSION_THRESHOLD_BYTES: largest fusion buffer; 0 disables Tensor Fusion.
   int64_t fusion_threshold_bytes = 64ll << 20;

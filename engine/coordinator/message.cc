@@ -79,18 +79,21 @@ void WriteRequest(Writer& w, const Request& r) {
   w.U8(r.reduce_op);
   w.I32(r.root);
   w.Dims(r.shape);
+  w.U8(r.on_device ? 1 : 0);
 }
 
 bool ReadRequest(Reader& rd, Request* r) {
-  uint8_t type, dtype;
+  uint8_t type, dtype, on_device;
   if (!rd.Str(&r->name, kMaxNameBytes) || !rd.U8(&type) || !rd.U8(&dtype) ||
-      !rd.U8(&r->reduce_op) || !rd.I32(&r->root) || !rd.Dims(&r->shape, kMaxRank)) {
+      !rd.U8(&r->reduce_op) || !rd.I32(&r->root) || !rd.Dims(&r->shape, kMaxRank) ||
+      !rd.U8(&on_device)) {
     return false;
   }
   if (type > static_cast<uint8_t>(CollectiveType::kAllgather) || dtype >= kNumDataTypes ||
-      r->reduce_op > 1) {
+      r->reduce_op > 1 || on_device > 1) {
     return false;
   }
+  r->on_device = on_device != 0;
   for (int64_t d : r->shape) {
     if (d < 0) return false;
   }
@@ -114,7 +117,7 @@ const char* CollectiveTypeName(CollectiveType type) {
 }
 
 bool Request::Compatible(const Request& o) const {
-  if (type != o.type || dtype != o.dtype) return false;
+  if (type != o.type || dtype != o.dtype || on_device != o.on_device) return false;
   if (type == CollectiveType::kAllreduce && reduce_op != o.reduce_op) return false;
   if (type == CollectiveType::kBroadcast && root != o.root) return false;
   if (type == CollectiveType::kAllgather) {
@@ -129,6 +132,7 @@ std::string Request::Describe() const {
       fmt::format("{} {} {}", CollectiveTypeName(type), DataTypeName(dtype), ShapeToString(shape));
   if (type == CollectiveType::kAllreduce) s += reduce_op == 0 ? " sum" : " average";
   if (type == CollectiveType::kBroadcast) s += fmt::format(" root {}", root);
+  if (on_device) s += " on device";
   return s;
 }
 

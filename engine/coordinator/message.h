@@ -25,11 +25,15 @@ struct Request {
   uint8_t reduce_op = 0;  // ReduceOp of engine.h, for allreduce
   int32_t root = 0;       // for broadcast
   Shape shape;
+  // The tensor lives in CUDA device memory (engine.h TensorPlace). Every rank must agree: device
+  // and host tensors never share a fusion group, and only some backends move device tensors.
+  bool on_device = false;
 
-  // True if `other` asks for the same collective: for allgather every dimension but the first
-  // must agree; otherwise the whole shape.
+  // True if `other` asks for the same collective, with the tensor in the same kind of memory: for
+  // allgather every dimension but the first must agree; otherwise the whole shape.
   bool Compatible(const Request& other) const;
-  // "allreduce float32 [64,3,7,7] sum" — used in mismatch errors.
+  // "allreduce float32 [64,3,7,7] sum" (" on device" for device tensors) — used in mismatch
+  // errors.
   std::string Describe() const;
 };
 

@@ -24,6 +24,7 @@ std::vector<Group> PlanFusion(const std::vector<Response>& responses, size_t thr
         const Response& next = responses[j];
         if (planned[j] || !fusable(next) || next.request.dtype != first.request.dtype ||
             next.request.reduce_op != first.request.reduce_op ||
+            next.request.on_device != first.request.on_device ||
             g.bytes + next.bytes() > threshold_bytes) {
           continue;
         }

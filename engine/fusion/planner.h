@@ -19,7 +19,8 @@ struct Group {
 };
 
 // Greedy, in list order: each group starts at the first response not yet planned and takes every
-// later allreduce response of the same dtype and reduce op that still fits within
+// later allreduce response of the same dtype, reduce op and place (host or device memory: the two
+// never share a group) that still fits within
 // `threshold_bytes` (skipping over others, which later groups pick up). A tensor larger than the
 // threshold, every non-allreduce response and every error response forms a group of its own.
 // threshold 0 disables fusion (every tensor alone, in place).

@@ -1,0 +1,27 @@
+// kolo's ring collectives for tensors in device memory, through pinned host staging buffers.
+//
+// The ring collectives (engine/collectives) run on registered host memory. A device buffer is cut
+// into chunks of kStagingChunkBytes; each chunk is copied to one of kStagingSlots pinned host slots
+// on a copy stream, run through the ring over the transport, and copied back on a second stream.
+// The copies are queued ahead, so that the device-to-host copy of chunk i+1 and the host-to-device
+// copy of chunk i-1 overlap the wire of chunk i; the host blocks only until the chunk it is about
+// to send has arrived.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "engine/backends/device_collectives.h"
+
+namespace kolo::cuda {
+
+inline constexpr size_t kStagingChunkBytes = 4 << 20;
+inline constexpr int kStagingSlots = 3;
+
+// Ring allreduce and broadcast of device tensors over `comm` (see DeviceCollectives). The pinned
+// slots are allocated and registered with comm->device at the first collective. `comm` and `ctx`
+// must outlive the result. Fails in a build without CUDA.
+StatusOr<std::unique_ptr<backends::DeviceCollectives>> MakeStagedRing(collectives::Comm* comm,
+                                                                      DeviceContext* ctx);
+
+}  // namespace kolo::cuda

@@ -8,7 +8,7 @@
 namespace kolo {
 
 StatusOr<std::unique_ptr<Engine>> Engine::CreateParameterServerRank(const Options& options,
-                                                                     bootstrap::Store* store) {
+                                                                    bootstrap::Store* store) {
   KOLO_ASSIGN_OR_RETURN(backends::ps::Job job, backends::ps::Join(options, store));
   if (job.role == Role::kWorker) {
     const Options worker_options = job.worker_options;
@@ -81,8 +81,7 @@ Status Engine::RegisterVariables(const std::vector<VariableSpec>& vars) {
 }
 
 StatusOr<Handle> Engine::PushPullAsync(const std::string& name, const void* grad, void* weights,
-                                       DataType dtype, const Shape& shape,
-                                       const SgdSettings& sgd) {
+                                       DataType dtype, const Shape& shape, const SgdSettings& sgd) {
   Impl& e = *impl_;
   if (!e.ps_worker) {
     return FailedPrecondition(

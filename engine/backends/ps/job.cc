@@ -14,10 +14,11 @@ namespace {
 
 // Settings that every rank, worker or server, must share: they fix roles, placement and framing.
 std::string AgreementKey(const Options& o) {
-  return fmt::format("size={} backend={} ps_servers={} ps_server_ranks=[{}] ps_placement={} "
-                     "ring_chunk_bytes={}",
-                     o.size, o.backend, o.ps_servers, fmt::join(o.ps_server_ranks, ","),
-                     o.ps_placement, o.ring_chunk_bytes);
+  return fmt::format(
+      "size={} backend={} ps_servers={} ps_server_ranks=[{}] ps_placement={} "
+      "ring_chunk_bytes={}",
+      o.size, o.backend, o.ps_servers, fmt::join(o.ps_server_ranks, ","), o.ps_placement,
+      o.ring_chunk_bytes);
 }
 
 StatusOr<std::string> HostName() {
@@ -121,8 +122,8 @@ StatusOr<Job> Join(const Options& options, bootstrap::Store* external) {
   bootstrap::PrefixStore ps_store("ps/", *job.rendezvous.store);
   auto device = transport::tcp::Connect(tcp, ps_store, options.rank, options.size);
   if (!device.ok()) {
-    return device.status().WithContext(fmt::format(
-        "{}: connecting the parameter-server job", job.roles.Describe(options.rank)));
+    return device.status().WithContext(
+        fmt::format("{}: connecting the parameter-server job", job.roles.Describe(options.rank)));
   }
   job.device = std::move(device).value();
   KOLO_ASSIGN_OR_RETURN(auto hosts, AgreeAndListHosts(*job.device, options, tcp.timeout));

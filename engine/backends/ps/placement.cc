@@ -51,7 +51,8 @@ Placement Place(const std::vector<VariableSpec>& vars, int servers, PlacementPol
     std::vector<int> order(static_cast<size_t>(servers));
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-      return p.bytes_per_server[static_cast<size_t>(a)] < p.bytes_per_server[static_cast<size_t>(b)];
+      return p.bytes_per_server[static_cast<size_t>(a)] <
+             p.bytes_per_server[static_cast<size_t>(b)];
     });
     std::sort(order.begin(), order.begin() + pieces);
     for (int64_t k = 0; k < pieces; ++k) {

@@ -96,9 +96,9 @@ Status Server::Loop() {
 
 Status Server::PostHeaderRecv(int worker) {
   Peer& p = peers_[static_cast<size_t>(worker)];
-  KOLO_RETURN_IF_ERROR(job_.device->pair(p.rank).Recv(
-      *rx_headers_region_, static_cast<size_t>(worker) * sizeof(Header), sizeof(Header),
-      kHeaderTag));
+  KOLO_RETURN_IF_ERROR(job_.device->pair(p.rank).Recv(*rx_headers_region_,
+                                                      static_cast<size_t>(worker) * sizeof(Header),
+                                                      sizeof(Header), kHeaderTag));
   p.recvs.push_back(RecvSlot{Slot::kHeader, -1, 0, sizeof(Header), 0});
   return Status::OK();
 }
@@ -134,7 +134,8 @@ Status Server::OnCompletion(const transport::Completion& c) {
   }
   const int w = job_.roles.index[peer];
   Peer& p = peers_[static_cast<size_t>(w)];
-  if (p.recvs.empty()) return Internal("receive completion from rank {} with nothing posted", c.peer);
+  if (p.recvs.empty())
+    return Internal("receive completion from rank {} with nothing posted", c.peer);
   const RecvSlot slot = p.recvs.front();
   p.recvs.pop_front();
   if (c.nbytes != slot.bytes) {
@@ -152,8 +153,8 @@ Status Server::OnCompletion(const transport::Completion& c) {
       return Status::OK();
     case Slot::kChunk: {
       ShardState& s = shards_[static_cast<size_t>(slot.shard)];
-      const float* src = staging_.data() + (static_cast<size_t>(w) * 2 + slot.staging) *
-                                               (chunk_bytes_ / kElem);
+      const float* src =
+          staging_.data() + (static_cast<size_t>(w) * 2 + slot.staging) * (chunk_bytes_ / kElem);
       collectives::ReduceSum(DataType::kFloat32, s.sum.data() + slot.chunk * (chunk_bytes_ / kElem),
                              src, slot.bytes / kElem);
       --p.chunks_outstanding;
@@ -217,9 +218,10 @@ Status Server::OnPushHeader(int w, const Header& h) {
   }
   const bool init = (h.flags & kInitFlag) != 0;
   if (init != (w == 0 && s.step == 0)) {
-    return ProtocolError("{} pushed '{}' for update {} {} the initial value (only worker 0's first "
-                         "push carries it)",
-                         Who(w), s.name, h.step, init ? "with" : "without");
+    return ProtocolError(
+        "{} pushed '{}' for update {} {} the initial value (only worker 0's first "
+        "push carries it)",
+        Who(w), s.name, h.step, init ? "with" : "without");
   }
   const SgdSettings sgd{h.learning_rate, h.momentum, h.weight_decay, h.grad_scale};
   if (s.announced == 0) {
@@ -242,8 +244,8 @@ Status Server::OnPushHeader(int w, const Header& h) {
   s.pushed[static_cast<size_t>(w)] = true;
   ++s.announced;
   if (init) {
-    KOLO_RETURN_IF_ERROR(job_.device->pair(p.rank).Recv(
-        *s.weights_region, 0, s.count * kElem, PayloadTag(Kind::kInit, h.shard)));
+    KOLO_RETURN_IF_ERROR(job_.device->pair(p.rank).Recv(*s.weights_region, 0, s.count * kElem,
+                                                        PayloadTag(Kind::kInit, h.shard)));
     p.recvs.push_back(RecvSlot{Slot::kInit, local, 0, s.count * kElem, 0});
   }
   p.push_shard = local;
@@ -318,10 +320,11 @@ Status Server::FinishRegistration() {
                            DescribeDifference(registration_, *theirs));
   }
   if (registration_.servers != job_.roles.servers() || registration_.policy != job_.policy) {
-    return InvalidArgument("the workers registered for {} servers with placement {}; this job has "
-                           "{} with placement {}",
-                           registration_.servers, PlacementPolicyName(registration_.policy),
-                           job_.roles.servers(), PlacementPolicyName(job_.policy));
+    return InvalidArgument(
+        "the workers registered for {} servers with placement {}; this job has "
+        "{} with placement {}",
+        registration_.servers, PlacementPolicyName(registration_.policy), job_.roles.servers(),
+        PlacementPolicyName(job_.policy));
   }
   chunk_bytes_ = static_cast<size_t>(registration_.chunk_bytes);
   placement_ = Place(registration_.vars, registration_.servers, registration_.policy,
@@ -352,8 +355,7 @@ Status Server::FinishRegistration() {
   registered_header_ = Header{};
   registered_header_.kind = static_cast<uint32_t>(Kind::kRegistered);
   for (const Peer& p : peers_) {
-    KOLO_RETURN_IF_ERROR(
-        d.pair(p.rank).Send(*registered_region_, 0, sizeof(Header), kHeaderTag));
+    KOLO_RETURN_IF_ERROR(d.pair(p.rank).Send(*registered_region_, 0, sizeof(Header), kHeaderTag));
     ++pending_sends_;
   }
   return Status::OK();
@@ -377,9 +379,10 @@ Status Server::CheckStalls() {
     if (s.announced == 0) continue;
     const double waited = std::chrono::duration<double>(now - s.wait_start).count();
     if (fail_s > 0 && waited > fail_s) {
-      return DeadlineExceeded("'{}' update {} stalled for {:.1f} s (KOLO_STALL_SHUTDOWN_SECONDS={}): "
-                              "{}",
-                              s.name, s.step, waited, fail_s, MissingWorkers(s));
+      return DeadlineExceeded(
+          "'{}' update {} stalled for {:.1f} s (KOLO_STALL_SHUTDOWN_SECONDS={}): "
+          "{}",
+          s.name, s.step, waited, fail_s, MissingWorkers(s));
     }
     if (warn_s > 0 && std::chrono::duration<double>(now - s.last_warning).count() > warn_s) {
       s.last_warning = now;

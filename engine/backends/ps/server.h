@@ -49,10 +49,10 @@ class Server {
   enum class Slot : uint8_t { kHeader, kRegistration, kInit, kChunk };
   struct RecvSlot {
     Slot kind = Slot::kHeader;
-    int shard = -1;        // local shard index
-    size_t chunk = 0;      // kChunk: chunk index within the push
-    size_t bytes = 0;      // expected length
-    size_t staging = 0;    // kChunk: staging slot (0 or 1)
+    int shard = -1;      // local shard index
+    size_t chunk = 0;    // kChunk: chunk index within the push
+    size_t bytes = 0;    // expected length
+    size_t staging = 0;  // kChunk: staging slot (0 or 1)
   };
   // Per worker.
   struct Peer {
@@ -77,8 +77,8 @@ class Server {
     std::unique_ptr<transport::Region> weights_region;
     uint64_t step = 0;
     bool initialized = false;
-    int announced = 0;  // workers whose push header of this step arrived
-    int arrived = 0;    // workers whose whole push of this step has been summed
+    int announced = 0;         // workers whose push header of this step arrived
+    int arrived = 0;           // workers whose whole push of this step has been summed
     std::vector<bool> pushed;  // per worker: header of this step seen
     SgdSettings sgd;           // the first push's settings; every worker's must match
     std::chrono::steady_clock::time_point wait_start;

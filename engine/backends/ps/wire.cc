@@ -111,9 +111,9 @@ std::string DescribeDifference(const Registration& mine, const Registration& the
     const VariableSpec& a = mine.vars[i];
     const VariableSpec& b = theirs.vars[i];
     if (a.name != b.name || a.dtype != b.dtype || a.shape != b.shape) {
-      return fmt::format("variable {}: '{}' {} {} vs '{}' {} {}", i, a.name,
-                         DataTypeName(a.dtype), ShapeToString(a.shape), b.name,
-                         DataTypeName(b.dtype), ShapeToString(b.shape));
+      return fmt::format("variable {}: '{}' {} {} vs '{}' {} {}", i, a.name, DataTypeName(a.dtype),
+                         ShapeToString(a.shape), b.name, DataTypeName(b.dtype),
+                         ShapeToString(b.shape));
     }
   }
   if (mine.vars.size() != theirs.vars.size()) {

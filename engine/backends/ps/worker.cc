@@ -145,7 +145,8 @@ void Worker::Run() {
     stopped_ = true;
     if (!s.ok() && fatal_.ok()) fatal_ = s;
     if (!registered_.has_value()) {
-      registered_ = s.ok() ? FailedPrecondition("the engine shut down during RegisterVariables") : s;
+      registered_ =
+          s.ok() ? FailedPrecondition("the engine shut down during RegisterVariables") : s;
     }
     cv_.notify_all();
   }
@@ -215,31 +216,17 @@ Status Worker::Loop() {
     UpdateCounters();
   }
 
-  // Goodbye: every server learns that this worker is done, after whatever it already sent.
+  // Goodbye: every server learns that this worker is done, after whatever it already sent. No
+  // poll follows: a server that has every goodbye closes at once, which a poll here would report
+  // as a lost connection. The frame is written within Send unless the socket is still full of an
+  // unfinished push (a shutdown mid-step), and the device's destruction finishes a frame it has
+  // started.
   control_headers_[kByeSlot] = Header{};
   control_headers_[kByeSlot].kind = static_cast<uint32_t>(Kind::kBye);
   for (int j = 0; j < job_.roles.servers(); ++j) {
-    KOLO_RETURN_IF_ERROR(d.pair(job_.roles.server_ranks[static_cast<size_t>(j)])
-                             .Send(*control_region_, kByeSlot * sizeof(Header), sizeof(Header),
-                                   kHeaderTag));
-    sends_[static_cast<size_t>(j)].push_back(SendSlot{});
-  }
-  const auto deadline = std::chrono::steady_clock::now() + peer_timeout_;
-  auto sending = [&] {
-    return std::any_of(sends_.begin(), sends_.end(), [](const auto& q) { return !q.empty(); });
-  };
-  while (sending()) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      return DeadlineExceeded("the goodbye to the servers was not written within {} s",
-                              job_.options.peer_timeout_s);
-    }
-    completions_.clear();
-    Status s = d.Poll(&completions_, left);
-    if (s.code() == StatusCode::kDeadlineExceeded) continue;
-    KOLO_RETURN_IF_ERROR(s);
-    for (const transport::Completion& c : completions_) KOLO_RETURN_IF_ERROR(OnCompletion(c));
+    KOLO_RETURN_IF_ERROR(
+        d.pair(job_.roles.server_ranks[static_cast<size_t>(j)])
+            .Send(*control_region_, kByeSlot * sizeof(Header), sizeof(Header), kHeaderTag));
   }
   return Status::OK();
 }
@@ -364,7 +351,8 @@ Status Worker::OnCompletion(const transport::Completion& c) {
                          c.nbytes, slot.bytes);
   }
   if (slot.shard < 0) return OnHeader(server);
-  Variable& v = vars_[static_cast<size_t>(placement_.shards[static_cast<size_t>(slot.shard)].variable)];
+  Variable& v =
+      vars_[static_cast<size_t>(placement_.shards[static_cast<size_t>(slot.shard)].variable)];
   --v.pending_pulls;
   MaybeComplete(v);
   return Status::OK();
@@ -388,8 +376,7 @@ Status Worker::OnHeader(int server) {
       break;
     }
     case Kind::kPull: {
-      if (h.shard >= placement_.shards.size() ||
-          placement_.shards[h.shard].server != server) {
+      if (h.shard >= placement_.shards.size() || placement_.shards[h.shard].server != server) {
         return ProtocolError("{} sent shard {}, which it does not hold", job_.roles.Describe(rank),
                              h.shard);
       }

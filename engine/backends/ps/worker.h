@@ -82,7 +82,7 @@ class Worker {
   // What a posted operation on one server's pair is, in posting order (a pair completes its sends
   // in order, and its receives in order).
   struct SendSlot {
-    int var = -1;      // -1: registration or bye
+    int var = -1;       // -1: registration or bye
     bool last = false;  // the last message of this push to this server for one shard
   };
   struct RecvSlot {
@@ -123,7 +123,7 @@ class Worker {
   // Lock order: mu_ is the only lock; never held across communication or callbacks.
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Request> queue_;                  // GUARDED_BY(mu_)
+  std::deque<Request> queue_;                   // GUARDED_BY(mu_)
   std::unordered_map<std::string, int> index_;  // GUARDED_BY(mu_): name -> variable
   std::vector<VariableSpec> specs_;             // GUARDED_BY(mu_)
   std::vector<bool> in_flight_;                 // GUARDED_BY(mu_)

@@ -18,6 +18,22 @@ Status CudaError(const char* call, cudaError_t code);
 // at first, backing off to 1 ms. DeadlineExceeded naming `what` once `timeout` has passed.
 Status WaitForEvent(cudaEvent_t event, std::chrono::milliseconds timeout, const std::string& what);
 
+// Restores the calling thread's current CUDA device when it goes out of scope, so that the
+// engine's CUDA calls on a caller's thread (set-up, tear-down) leave the caller's device alone.
+class CurrentDeviceGuard {
+ public:
+  CurrentDeviceGuard() { saved_ = cudaGetDevice(&previous_) == cudaSuccess; }
+  ~CurrentDeviceGuard() {
+    if (saved_) cudaSetDevice(previous_);
+  }
+  CurrentDeviceGuard(const CurrentDeviceGuard&) = delete;
+  CurrentDeviceGuard& operator=(const CurrentDeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool saved_ = false;
+};
+
 }  // namespace kolo::cuda
 
 // Returns from the enclosing function with CudaError if `call` does not return cudaSuccess.

@@ -32,25 +32,13 @@ ElementKind KindOf(DataType dtype) {
   return ElementKind::kUInt8;
 }
 
-// Restores the calling thread's current device when it goes out of scope.
-class DeviceGuard {
- public:
-  DeviceGuard() { had_ = cudaGetDevice(&previous_) == cudaSuccess; }
-  ~DeviceGuard() {
-    if (had_) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = 0;
-  bool had_ = false;
-};
-
 class CudaDeviceContext final : public DeviceContext {
  public:
   CudaDeviceContext(int device, std::chrono::milliseconds timeout)
       : device_(device), timeout_(timeout) {}
 
   ~CudaDeviceContext() override {
+    CurrentDeviceGuard guard;
     if (cudaSetDevice(device_) != cudaSuccess) return;
     if (stream_ != nullptr) {
       // Work may still read the buffers below after a failed collective: let it drain first.
@@ -63,7 +51,7 @@ class CudaDeviceContext final : public DeviceContext {
   }
 
   Status Init() {
-    DeviceGuard guard;
+    CurrentDeviceGuard guard;
     KOLO_RETURN_IF_ERROR(Activate());
     KOLO_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     KOLO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));

@@ -15,6 +15,7 @@ class StagedRing final : public backends::DeviceCollectives {
   StagedRing(collectives::Comm* comm, DeviceContext* ctx) : comm_(comm), ctx_(ctx) {}
 
   ~StagedRing() override {
+    CurrentDeviceGuard guard;
     if (cudaSetDevice(ctx_->device()) != cudaSuccess) return;
     // Copies may still be in flight after a failed collective: drain them before freeing.
     for (cudaStream_t s : {d2h_, h2d_}) {
@@ -77,7 +78,8 @@ class StagedRing final : public backends::DeviceCollectives {
   // Moves buf[0, total) through the slots chunk by chunk: download (device to slot), `wire` on the
   // slot, upload (slot to device), as each direction requires.
   Status Run(void* buf, size_t total, size_t chunk, bool download, bool upload, const Wire& wire) {
-    if (total == 0) return Status::OK();
+    // Alone, a rank's buffer already holds the result.
+    if (total == 0 || comm_->size() == 1) return Status::OK();
     KOLO_RETURN_IF_ERROR(Setup());
     auto* dev = static_cast<uint8_t*>(buf);
     const size_t chunks = (total + chunk - 1) / chunk;

@@ -54,6 +54,7 @@ class NcclCollectives final : public DeviceCollectives {
   NcclCollectives(collectives::Comm& comm, cuda::DeviceContext& ctx) : comm_(comm), ctx_(ctx) {}
 
   ~NcclCollectives() override {
+    cuda::CurrentDeviceGuard guard;
     if (cudaSetDevice(ctx_.device()) != cudaSuccess) return;
     if (nccl_ != nullptr) {
       // After a failure the communicator was aborted already (and is null); a healthy one has no
@@ -211,6 +212,7 @@ class NcclCollectives final : public DeviceCollectives {
 
 StatusOr<std::unique_ptr<DeviceCollectives>> MakeNcclCollectives(collectives::Comm& comm,
                                                                  cuda::DeviceContext& ctx) {
+  cuda::CurrentDeviceGuard guard;  // set-up runs on the caller's thread
   auto nccl = std::make_unique<NcclCollectives>(comm, ctx);
   Status s = nccl->Init();
   if (!s.ok()) return s.WithContext(fmt::format("rank {}: setting up NCCL", comm.rank()));

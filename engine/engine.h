@@ -4,8 +4,9 @@
 // every rank submits the same names (in any order); a background thread negotiates which tensors
 // are ready on every rank (rank 0 coordinates; a response cache lets steady-state steps agree with
 // one bit-vector exchange), fuses compatible ready tensors into one buffer up to the fusion
-// threshold (Tensor Fusion), runs the collective on the selected backend (ring over TCP, or MPI),
-// and completes the handles. See ../shared/DESIGN.md for the data flow.
+// threshold (Tensor Fusion), runs the collective on the selected backend (ring over TCP, or MPI;
+// tensors in CUDA device memory through NCCL or the ring via pinned host staging), and completes
+// the handles. See ../shared/DESIGN.md for the data flow.
 //
 // Usage:
 //   KOLO_ASSIGN_OR_RETURN(auto engine, kolo::Engine::Create(options));

@@ -1,4 +1,4 @@
-// Internal to the zoo: one builder per model family and the small helpers they share. zoo.cc
+// Internal to the zoo: one builder per model family and the small functions they share. zoo.cc
 // validates and resolves the ModelConfig (image size, dropout) before calling a builder and
 // finishes the graph after it; a builder only adds layers.
 #pragma once

@@ -267,6 +267,34 @@ TEST(PsEngine, AWorkerLeavingMidStepFailsTheOthersNamingIt) {
   }
 }
 
+TEST(PsEngine, AStalledStepFailsAfterTheStallShutdownNamingTheMissingWorker) {
+  const auto results = RunPsJob(
+      3,
+      [](int r) {
+        Options o = PsRankOptions(r, 3, 1, "greedy");
+        o.stall_shutdown_s = 1;
+        return o;
+      },
+      [](Engine& e) -> Status {
+        KOLO_RETURN_IF_ERROR(e.RegisterVariables({{"a", DataType::kFloat32, {4}}}));
+        if (e.rank() == 1) {
+          // Never pushes, but stays until the server has given up.
+          std::this_thread::sleep_for(std::chrono::seconds(4));
+          return Status::OK();
+        }
+        float g[4] = {}, w[4] = {};
+        KOLO_ASSIGN_OR_RETURN(Handle h, e.PushPullAsync("a", g, w, DataType::kFloat32, {4}, {}));
+        return e.Wait(h, kWait);
+      });
+  for (size_t r : {0, 2}) {
+    EXPECT_NE(results[r].message().find("'a' update 0 stalled for"), std::string::npos)
+        << "rank " << r << ": " << results[r].ToString();
+    EXPECT_NE(results[r].message().find("not yet by workers [1]"), std::string::npos)
+        << "rank " << r << ": " << results[r].ToString();
+  }
+  EXPECT_FALSE(results[1].ok());  // its Shutdown reports the job's failure
+}
+
 TEST(PsEngine, TimelineShowsPushServerWaitUpdateAndPull) {
   const auto dir =
       std::filesystem::temp_directory_path() / ("kolo_ps_timeline_" + std::to_string(::getpid()));

@@ -1,0 +1,111 @@
+#include "models/trainer/progress.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace kolo::models::trainer {
+namespace {
+
+std::string Clock(double seconds) {
+  const auto s = static_cast<int64_t>(std::llround(std::max(0.0, seconds)));
+  if (s >= 3600) return fmt::format("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60);
+  return fmt::format("{}:{:02}", s / 60, s % 60);
+}
+
+const char* kRule = "----------------------------------------------------------------";
+
+}  // namespace
+
+Progress::Progress(std::FILE* out, int warmup_steps, int timed_steps, int display_every,
+                   bool replay)
+    : out_(out),
+      warmup_(warmup_steps),
+      timed_(timed_steps),
+      every_(display_every),
+      replay_(replay) {
+  if (out_ == nullptr) return;
+  std::fprintf(out_, "%s\t%s\t%s\n", "Step", "Img/sec", "total_loss");
+  if (warmup_ > 0) std::fprintf(out_, "Running warm-up: %d steps\n", warmup_);
+  std::fflush(out_);
+}
+
+void Progress::Add(int step, double images_per_sec, double seconds, double loss) {
+  if (out_ == nullptr) return;
+  elapsed_ += seconds;
+  window_.push_back(images_per_sec);
+  const bool warm = step < warmup_;
+  const int n = warm ? step + 1 : step + 1 - warmup_;  // 1-based within the phase
+  const int phase_steps = warm ? warmup_ : timed_;
+  if (n % every_ != 0 && n != phase_steps) return;
+  double mean = 0;
+  for (double r : window_) mean += r;
+  mean /= static_cast<double>(window_.size());
+  double var = 0;
+  for (double r : window_) var += (r - mean) * (r - mean);
+  const double stddev = std::sqrt(var / static_cast<double>(window_.size()));
+  std::vector<double> dev;
+  std::vector<double> sorted = window_;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted[sorted.size() / 2];
+  for (double r : window_) dev.push_back(std::fabs(r - median));
+  std::sort(dev.begin(), dev.end());
+  const double jitter = dev[dev.size() / 2];
+  // The ETA assumes the remaining steps take as long as the steps so far.
+  const int done = step + 1;
+  const int left = warmup_ + timed_ - done;
+  const double eta = elapsed_ / done * left;
+  const std::string loss_text = replay_ ? "n/a" : fmt::format("{:.4f}", loss);
+  std::string line = fmt::format(
+      "{}{}\timages/sec: {:.1f} +/- {:.1f} (jitter = {:.1f})\t{}\t"
+      "elapsed {} eta {}",
+      warm ? "w" : "", n, mean, stddev, jitter, loss_text, Clock(elapsed_), Clock(eta));
+  if (replay_) line += "\tcompute=replay";
+  std::fprintf(out_, "%s\n", line.c_str());
+  if (warm && n == warmup_) std::fprintf(out_, "Warm-up done\n");
+  std::fflush(out_);
+  window_.clear();
+}
+
+void PrintHeader(std::FILE* out, const RunSettings& s, const Graph& graph, int ranks, int nodes,
+                 const compute::SgdConfig& sgd) {
+  const int64_t global = s.batch_size * s.backward_passes_per_step * ranks;
+  std::string text;
+  text += fmt::format("Model:       {} ({} parameters in {} tensors, {:.2f} GMACs/image)\n",
+                      s.model, graph.NumParameterElements(), graph.params().size(),
+                      static_cast<double>(graph.ForwardMacsPerImage()) * 1e-9);
+  text += fmt::format("Input:       {}x{} images, {} classes, synthetic data\n", s.image_size,
+                      s.image_size, s.num_classes);
+  text += fmt::format("Batch size:  {} per rank x {} backward passes per step x {} ranks = {}\n",
+                      s.batch_size, s.backward_passes_per_step, ranks, global);
+  text += fmt::format("Ranks:       {} on {} host{}\n", ranks, nodes, nodes == 1 ? "" : "s");
+  text += fmt::format("Compute:     compute={} precision={}{}\n", s.compute, s.precision,
+                      s.compute == "replay" ? " profile=" + s.profile : "");
+  if (s.compute == "replay") {
+    text += "Loss:        not computed (replay sleeps recorded layer times; gradients are zeros)\n";
+  }
+  text += fmt::format("Engine:      backend={} transport={} fusion={} MiB cycle={} ms\n", s.backend,
+                      s.transport, s.fusion_threshold_mb, s.cycle_time_ms);
+  text += fmt::format("SGD:         learning rate {}, momentum {}, weight decay {}\n",
+                      sgd.learning_rate, sgd.momentum, sgd.weight_decay);
+  text += fmt::format("Steps:       {} warm-up, {} timed\n", s.num_warmup_batches, s.num_batches);
+  std::fprintf(out, "%s", text.c_str());
+  std::fflush(out);
+}
+
+void PrintTotal(std::FILE* out, const RunResults& r, bool replay) {
+  const char* tag = replay ? " (compute=replay)" : "";
+  std::fprintf(out, "%s\n", kRule);
+  std::fprintf(out, "total images/sec: %.2f%s\n", r.total_images_per_sec, tag);
+  std::fprintf(out, "%s\n", kRule);
+  std::fprintf(out,
+               "per rank: %.2f images/sec, median step %.1f ms (%.1f ms waiting on collectives), "
+               "kernel share %.1f%%%s\n",
+               r.images_per_sec_per_rank, r.step_time_ms_median, r.exposed_wait_ms_median,
+               100.0 * r.kernel_share, tag);
+  std::fflush(out);
+}
+
+}  // namespace kolo::models::trainer

@@ -1,0 +1,115 @@
+#include "models/trainer/run_record.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace kolo::models::trainer {
+
+std::string RunRecordToJson(const RunRecord& r) {
+  using Json = nlohmann::ordered_json;
+  Json j;
+  j["kolo_commit"] = r.kolo_commit;
+  j["timestamp"] = r.timestamp;
+  j["hosts"] = r.hosts;
+  j["cpu_model"] = r.cpu_model;
+  j["gpu_model"] = r.gpu_model;
+  const RunSettings& s = r.settings;
+  j["settings"] = {{"model", s.model},
+                   {"batch_size", s.batch_size},
+                   {"num_warmup_batches", s.num_warmup_batches},
+                   {"num_batches", s.num_batches},
+                   {"compute", s.compute},
+                   {"profile", s.profile},
+                   {"backend", s.backend},
+                   {"transport", s.transport},
+                   {"precision", s.precision},
+                   {"fusion_threshold_mb", s.fusion_threshold_mb},
+                   {"cycle_time_ms", s.cycle_time_ms},
+                   {"backward_passes_per_step", s.backward_passes_per_step},
+                   {"image_size", s.image_size},
+                   {"num_classes", s.num_classes},
+                   {"ranks", s.ranks},
+                   {"nodes", s.nodes},
+                   {"ps_servers", s.ps_servers},
+                   {"ps_placement", s.ps_placement}};
+  if (r.results) {
+    const RunResults& x = *r.results;
+    const Engine::Stats& e = x.engine_stats;
+    Json results = {{"total_images_per_sec", x.total_images_per_sec},
+                    {"images_per_sec_per_rank", x.images_per_sec_per_rank},
+                    {"images_per_sec_stddev", x.images_per_sec_stddev},
+                    {"step_time_ms_median", x.step_time_ms_median},
+                    {"exposed_wait_ms_median", x.exposed_wait_ms_median}};
+    results["final_loss"] = x.final_loss ? Json(*x.final_loss) : Json(nullptr);
+    results["kernel_share"] = x.kernel_share;
+    results["engine_stats"] = {{"cycles", e.cycles},
+                               {"negotiations", e.negotiations},
+                               {"cache_hits", e.cache_hits},
+                               {"collectives", e.collectives},
+                               {"tensors", e.tensors},
+                               {"fused_bytes", e.fused_bytes},
+                               {"packed_bytes", e.packed_bytes},
+                               {"coordination_us", e.coordination_us}};
+    j["results"] = std::move(results);
+  }
+  j["status"] = r.ok ? "ok" : "failed";
+  if (!r.ok) j["error"] = r.error;
+  // Invalid UTF-8 (a host or CPU name) is replaced rather than making the dump throw.
+  return j.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
+}
+
+Status WriteRunRecord(const RunRecord& record, const std::string& path) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) return InvalidArgument("--json '{}': cannot write: {}", path, std::strerror(errno));
+    out << RunRecordToJson(record);
+    out.close();
+    if (!out) {
+      std::remove(tmp.c_str());
+      return Internal("--json '{}': write failed: {}", path, std::strerror(errno));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    return ErrnoStatus(StatusCode::kInternal, "rename to '" + path + "'", err);
+  }
+  return Status::OK();
+}
+
+std::string UtcTimestamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) break;
+    const size_t start = line.find_first_not_of(" \t", colon + 1);
+    return start == std::string::npos ? "unknown" : line.substr(start);
+  }
+  return "unknown";
+}
+
+std::string HostName() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown";
+  return buf;
+}
+
+}  // namespace kolo::models::trainer

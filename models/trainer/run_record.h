@@ -1,0 +1,86 @@
+// The JSON record kolo-train writes with --json FILE: one object per run that the sweep runner
+// and the reports read.
+//
+//   {"kolo_commit": "<git sha or 'unknown'>", "timestamp": "<ISO 8601 UTC>",
+//    "hosts": ["<hostname>", ...], "cpu_model": "...", "gpu_model": "<name or empty>",
+//    "settings": {"model", "batch_size", "num_warmup_batches", "num_batches", "compute",
+//                 "profile", "backend", "transport", "precision", "fusion_threshold_mb",
+//                 "cycle_time_ms", "backward_passes_per_step", "image_size", "num_classes",
+//                 "ranks", "nodes", "ps_servers", "ps_placement"},
+//    "results": {"total_images_per_sec", "images_per_sec_per_rank", "images_per_sec_stddev",
+//                "step_time_ms_median", "exposed_wait_ms_median", "final_loss",
+//                "kernel_share", "engine_stats": {...}},
+//    "status": "ok" | "failed", "error": "<message when failed>"}
+//
+// "ranks" counts training workers; parameter-server ranks are counted in "ps_servers". A failed
+// run carries whatever settings were known and no "results". final_loss is null when the compute
+// backend computes no loss (replay).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace kolo::models::trainer {
+
+struct RunSettings {
+  std::string model;
+  int64_t batch_size = 0;  // per rank and micro-batch
+  int num_warmup_batches = 0;
+  int num_batches = 0;
+  std::string compute;
+  std::string profile;  // replay: the profile played; empty otherwise
+  std::string backend;
+  std::string transport;
+  std::string precision;
+  double fusion_threshold_mb = 0;
+  double cycle_time_ms = 0;
+  int backward_passes_per_step = 1;
+  int64_t image_size = 0;
+  int64_t num_classes = 0;
+  int ranks = 1;  // training workers
+  int nodes = 1;  // distinct hosts
+  int ps_servers = 0;
+  std::string ps_placement;
+};
+
+struct RunResults {
+  // Sum over ranks of each rank's images/sec over the timed steps.
+  double total_images_per_sec = 0;
+  double images_per_sec_per_rank = 0;  // total / ranks
+  // Standard deviation of per-step images/sec, pooled over every rank's timed steps.
+  double images_per_sec_stddev = 0;
+  double step_time_ms_median = 0;     // mean over ranks of each rank's median step time
+  double exposed_wait_ms_median = 0;  // the same for the time blocked on collectives after backward
+  std::optional<double> final_loss;   // rank 0's loss of the last step; none for replay
+  double kernel_share = 0;            // rank 0: time inside the backend's kernels / step time
+  Engine::Stats engine_stats;         // rank 0's
+};
+
+struct RunRecord {
+  std::string kolo_commit = "unknown";
+  std::string timestamp;  // ISO 8601 UTC
+  std::vector<std::string> hosts;
+  std::string cpu_model;
+  std::string gpu_model;
+  RunSettings settings;
+  std::optional<RunResults> results;
+  bool ok = false;
+  std::string error;
+};
+
+std::string RunRecordToJson(const RunRecord& record);
+// Writes the record to `path` (replacing it atomically: a temporary file renamed over it).
+[[nodiscard]] Status WriteRunRecord(const RunRecord& record, const std::string& path);
+
+// "2024-05-01T12:34:56Z", now.
+std::string UtcTimestamp();
+// The first "model name" of /proc/cpuinfo, or "unknown".
+std::string CpuModel();
+// gethostname(), or "unknown".
+std::string HostName();
+
+}  // namespace kolo::models::trainer

@@ -1,0 +1,174 @@
+#include "models/trainer/train_flags.h"
+
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "engine/common/flags.h"
+#include "models/compute/replay/profile.h"
+#include "models/zoo/zoo.h"
+
+namespace kolo::models::trainer {
+namespace {
+
+bool Contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+// Checks that need more than one flag, or the model zoo, after parsing.
+Status Validate(TrainOptions& o, const std::optional<std::string>& precision_flag) {
+  const auto models = zoo::ModelNames();
+  if (!Contains(models, o.model)) {
+    return InvalidArgument("--model '{}' is not a model kolo knows; allowed: {}", o.model,
+                           fmt::join(models, ", "));
+  }
+  const auto computes = compute::AvailableComputeBackends();
+  if (o.compute.empty()) o.compute = computes.front();
+  if (!Contains(computes, o.compute)) {
+    return InvalidArgument("--compute '{}' is not available in this build; allowed: {}", o.compute,
+                           fmt::join(computes, ", "));
+  }
+  if (o.transport == "rdma") {
+    return InvalidArgument(
+        "--transport rdma: the RDMA transport is not part of this build yet; allowed: tcp");
+  }
+  if (o.transport != "tcp") {
+    return InvalidArgument("--transport '{}' is not a transport; allowed: tcp", o.transport);
+  }
+  if (o.compute == "replay") {
+    if (o.profile.empty()) {
+      return InvalidArgument(
+          "--compute replay needs --profile FILE (a profile written by --record-profile; "
+          "models/profiles/ has some)");
+    }
+    if (!o.record_profile.empty()) {
+      return InvalidArgument("--record-profile needs a timed backend, not --compute replay");
+    }
+    auto profile = compute::replay::LoadProfile(o.profile);
+    if (!profile.ok()) return profile.status().WithContext("--profile");
+    if (!precision_flag) {
+      KOLO_ASSIGN_OR_RETURN(o.precision, compute::ParsePrecision(profile->precision));
+    }
+  } else if (!o.profile.empty()) {
+    return InvalidArgument("--profile '{}' is read only with --compute replay (compute is '{}')",
+                           o.profile, o.compute);
+  }
+  if (precision_flag) {
+    auto p = compute::ParsePrecision(*precision_flag);
+    if (!p.ok()) {
+      return InvalidArgument("--precision '{}' is not one of fp32, tf32, fp16, bf16",
+                             *precision_flag);
+    }
+    o.precision = *p;
+  } else if (o.compute == "cudnn") {
+    o.precision = compute::Precision::kTf32;
+  }
+  if (o.compute == "onednn" && o.precision != compute::Precision::kFp32) {
+    return InvalidArgument("--precision {} with --compute onednn: oneDNN computes in fp32 only",
+                           compute::PrecisionName(o.precision));
+  }
+  zoo::ModelConfig config;
+  config.image_size = o.image_size;
+  config.num_classes = o.num_classes;
+  auto graph = zoo::BuildModel(o.model, config);
+  if (!graph.ok()) return graph.status().WithContext("--model/--image-size/--num-classes");
+  o.image_size = graph->input_shape().h;
+  if (o.compute == "replay") {
+    KOLO_ASSIGN_OR_RETURN(auto profile, compute::replay::LoadProfile(o.profile));
+    KOLO_RETURN_IF_ERROR(compute::replay::CheckProfileMatches(
+        profile, *graph, o.batch_size, compute::PrecisionName(o.precision), o.profile));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+ParsedFlags ParseTrainFlags(int argc, char** argv) {
+  TrainOptions o;
+  CLI::App app{
+      "kolo-train: synchronous data-parallel training of a model on synthetic data; prints "
+      "images/sec (launch with mpirun or kolo-run for several ranks)"};
+  app.set_help_all_flag("--help-all");
+  std::optional<std::string> precision;
+  app.add_option("--model", o.model,
+                 "model to train: " + fmt::format("{}", fmt::join(zoo::ModelNames(), ", ")))
+      ->required();
+  app.add_option("--batch-size", o.batch_size, "images per rank per micro-batch")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--num-warmup-batches", o.num_warmup_batches, "untimed steps first")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 30));
+  app.add_option("--num-batches", o.num_batches, "timed steps")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 30));
+  app.add_option("--compute", o.compute,
+                 "compute backend: " +
+                     fmt::format("{}", fmt::join(compute::AvailableComputeBackends(), " | ")));
+  app.add_option("--profile", o.profile, "replay profile to play (--compute replay)");
+  app.add_option("--record-profile", o.record_profile,
+                 "write each layer's median forward/backward time to this file (rank 0)");
+  app.add_option("--transport", o.transport, "transport of the ring: tcp")->capture_default_str();
+  app.add_option("--precision", precision,
+                 "fp32 | tf32 | fp16 | bf16 (default: fp32; tf32 with cudnn; the profile's with "
+                 "replay)");
+  app.add_option("--backward-passes-per-step", o.backward_passes_per_step,
+                 "micro-batches accumulated locally per step (one allreduce per step)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--image-size", o.image_size, "input height and width (0: the model's default)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{4096}));
+  app.add_option("--num-classes", o.num_classes, "classes of the synthetic labels")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--learning-rate", o.sgd.learning_rate)
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
+  app.add_option("--momentum", o.sgd.momentum)->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  app.add_option("--weight-decay", o.sgd.weight_decay)
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--json", o.json, "write the run record (JSON) to this file (rank 0)");
+  app.add_option("--display-every", o.display_every, "print a line every N steps")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 30));
+  app.add_option("--seed", o.seed, "seed of the initial weights and the synthetic data")
+      ->capture_default_str();
+  EngineFlags engine_flags;
+  engine_flags.Add(app);
+
+  ParsedFlags out;
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    out.exit_code = app.exit(e);
+    return out;
+  } catch (const CLI::CallForAllHelp& e) {
+    out.exit_code = app.exit(e);
+    return out;
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "kolo-train: %s\n", e.what());
+    out.exit_code = 2;
+    return out;
+  }
+  auto env = OptionsFromEnvironment();
+  Status s = env.status();
+  if (s.ok()) {
+    o.engine = *env;
+    s = engine_flags.Apply(&o.engine);
+  }
+  if (s.ok()) s = Validate(o, precision);
+  if (!s.ok()) {
+    std::fprintf(stderr, "kolo-train: %s\n", s.message().c_str());
+    out.exit_code = 2;
+    return out;
+  }
+  out.options = std::move(o);
+  return out;
+}
+
+}  // namespace kolo::models::trainer

@@ -1,0 +1,45 @@
+// kolo-train's command line: every flag, its default and the checks made before any work starts.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "engine/common/options.h"
+#include "models/compute/backend.h"
+
+namespace kolo::models::trainer {
+
+struct TrainOptions {
+  std::string model;
+  int64_t batch_size = 32;  // images per rank per micro-batch
+  int num_warmup_batches = 10;
+  int num_batches = 100;
+  std::string compute;         // default: the first of AvailableComputeBackends()
+  std::string profile;         // --profile: replay's input
+  std::string record_profile;  // --record-profile: written by rank 0 after the timed steps
+  std::string transport = "tcp";
+  compute::Precision precision = compute::Precision::kFp32;  // cudnn defaults to tf32
+  int backward_passes_per_step = 1;
+  int64_t image_size = 0;  // 0: the model's default
+  int64_t num_classes = 1000;
+  compute::SgdConfig sgd;
+  std::string json;  // --json: the run record, written by rank 0
+  int display_every = 10;
+  uint64_t seed = 1;
+  Options engine;  // KOLO_* from the environment, then the engine flags
+};
+
+// The outcome of parsing: options to run with, or an exit code with what was printed (--help
+// prints usage and exits 0; any invalid flag prints an error naming the value and what is allowed
+// to stderr and exits 2).
+struct ParsedFlags {
+  std::optional<TrainOptions> options;
+  int exit_code = 0;
+};
+
+// Parses and validates argv, reading the engine's KOLO_* environment first. Prints nothing on
+// success.
+ParsedFlags ParseTrainFlags(int argc, char** argv);
+
+}  // namespace kolo::models::trainer

@@ -1,0 +1,308 @@
+#include "models/trainer/train_run.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "engine/engine.h"
+#include "models/compute/replay/profile.h"
+#include "models/graph/init.h"
+#include "models/trainer/progress.h"
+#include "models/trainer/run_record.h"
+#include "models/trainer/synthetic_data.h"
+#include "models/trainer/trainer.h"
+#include "models/zoo/zoo.h"
+
+namespace kolo::models::trainer {
+namespace {
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+RunSettings SettingsFrom(const TrainOptions& o) {
+  RunSettings s;
+  s.model = o.model;
+  s.batch_size = o.batch_size;
+  s.num_warmup_batches = o.num_warmup_batches;
+  s.num_batches = o.num_batches;
+  s.compute = o.compute;
+  s.profile = o.profile;
+  s.backend = o.engine.backend;
+  s.transport = o.transport;
+  s.precision = compute::PrecisionName(o.precision);
+  s.fusion_threshold_mb = static_cast<double>(o.engine.fusion_threshold_bytes) / (1 << 20);
+  s.cycle_time_ms = o.engine.cycle_time_ms;
+  s.backward_passes_per_step = o.backward_passes_per_step;
+  s.image_size = o.image_size;
+  s.num_classes = o.num_classes;
+  s.ranks = o.engine.size;
+  if (o.engine.backend == "ps") {
+    s.ps_servers = o.engine.ps_server_ranks.empty()
+                       ? o.engine.ps_servers
+                       : static_cast<int>(o.engine.ps_server_ranks.size());
+    s.ps_placement = o.engine.ps_placement;
+    s.ranks = o.engine.size - s.ps_servers;
+  }
+  return s;
+}
+
+// Every rank's host name, in rank order, through the engine.
+StatusOr<std::vector<std::string>> GatherHostNames(Engine& engine) {
+  const std::string mine = HostName();
+  KOLO_ASSIGN_OR_RETURN(Handle h, engine.AllgatherAsync("hosts", mine.data(), DataType::kUInt8,
+                                                        {static_cast<int64_t>(mine.size())}));
+  KOLO_ASSIGN_OR_RETURN(GatheredTensor g, engine.TakeGathered(h));
+  std::vector<std::string> hosts;
+  size_t offset = 0;
+  for (int64_t n : g.first_dims) {
+    hosts.emplace_back(reinterpret_cast<const char*>(g.data.data()) + offset,
+                       static_cast<size_t>(n));
+    offset += static_cast<size_t>(n);
+  }
+  return hosts;
+}
+
+// State of one run, so that every exit path can fill and write the record.
+class Run {
+ public:
+  Run(const TrainOptions& o, const std::atomic<bool>& stop, const std::string& commit)
+      : o_(o), stop_(stop) {
+    record_.kolo_commit = commit;
+    record_.timestamp = UtcTimestamp();
+    record_.cpu_model = CpuModel();
+    record_.hosts = {HostName()};
+    record_.settings = SettingsFrom(o);
+    rank_ = o.engine.rank;
+  }
+
+  int Execute() {
+    Status s = Train();
+    Stopping();
+    if (s.ok() && interrupted_) s = Aborted("interrupted");
+    if (engine_) {
+      Status down = engine_->Shutdown();
+      if (s.ok() && !down.ok()) s = down;
+    }
+    // A rank stopped by a signal may see its peers' shutdown as a failed collective first.
+    if (!s.ok() && stop_.load()) interrupted_ = true;
+    record_.ok = s.ok();
+    if (interrupted_) {
+      record_.error = "interrupted";
+      record_.results.reset();
+      std::fprintf(stderr, "kolo-train %s: interrupted; stopped after the current step\n",
+                   Who().c_str());
+    } else if (!s.ok()) {
+      record_.error = s.message();
+      std::fprintf(stderr, "kolo-train %s: error: %s\n", Who().c_str(), s.message().c_str());
+    }
+    if (rank_ == 0 && !serving_ && !o_.json.empty()) {
+      Status w = WriteRunRecord(record_, o_.json);
+      if (!w.ok()) {
+        std::fprintf(stderr, "kolo-train rank 0: %s\n", w.message().c_str());
+        if (record_.ok) return kExitFailed;
+      }
+    }
+    if (interrupted_) return kExitInterrupted;
+    return record_.ok ? kExitOk : kExitFailed;
+  }
+
+ private:
+  std::string Who() const {
+    return serving_ ? fmt::format("server {}", engine_->rank()) : fmt::format("rank {}", rank_);
+  }
+  bool Stopping() {
+    if (stop_.load()) interrupted_ = true;
+    return interrupted_;
+  }
+
+  Status Train();
+  Status Setup();
+  Status Loop(Trainer& trainer);
+  Status Finish(const Trainer& trainer);
+
+  const TrainOptions& o_;
+  const std::atomic<bool>& stop_;
+  RunRecord record_;
+  int rank_ = 0;
+  bool interrupted_ = false;
+  bool serving_ = false;  // a parameter-server rank
+  std::unique_ptr<Graph> graph_;
+  std::unique_ptr<compute::ComputeBackend> backend_;
+  std::unique_ptr<Engine> engine_;
+  // Per timed step.
+  std::vector<double> step_s_, wait_s_, kernel_s_;
+  std::vector<std::vector<double>> fwd_ms_, bwd_ms_;  // [layer][timed step]
+  std::vector<double> update_ms_;
+  double last_loss_ = 0;
+};
+
+Status Run::Setup() {
+  KOLO_ASSIGN_OR_RETURN(engine_, Engine::Create(o_.engine));
+  if (engine_->role() == Role::kServer) {
+    serving_ = true;
+    return Status::OK();
+  }
+  rank_ = engine_->rank();  // the worker index under parameter servers
+  if (Stopping()) return Status::OK();
+  zoo::ModelConfig mc;
+  mc.image_size = o_.image_size;
+  mc.num_classes = o_.num_classes;
+  KOLO_ASSIGN_OR_RETURN(Graph g, zoo::BuildModel(o_.model, mc));
+  graph_ = std::make_unique<Graph>(std::move(g));
+  KOLO_ASSIGN_OR_RETURN(backend_, compute::CreateComputeBackend(o_.compute));
+  compute::BackendConfig bc;
+  bc.batch = o_.batch_size;
+  bc.precision = o_.precision;
+  bc.seed = o_.seed + static_cast<uint64_t>(rank_);
+  bc.device = o_.engine.local_rank;
+  bc.profile_path = o_.profile;
+  KOLO_RETURN_IF_ERROR(backend_->Prepare(*graph_, bc)
+                           .WithContext(fmt::format("compute '{}', model '{}', batch {}",
+                                                    o_.compute, o_.model, o_.batch_size)));
+  record_.gpu_model = backend_->DeviceName();
+  KOLO_ASSIGN_OR_RETURN(record_.hosts, GatherHostNames(*engine_));
+  std::vector<std::string> distinct = record_.hosts;
+  std::sort(distinct.begin(), distinct.end());
+  record_.settings.nodes =
+      static_cast<int>(std::unique(distinct.begin(), distinct.end()) - distinct.begin());
+  record_.settings.ranks = engine_->size();
+  return Status::OK();
+}
+
+Status Run::Train() {
+  KOLO_RETURN_IF_ERROR(Setup());
+  // A parameter server serves until every worker has shut down, interrupted or not.
+  if (serving_) return engine_->Serve();
+  if (Stopping()) return Status::OK();
+  TrainerConfig tc;
+  tc.backward_passes_per_step = o_.backward_passes_per_step;
+  tc.sgd = o_.sgd;
+  tc.record_layer_times = !o_.record_profile.empty();
+  Trainer trainer(*graph_, *backend_, *engine_, tc);
+  if (rank_ == 0) {
+    // Only the root's values matter: the broadcast overwrites everyone else's.
+    const auto& params = graph_->params();
+    std::vector<float> values;
+    for (size_t p = 0; p < params.size(); ++p) {
+      values.resize(static_cast<size_t>(params[p].numel));
+      InitialParameter(params[p], static_cast<int>(p), o_.seed, values);
+      KOLO_RETURN_IF_ERROR(backend_->SetParameter(static_cast<int>(p), values));
+    }
+  }
+  KOLO_RETURN_IF_ERROR(trainer.BroadcastParameters());
+  KOLO_RETURN_IF_ERROR(trainer.SetData(
+      MakeSyntheticBatches(graph_->input_shape(), o_.batch_size, o_.backward_passes_per_step,
+                           o_.num_classes, o_.seed, engine_->rank())));
+  if (Stopping()) return Status::OK();
+  KOLO_RETURN_IF_ERROR(Loop(trainer));
+  if (interrupted_) return Status::OK();
+  return Finish(trainer);
+}
+
+Status Run::Loop(Trainer& trainer) {
+  const bool replay = o_.compute == "replay";
+  const int64_t images_per_step = o_.batch_size * o_.backward_passes_per_step;
+  if (rank_ == 0) {
+    PrintHeader(stdout, record_.settings, *graph_, engine_->size(), record_.settings.nodes, o_.sgd);
+  }
+  Progress progress(rank_ == 0 ? stdout : nullptr, o_.num_warmup_batches, o_.num_batches,
+                    o_.display_every, replay);
+  const int total = o_.num_warmup_batches + o_.num_batches;
+  if (!o_.record_profile.empty()) {
+    fwd_ms_.assign(graph_->layers().size(), {});
+    bwd_ms_.assign(graph_->layers().size(), {});
+  }
+  for (int step = 0; step < total; ++step) {
+    if (Stopping()) return Status::OK();
+    KOLO_ASSIGN_OR_RETURN(StepStats st, trainer.Step());
+    last_loss_ = st.loss;
+    const bool timed = step >= o_.num_warmup_batches;
+    if (timed) {
+      step_s_.push_back(st.seconds);
+      wait_s_.push_back(st.wait_seconds);
+      kernel_s_.push_back(st.kernel_seconds);
+      for (size_t l = 0; l < fwd_ms_.size(); ++l) {
+        fwd_ms_[l].push_back(st.forward_ms[l]);
+        bwd_ms_[l].push_back(st.backward_ms[l]);
+      }
+      if (!fwd_ms_.empty()) update_ms_.push_back(st.update_ms);
+    }
+    progress.Add(step, static_cast<double>(images_per_step) / st.seconds, st.seconds, st.loss);
+  }
+  return Status::OK();
+}
+
+Status Run::Finish(const Trainer& trainer) {
+  const int64_t images_per_step = o_.batch_size * o_.backward_passes_per_step;
+  double seconds = 0, sum_rate = 0, sum_sq = 0, kernel = 0;
+  for (size_t i = 0; i < step_s_.size(); ++i) {
+    seconds += step_s_[i];
+    kernel += kernel_s_[i];
+    const double r = static_cast<double>(images_per_step) / step_s_[i];
+    sum_rate += r;
+    sum_sq += r * r;
+  }
+  const double my_rate = static_cast<double>(images_per_step) * step_s_.size() / seconds;
+  // Each rank's own measurement, summed: never rank 0's rate times the number of ranks.
+  double v[6] = {my_rate,
+                 sum_rate,
+                 sum_sq,
+                 static_cast<double>(step_s_.size()),
+                 1e3 * Median(step_s_),
+                 1e3 * Median(wait_s_)};
+  KOLO_ASSIGN_OR_RETURN(
+      Handle h, engine_->AllreduceAsync("results", v, v, DataType::kFloat64, {6}, ReduceOp::kSum));
+  KOLO_RETURN_IF_ERROR(engine_->Wait(h, trainer.config().wait_timeout));
+  const int ranks = engine_->size();
+  RunResults res;
+  res.total_images_per_sec = v[0];
+  res.images_per_sec_per_rank = v[0] / ranks;
+  const double mean = v[1] / v[3];
+  res.images_per_sec_stddev = std::sqrt(std::max(0.0, v[2] / v[3] - mean * mean));
+  res.step_time_ms_median = v[4] / ranks;
+  res.exposed_wait_ms_median = v[5] / ranks;
+  if (o_.compute != "replay") res.final_loss = last_loss_;
+  res.kernel_share = seconds > 0 ? kernel / seconds : 0;
+  res.engine_stats = engine_->stats();
+  record_.results = res;
+  if (rank_ == 0) PrintTotal(stdout, res, o_.compute == "replay");
+  if (rank_ == 0 && !o_.record_profile.empty()) {
+    compute::replay::Profile p;
+    p.model = graph_->name();
+    p.image_size = graph_->input_shape().h;
+    p.num_classes = o_.num_classes;
+    p.batch_size = o_.batch_size;
+    p.precision = compute::PrecisionName(o_.precision);
+    p.compute = o_.compute;
+    p.device = record_.gpu_model.empty() ? record_.cpu_model : record_.gpu_model;
+    p.kolo_commit = record_.kolo_commit;
+    p.steps = static_cast<int64_t>(step_s_.size());
+    p.update_ms = Median(update_ms_);
+    for (size_t l = 0; l < fwd_ms_.size(); ++l) {
+      p.layers.push_back({graph_->layers()[l].name, Median(fwd_ms_[l]), Median(bwd_ms_[l])});
+    }
+    KOLO_RETURN_IF_ERROR(compute::replay::SaveProfile(p, o_.record_profile));
+    std::printf("profile of %zu layers written to %s\n", p.layers.size(),
+                o_.record_profile.c_str());
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+int RunTraining(const TrainOptions& options, const std::atomic<bool>& stop,
+                const std::string& kolo_commit) {
+  Run run(options, stop, kolo_commit);
+  return run.Execute();
+}
+
+}  // namespace kolo::models::trainer

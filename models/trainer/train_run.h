@@ -1,0 +1,26 @@
+// One kolo-train run of one rank: builds the model and the compute backend, starts the engine,
+// broadcasts rank 0's initial weights, trains warm-up and timed steps on synthetic data, prints
+// progress and results (rank 0), and writes the JSON record and the replay profile (rank 0).
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include "models/trainer/train_flags.h"
+
+namespace kolo::models::trainer {
+
+// Exit codes of kolo-train.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;
+inline constexpr int kExitBadFlags = 2;
+inline constexpr int kExitInterrupted = 130;
+
+// Runs training with `options`. `stop` is polled between steps (and between set-up phases): once it
+// is true the rank finishes its current step, shuts the engine down and returns kExitInterrupted,
+// with a record saying status=failed, error="interrupted". `kolo_commit` goes into the record and
+// the profile. Errors are printed to stderr by the rank that sees them.
+int RunTraining(const TrainOptions& options, const std::atomic<bool>& stop,
+                const std::string& kolo_commit);
+
+}  // namespace kolo::models::trainer

@@ -1,0 +1,213 @@
+#include "models/trainer/trainer.h"
+
+#include <fmt/format.h>
+
+#include <string>
+
+namespace kolo::models::trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+Trainer::Trainer(const Graph& graph, compute::ComputeBackend& backend, Engine& engine,
+                 TrainerConfig config)
+    : graph_(graph),
+      backend_(backend),
+      engine_(engine),
+      config_(config),
+      backprop_order_(graph.BackpropOrder()),
+      pending_(graph.params().size()),
+      on_servers_(engine.updates_on_servers()) {}
+
+Status Trainer::BroadcastParameters() {
+  const auto& params = graph_.params();
+  std::vector<std::vector<float>> values(params.size());
+  std::vector<Handle> handles(params.size());
+  Status first;
+  size_t submitted = 0;
+  for (size_t p = 0; p < params.size(); ++p) {
+    values[p].resize(static_cast<size_t>(params[p].numel));
+    first = backend_.GetParameter(static_cast<int>(p), values[p]);
+    if (!first.ok()) break;
+    auto h = engine_.BroadcastAsync("broadcast/" + params[p].name, values[p].data(),
+                                    DataType::kFloat32, params[p].shape, /*root=*/0);
+    if (!h.ok()) {
+      first = h.status();
+      break;
+    }
+    handles[p] = *h;
+    submitted = p + 1;
+  }
+  // Every submitted broadcast is waited for, even after an error, so that no buffer is freed while
+  // the engine may still write it.
+  for (size_t p = 0; p < submitted; ++p) {
+    Status s = engine_.Wait(handles[p], config_.wait_timeout);
+    if (first.ok() && !s.ok()) first = s.WithContext("broadcast of '" + params[p].name + "'");
+  }
+  if (!first.ok()) return first;
+  if (engine_.rank() != 0) {
+    for (size_t p = 0; p < params.size(); ++p) {
+      KOLO_RETURN_IF_ERROR(backend_.SetParameter(static_cast<int>(p), values[p]));
+    }
+  }
+  if (!on_servers_) return Status::OK();
+  if (!registered_) {
+    std::vector<VariableSpec> vars;
+    for (const Parameter& p : params) vars.push_back({p.name, DataType::kFloat32, p.shape});
+    KOLO_RETURN_IF_ERROR(engine_.RegisterVariables(vars));
+    registered_ = true;
+  }
+  // The first PushPull of each variable carries worker 0's weights as the servers' initial value.
+  pulled_ = std::move(values);
+  return Status::OK();
+}
+
+Status Trainer::SetData(std::vector<Batch> micro_batches) {
+  if (static_cast<int>(micro_batches.size()) != config_.backward_passes_per_step) {
+    return InvalidArgument("trainer: {} micro-batches given, backward_passes_per_step is {}",
+                           micro_batches.size(), config_.backward_passes_per_step);
+  }
+  data_ = std::move(micro_batches);
+  // With one micro-batch the input never changes, so it is copied in once, outside the timed loop.
+  if (data_.size() == 1) return backend_.SetInput(data_[0].images, data_[0].labels);
+  return Status::OK();
+}
+
+Status Trainer::RunMicroBatch(int m, bool last, StepStats* stats) {
+  const auto& layers = graph_.layers();
+  const int n = static_cast<int>(layers.size());
+  const bool timed = config_.record_layer_times;
+  if (data_.size() > 1) {
+    const Batch& b = data_[static_cast<size_t>(m)];
+    KOLO_RETURN_IF_ERROR(backend_.SetInput(b.images, b.labels));
+  }
+  for (int l = 0; l < n; ++l) {
+    const auto t0 = timed ? Clock::now() : Clock::time_point{};
+    KOLO_RETURN_IF_ERROR(
+        backend_.Forward(l).WithContext("forward of layer '" + layers[l].name + "'"));
+    if (timed) {
+      KOLO_RETURN_IF_ERROR(backend_.Synchronize());
+      stats->forward_ms[static_cast<size_t>(l)] += 1e3 * Seconds(t0, Clock::now());
+    }
+  }
+  const auto& params = graph_.params();
+  for (int l = n - 1; l >= 0; --l) {
+    const Layer& layer = layers[static_cast<size_t>(l)];
+    if (layer.kind == LayerKind::kInput) continue;
+    const auto t0 = timed ? Clock::now() : Clock::time_point{};
+    KOLO_RETURN_IF_ERROR(backend_.Backward(l, /*accumulate=*/m > 0)
+                             .WithContext("backward of layer '" + layer.name + "'"));
+    if (timed) {
+      KOLO_RETURN_IF_ERROR(backend_.Synchronize());
+      stats->backward_ms[static_cast<size_t>(l)] += 1e3 * Seconds(t0, Clock::now());
+    }
+    if (!last) continue;
+    for (int p : layer.param_ids) {
+      const Parameter& param = params[static_cast<size_t>(p)];
+      const compute::GradientView g = backend_.Gradient(p);
+      if (g.data == nullptr || g.numel != param.numel) {
+        return Internal("backend '{}' has no gradient buffer of {} values for '{}'",
+                        backend_.name(), param.numel, param.name);
+      }
+      if (on_servers_) {
+        KOLO_ASSIGN_OR_RETURN(pending_[static_cast<size_t>(p)], PushPull(p, g));
+        continue;
+      }
+      TensorPlace place;
+      place.device = g.device;
+      place.ready_event = g.ready_event;
+      KOLO_ASSIGN_OR_RETURN(Handle h,
+                            engine_.AllreduceAsync(param.name, g.data, g.data, g.dtype, param.shape,
+                                                   ReduceOp::kAverage, place));
+      pending_[static_cast<size_t>(p)] = h;
+    }
+  }
+  KOLO_ASSIGN_OR_RETURN(double loss, backend_.Loss());
+  stats->loss += loss / config_.backward_passes_per_step;
+  return Status::OK();
+}
+
+StatusOr<StepStats> Trainer::Step() {
+  if (data_.empty()) return FailedPrecondition("trainer: Step before SetData");
+  StepStats stats;
+  if (config_.record_layer_times) {
+    stats.forward_ms.assign(graph_.layers().size(), 0.0);
+    stats.backward_ms.assign(graph_.layers().size(), 0.0);
+  }
+  backend_.TakeKernelSeconds();  // drop whatever ran between steps
+  const auto start = Clock::now();
+  const int passes = config_.backward_passes_per_step;
+  for (int m = 0; m < passes; ++m) {
+    Status s = RunMicroBatch(m, m == passes - 1, &stats);
+    if (!s.ok()) {
+      Drain();
+      return s;
+    }
+  }
+  const auto& params = graph_.params();
+  const double grad_scale = 1.0 / passes;
+  double update_s = 0;
+  for (int p : backprop_order_) {
+    Handle& h = pending_[static_cast<size_t>(p)];
+    const auto t0 = Clock::now();
+    Status s = engine_.Wait(h, config_.wait_timeout);
+    h = Handle{};
+    const auto t1 = Clock::now();
+    stats.wait_seconds += Seconds(t0, t1);
+    if (s.ok()) {
+      s = on_servers_ ? backend_.SetParameter(p, pulled_[static_cast<size_t>(p)])
+                      : backend_.Update(p, config_.sgd, grad_scale);
+    }
+    if (!s.ok()) {
+      Drain();
+      return s.WithContext("parameter '" + params[static_cast<size_t>(p)].name + "'");
+    }
+    update_s += Seconds(t1, Clock::now());
+  }
+  if (config_.record_layer_times) {
+    const auto t0 = Clock::now();
+    KOLO_RETURN_IF_ERROR(backend_.Synchronize());
+    stats.update_ms = 1e3 * (update_s + Seconds(t0, Clock::now()));
+    for (double& t : stats.forward_ms) t /= passes;
+    for (double& t : stats.backward_ms) t /= passes;
+  }
+  stats.seconds = Seconds(start, Clock::now());
+  stats.kernel_seconds = backend_.TakeKernelSeconds();
+  return stats;
+}
+
+StatusOr<Handle> Trainer::PushPull(int p, const compute::GradientView& g) {
+  const Parameter& param = graph_.params()[static_cast<size_t>(p)];
+  if (g.device >= 0 || g.dtype != DataType::kFloat32) {
+    return InvalidArgument(
+        "parameter servers take float32 host gradients; '{}' is {} on {} (use --backend ring or "
+        "--precision fp32)",
+        param.name, DataTypeName(g.dtype), g.device >= 0 ? "a GPU" : "the host");
+  }
+  if (pulled_.size() != graph_.params().size()) {
+    return FailedPrecondition("trainer: BroadcastParameters must run before the first step");
+  }
+  SgdSettings sgd;
+  sgd.learning_rate = config_.sgd.learning_rate;
+  sgd.momentum = config_.sgd.momentum;
+  sgd.weight_decay = config_.sgd.weight_decay;
+  sgd.grad_scale = 1.0 / config_.backward_passes_per_step;
+  return engine_.PushPullAsync(param.name, g.data, pulled_[static_cast<size_t>(p)].data(),
+                               DataType::kFloat32, param.shape, sgd);
+}
+
+void Trainer::Drain() {
+  for (Handle& h : pending_) {
+    if (h.id < 0) continue;
+    engine_.Wait(h, config_.wait_timeout).IgnoreError();
+    h = Handle{};
+  }
+}
+
+}  // namespace kolo::models::trainer

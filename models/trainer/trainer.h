@@ -1,0 +1,112 @@
+// The data-parallel training loop of one rank: forward, backward layer by layer with each
+// gradient handed to the engine the moment its layer's backward returns, and an update of each
+// parameter as soon as its own allreduce has completed (Horovod's DistributedOptimizer, natively).
+//
+// One step, with N = backward_passes_per_step micro-batches:
+//   for m in 0..N-1:    SetInput(micro-batch m) (only when N > 1; once at SetData otherwise)
+//                       Forward(l) for every layer l, first to last
+//                       Backward(l, accumulate = m > 0) for every layer but the input, last to
+//                       first; on the last micro-batch, right after Backward(l) returns,
+//                       AllreduceAsync(kAverage, in place) of each parameter of l
+//   for p in backprop order: Wait(allreduce of p), then Update(p, grad_scale = 1/N)
+// The gradient each rank applies is therefore the mean over ranks of the sum over its micro-batches
+// of each micro-batch's mean-loss gradient, scaled by 1/N: the gradient of the mean loss over all
+// N * batch * ranks images (exactly so for models without batch norm; batch norm normalises with
+// each rank's own micro-batch statistics, as Horovod does).
+//
+// With a parameter-server engine (Engine::updates_on_servers()), each gradient is pushed with
+// Engine::PushPullAsync right after its layer's backward instead of allreduced, the servers apply
+// SGD, and "update" means copying the pulled weights into the backend (SetParameter) once that
+// parameter's PushPull has completed. The backend's own Update is then not used.
+//
+// Thread-safety: a Trainer is used by one thread. The backend and engine must outlive it; the
+// engine must be shut down before the backend is destroyed if a step failed.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/engine.h"
+#include "models/compute/backend.h"
+#include "models/graph/graph.h"
+
+namespace kolo::models::trainer {
+
+// One micro-batch of input: batch * C * H * W float32 NCHW images and batch int32 labels.
+struct Batch {
+  std::vector<float> images;
+  std::vector<int32_t> labels;
+};
+
+struct TrainerConfig {
+  // Micro-batches accumulated locally per step (local gradient aggregation); >= 1.
+  int backward_passes_per_step = 1;
+  compute::SgdConfig sgd;
+  // Synchronize the backend after every layer and time it (for --record-profile). Off in normal
+  // runs: on a GPU the per-layer synchronisation would serialise the pipeline.
+  bool record_layer_times = false;
+  // Longest wait for one collective. The engine fails a collective whose peer is gone after its
+  // own peer timeout; this bounds the trainer's wait even so.
+  std::chrono::milliseconds wait_timeout{std::chrono::minutes(10)};
+};
+
+// What one step measured.
+struct StepStats {
+  double seconds = 0;         // wall time of the whole step
+  double loss = 0;            // mean over the micro-batches of the backend's Loss()
+  double kernel_seconds = 0;  // inside the backend's kernels (ComputeBackend::TakeKernelSeconds)
+  double wait_seconds = 0;    // blocked in Wait after backward (communication not hidden)
+  // Only with record_layer_times: per layer (graph order), the mean over the micro-batches, and
+  // the time of all updates of the step.
+  std::vector<double> forward_ms;
+  std::vector<double> backward_ms;
+  double update_ms = 0;
+};
+
+class Trainer {
+ public:
+  // REQUIRES: backend.Prepare(graph, ...) succeeded with config.batch = the micro-batch size.
+  // `engine` may have any size, 1 included.
+  Trainer(const Graph& graph, compute::ComputeBackend& backend, Engine& engine,
+          TrainerConfig config);
+
+  // Copies rank 0's parameters (as the backend holds them) to every rank: each parameter is
+  // broadcast from rank 0 under the name "broadcast/<parameter>" and set on the other ranks.
+  // Every rank must call it. With parameter servers the first call also registers every parameter
+  // with the servers (float32 host gradients only) and keeps a host copy of the weights that
+  // PushPull writes into.
+  [[nodiscard]] Status BroadcastParameters();
+
+  // The micro-batches every later step trains on: exactly backward_passes_per_step of them, each
+  // of the backend's batch size and the graph's input shape. Labels must lie in [0, classes).
+  [[nodiscard]] Status SetData(std::vector<Batch> micro_batches);
+
+  // One synchronous training step (see the file comment). Every rank must call it the same number
+  // of times. On error the step's collectives are drained (bounded by wait_timeout) before it
+  // returns, so the engine no longer touches the backend's buffers unless it has hung.
+  StatusOr<StepStats> Step();
+
+  const TrainerConfig& config() const { return config_; }
+
+ private:
+  // Waits for every handle still pending in pending_, dropping their statuses.
+  void Drain();
+  [[nodiscard]] Status RunMicroBatch(int m, bool last, StepStats* stats);
+  StatusOr<Handle> PushPull(int param, const compute::GradientView& g);
+
+  const Graph& graph_;
+  compute::ComputeBackend& backend_;
+  Engine& engine_;
+  TrainerConfig config_;
+  std::vector<Batch> data_;
+  std::vector<int> backprop_order_;
+  std::vector<Handle> pending_;  // per parameter; id -1 when nothing is in flight
+  // Parameter servers only: the weights each PushPull writes, per parameter.
+  bool on_servers_ = false;
+  bool registered_ = false;
+  std::vector<std::vector<float>> pulled_;
+};
+
+}  // namespace kolo::models::trainer

@@ -1,0 +1,262 @@
+// Replay profiles (format, round trip, matching) and the replay compute backend: recorded times
+// are slept, gradients have the true sizes, dtypes and order, and mismatches are refused.
+#include "models/compute/replay/replay_backend.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "models/compute/backend.h"
+#include "models/compute/replay/profile.h"
+#include "models/zoo/zoo.h"
+
+namespace kolo::models::compute::replay {
+namespace {
+
+Graph TinyCnn(int64_t classes = 10) {
+  zoo::ModelConfig c;
+  c.num_classes = classes;
+  auto g = zoo::BuildModel("tiny-cnn", c);
+  EXPECT_TRUE(g.ok()) << g.status().ToString();
+  return std::move(g).value();
+}
+
+Profile ProfileFor(const Graph& g, int64_t batch, double ms) {
+  Profile p;
+  p.model = g.name();
+  p.image_size = g.input_shape().h;
+  p.num_classes = 10;
+  p.batch_size = batch;
+  p.compute = "onednn";
+  p.device = "test cpu \"quoted\"";
+  p.kolo_commit = "abc123";
+  p.steps = 3;
+  p.update_ms = 2 * ms;
+  for (const Layer& l : g.layers()) p.layers.push_back({l.name, ms, 2 * ms});
+  return p;
+}
+
+class TempFile {
+ public:
+  explicit TempFile(const std::string& text) {
+    path_ = ::testing::TempDir() + "replay_profile_" + std::to_string(::getpid()) + "_" +
+            std::to_string(counter_++) + ".json";
+    std::ofstream(path_) << text;
+  }
+  ~TempFile() { std::remove(path_.c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  static inline int counter_ = 0;
+  std::string path_;
+};
+
+TEST(ReplayProfileTest, RoundTripKeepsEveryField) {
+  const Graph g = TinyCnn();
+  Profile p = ProfileFor(g, 4, 0.125);
+  p.layers[1].forward_ms = 1.0 / 3.0;
+  auto back = ProfileFromJson(ProfileToJson(p), "mem");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->model, "tiny-cnn");
+  EXPECT_EQ(back->image_size, 8);
+  EXPECT_EQ(back->num_classes, 10);
+  EXPECT_EQ(back->batch_size, 4);
+  EXPECT_EQ(back->precision, "fp32");
+  EXPECT_EQ(back->compute, "onednn");
+  EXPECT_EQ(back->device, "test cpu \"quoted\"");
+  EXPECT_EQ(back->kolo_commit, "abc123");
+  EXPECT_EQ(back->steps, 3);
+  EXPECT_DOUBLE_EQ(back->update_ms, 0.25);
+  ASSERT_EQ(back->layers.size(), g.layers().size());
+  for (size_t i = 0; i < g.layers().size(); ++i)
+    EXPECT_EQ(back->layers[i].name, g.layers()[i].name);
+  EXPECT_NEAR(back->layers[1].forward_ms, 1.0 / 3.0, 1e-6);
+  EXPECT_DOUBLE_EQ(back->layers[2].backward_ms, 0.25);
+  TempFile f("");
+  ASSERT_TRUE(SaveProfile(p, f.path()).ok());
+  auto loaded = LoadProfile(f.path());
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(ProfileToJson(*loaded), ProfileToJson(*back));
+}
+
+TEST(ReplayProfileTest, MalformedFilesNameTheProblem) {
+  const Graph g = TinyCnn();
+  const std::string good = ProfileToJson(ProfileFor(g, 4, 0.1));
+  auto expect_error = [](const std::string& text, const std::string& needle) {
+    auto r = ProfileFromJson(text, "p.json");
+    ASSERT_FALSE(r.ok()) << "accepted: " << text;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("p.json"), std::string::npos) << r.status().message();
+  };
+  expect_error("not json", "not a JSON object");
+  std::string s = good;
+  s.replace(s.find("kolo-replay-profile"), 19, "something-else-here");
+  expect_error(s, "'format'");
+  s = good;
+  s.replace(s.find("\"version\": 1"), 12, "\"version\": 9");
+  expect_error(s, "version 9");
+  s = good;
+  s.replace(s.find("\"batch_size\""), 12, "\"batch_sizes\"");
+  expect_error(s, "missing field 'batch_size'");
+  s = good;
+  s.replace(s.find("\"forward_ms\": 0.1"), 17, "\"forward_ms\": -1");
+  expect_error(s, "layers[0]");
+  s = good;
+  s.replace(s.find("\"onednn\""), 8, "\"replay\"");
+  expect_error(s, "timed backend");
+  auto missing = LoadProfile("/nonexistent/dir/profile.json");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("/nonexistent/dir/profile.json"), std::string::npos);
+}
+
+TEST(ReplayProfileTest, MismatchesAreRefusedNamingTheField) {
+  const Graph g = TinyCnn();
+  const Profile good = ProfileFor(g, 4, 0.1);
+  ASSERT_TRUE(CheckProfileMatches(good, g, 4, "fp32", "p.json").ok());
+  auto expect = [&](const Profile& p, int64_t batch, const std::string& precision,
+                    const std::string& needle) {
+    Status s = CheckProfileMatches(p, g, batch, precision, "p.json");
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("p.json"), std::string::npos) << s.message();
+  };
+  expect(good, 8, "fp32", "the batch size is 4 in the profile but 8 here");
+  expect(good, 4, "fp16", "the precision is fp32 in the profile but fp16 here");
+  Profile p = good;
+  p.model = "tiny-mlp";
+  expect(p, 4, "fp32", "the model is tiny-mlp");
+  p = good;
+  p.layers.pop_back();
+  expect(p, 4, "fp32", "the number of layers");
+  p = good;
+  p.layers[2].name = "conv9";
+  expect(p, 4, "fp32", "layer 2 is 'conv9' in the profile but '" + g.layers()[2].name + "'");
+  p = good;
+  p.image_size = 16;
+  expect(p, 4, "fp32", "the image size is 16");
+  p = good;
+  p.num_classes = 5;
+  expect(p, 4, "fp32", "the number of classes is 5");
+}
+
+TEST(ReplayBackendTest, SleepsRecordedTimesAndEmitsTrueSizedZeroGradients) {
+  const Graph g = TinyCnn();
+  const double ms = 2.0;
+  TempFile f(ProfileToJson(ProfileFor(g, 4, ms)));
+  auto backend = CreateComputeBackend("replay");
+  ASSERT_TRUE(backend.ok());
+  ComputeBackend& b = **backend;
+  EXPECT_STREQ(b.name(), "replay");
+  BackendConfig config;
+  config.batch = 4;
+  config.profile_path = f.path();
+  ASSERT_TRUE(b.Prepare(g, config).ok());
+  EXPECT_EQ(b.DeviceName(), "test cpu \"quoted\"");
+  std::vector<float> images(static_cast<size_t>(4 * g.input_shape().size()));
+  std::vector<int32_t> labels(4, 1);
+  ASSERT_TRUE(b.SetInput(images, labels).ok());
+  EXPECT_FALSE(b.SetInput(images, std::vector<int32_t>(3, 1)).ok());
+
+  const int n = static_cast<int>(g.layers().size());
+  b.TakeKernelSeconds();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int l = 0; l < n; ++l) ASSERT_TRUE(b.Forward(l).ok());
+  for (int l = n - 1; l > 0; --l) ASSERT_TRUE(b.Backward(l, false).ok());
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Forward: n layers x ms; backward: n - 1 layers x 2 ms. The carried oversleep can shorten a
+  // later sleep by at most what the earlier one overshot, so the total never falls short.
+  const double expected = 1e-3 * (n * ms + (n - 1) * 2 * ms);
+  EXPECT_GE(elapsed, expected * 0.999);
+  const double slept = b.TakeKernelSeconds();
+  EXPECT_GE(slept, expected * 0.999);
+  EXPECT_LE(slept, elapsed + 1e-6);
+  auto loss = b.Loss();
+  ASSERT_TRUE(loss.ok());
+  EXPECT_EQ(*loss, 0.0);
+
+  for (int p : g.BackpropOrder()) {
+    const Parameter& param = g.params()[static_cast<size_t>(p)];
+    GradientView v = b.Gradient(p);
+    ASSERT_NE(v.data, nullptr);
+    EXPECT_EQ(v.numel, param.numel) << param.name;
+    EXPECT_EQ(v.dtype, DataType::kFloat32);
+    EXPECT_EQ(v.device, -1);
+    std::vector<float> grad(static_cast<size_t>(param.numel), 1.0f);
+    ASSERT_TRUE(b.GetGradient(p, grad).ok());
+    for (float x : grad) ASSERT_EQ(x, 0.0f) << param.name;
+    std::vector<float> values(static_cast<size_t>(param.numel), 0.5f);
+    ASSERT_TRUE(b.SetParameter(p, values).ok());
+    std::vector<float> back(values.size());
+    ASSERT_TRUE(b.GetParameter(p, back).ok());
+    EXPECT_EQ(back, values);
+    ASSERT_TRUE(b.Update(p, SgdConfig{}, 1.0).ok());
+    ASSERT_TRUE(b.GetParameter(p, back).ok());
+    EXPECT_EQ(back, values) << "replay updates must leave the weights unchanged";
+  }
+  // All updates together sleep the recorded update time, less what the backward's last sleep
+  // overshot (carried over, well under a millisecond).
+  EXPECT_GE(b.TakeKernelSeconds(), 2 * ms * 1e-3 * 0.75);
+  EXPECT_FALSE(b.Forward(n).ok());
+  EXPECT_FALSE(b.SetParameter(0, std::vector<float>(1)).ok());
+}
+
+TEST(ReplayBackendTest, HalfPrecisionProfilesEmitHalfGradients) {
+  const Graph g = TinyCnn();
+  Profile p = ProfileFor(g, 2, 0.01);
+  p.precision = "fp16";
+  TempFile f(ProfileToJson(p));
+  auto backend = CreateComputeBackend("replay");
+  ASSERT_TRUE(backend.ok());
+  BackendConfig config;
+  config.batch = 2;
+  config.profile_path = f.path();
+  config.precision = Precision::kFp16;
+  ASSERT_TRUE((*backend)->Prepare(g, config).ok());
+  EXPECT_EQ((*backend)->Gradient(0).dtype, DataType::kFloat16);
+}
+
+TEST(ReplayBackendTest, PrepareRefusesMissingOrMismatchedProfiles) {
+  const Graph g = TinyCnn();
+  TempFile f(ProfileToJson(ProfileFor(g, 4, 0.01)));
+  {
+    auto b = CreateComputeBackend("replay");
+    BackendConfig config;
+    config.batch = 4;
+    Status s = (*b)->Prepare(g, config);
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("--profile"), std::string::npos) << s.message();
+  }
+  {
+    auto b = CreateComputeBackend("replay");
+    BackendConfig config;
+    config.batch = 8;
+    config.profile_path = f.path();
+    Status s = (*b)->Prepare(g, config);
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("batch size is 4 in the profile but 8"), std::string::npos)
+        << s.message();
+  }
+  {
+    zoo::ModelConfig c;
+    c.num_classes = 10;
+    auto other = zoo::BuildModel("tiny-mlp", c);
+    ASSERT_TRUE(other.ok());
+    auto b = CreateComputeBackend("replay");
+    BackendConfig config;
+    config.batch = 4;
+    config.profile_path = f.path();
+    Status s = (*b)->Prepare(*other, config);
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("the model is tiny-cnn in the profile but tiny-mlp"),
+              std::string::npos)
+        << s.message();
+  }
+}
+
+}  // namespace
+}  // namespace kolo::models::compute::replay

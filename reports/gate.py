@@ -57,9 +57,11 @@ def load_baseline(path: str) -> list[Check]:
     return parse_baseline(doc, path)
 
 
-def _fraction(value, where: str, upper: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= upper:
-        raise BaselineError(f"{where} = {value!r} is not allowed; allowed: a number from 0 to {upper:g}")
+def _fraction(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise BaselineError(
+            f"{where} = {value!r} is not allowed; allowed: a number >= 0 (a fraction: 0.9 = 90%)"
+        )
     return float(value)
 
 
@@ -71,8 +73,8 @@ def parse_baseline(doc: dict, path: str) -> list[Check]:
     for key in defaults:
         if key not in ("min_efficiency", "max_drop"):
             raise BaselineError(f"{path}: unknown key [defaults] {key}; allowed: min_efficiency, max_drop")
-    d_min = _fraction(defaults.get("min_efficiency", 0.0), f"{path}: [defaults] min_efficiency", 2)
-    d_drop = _fraction(defaults.get("max_drop", 1.0), f"{path}: [defaults] max_drop", 2)
+    d_min = _fraction(defaults.get("min_efficiency", 0.0), f"{path}: [defaults] min_efficiency")
+    d_drop = _fraction(defaults.get("max_drop", 1.0), f"{path}: [defaults] max_drop")
     checks = []
     items = doc.get("check", [])
     if not isinstance(items, list) or not items:
@@ -95,9 +97,9 @@ def parse_baseline(doc: dict, path: str) -> list[Check]:
         checks.append(
             Check(
                 where={k: v for k, v in item.items() if k in SELECTORS},
-                recorded=_fraction(item["efficiency"], f"{where} efficiency", 2),
-                min_efficiency=_fraction(item.get("min_efficiency", d_min), f"{where} min_efficiency", 2),
-                max_drop=_fraction(item.get("max_drop", d_drop), f"{where} max_drop", 2),
+                recorded=_fraction(item["efficiency"], f"{where} efficiency"),
+                min_efficiency=_fraction(item.get("min_efficiency", d_min), f"{where} min_efficiency"),
+                max_drop=_fraction(item.get("max_drop", d_drop), f"{where} max_drop"),
             )
         )
     return checks

@@ -152,7 +152,7 @@ def _run_locked(sweep: Sweep, out_dir: str, bin_dir: str, retry_failed: bool, st
     previous = _install_handlers()
     try:
         for point in todo:
-            progress.say(f"running {sweepfile.describe(point)}")
+            progress.say(f"running {sweep.label(point)}")
             row = _run_point(point, sweep, out_dir, run_id, program, kolo_run)
             rows = schema.read_rows(csv_path) + [row]
             row = efficiency.with_efficiency(rows)[-1]
@@ -173,9 +173,9 @@ def _run_locked(sweep: Sweep, out_dir: str, bin_dir: str, retry_failed: bool, st
                 result = f"ok {float(row['total_images_per_sec'] or 0):.1f} images/sec{eff}"
             else:
                 outcome.failed += 1
-                outcome.failures.append(f"{sweepfile.describe(point)}: {row['error']}")
+                outcome.failures.append(f"{sweep.label(point)}: {row['error']}")
                 result = f"FAILED {row['error']} (log: {os.path.join(out_dir, row['log'])})"
-            progress.finished(seconds, f"{sweepfile.describe(point)} -> {result}")
+            progress.finished(seconds, f"{sweep.label(point)} -> {result}")
     finally:
         _restore_handlers(previous)
     # Now that every configuration's smallest rank count may have run, recompute efficiencies.

@@ -85,6 +85,11 @@ class Sweep:
     repeats: int
     launcher: Launcher
     points: list[dict]  # normalized settings, each with "repeat" and "point_id"
+    axes: list[str] = field(default_factory=list)  # the [matrix] settings, ranks first
+
+    def label(self, point: dict) -> str:
+        """The point's matrix settings (what sets it apart from the sweep's other points)."""
+        return describe({k: v for k, v in point.items() if k in self.axes or k == "repeat"})
 
 
 def read_hostfile(path: str) -> list[tuple[str, int | None]]:
@@ -155,7 +160,8 @@ def parse(doc: dict, path: str, root: str) -> Sweep:
         _check_point(point, launcher, root, problems)
     if problems:
         raise SweepError(path, _dedupe(problems))
-    return Sweep(path, name, description, timeout_s, repeats, launcher, points)
+    axes = sorted(matrix, key=lambda k: k != "ranks")
+    return Sweep(path, name, description, timeout_s, repeats, launcher, points, axes)
 
 
 def expand(fixed: dict, matrix: dict, excludes: list[dict], repeats: int) -> list[dict]:

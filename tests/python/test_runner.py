@@ -198,3 +198,20 @@ def test_dry_run_lists_commands(write_sweep, tmp_path):
     assert result.returncode == 0
     assert result.stdout.count("mpirun -np") == 4 and "--oversubscribe" in result.stdout
     assert not (tmp_path / "out").exists()
+
+
+def test_local_launcher_runs_ranks_with_kolo_run(write_sweep, tmp_path):
+    bin_dir = os.environ.get("KOLO_BIN_DIR", str(ROOT / "build" / "bin"))
+    if not os.access(os.path.join(bin_dir, "kolo-run"), os.X_OK):
+        pytest.skip(f"{bin_dir}/kolo-run is not built (scripts/build, or set KOLO_BIN_DIR)")
+    text = sweep_text(models=("vgg16",), ranks=(1, 3)).replace('kind = "mpirun"', 'kind = "local"')
+    out = tmp_path / "out"
+    result = run_cli("sweep", write_sweep(text), "--out", str(out), "--bin-dir", bin_dir, "--no-report")
+    assert result.returncode == 0, result.stderr
+    rows = schema.read_rows(str(out / "results.csv"))
+    # The stand-in counts its ranks from KOLO_SIZE, which only kolo-run sets.
+    assert [(r["ranks"], r["total_images_per_sec"]) for r in rows] == [
+        ("1", "100"),
+        ("3", "250"),
+    ]  # 3 x 100 / 1.2
+    assert (out / rows[1]["log"]).read_text().startswith("$ " + bin_dir + "/kolo-run -np 3")

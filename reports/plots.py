@@ -146,15 +146,23 @@ def _bars(ax, points: list[Point], value, fmt: str) -> None:
     width = 0.8 / n
     for i, (_, members) in enumerate(groups.items()):
         by_ranks = {p.ranks: p for p in members}
-        xs = [j + (i - (n - 1) / 2) * width for j, r in enumerate(ranks) if r in by_ranks]
-        ys = [value(by_ranks[r]) for r in ranks if r in by_ranks]
+        slots = [(j + (i - (n - 1) / 2) * width, by_ranks[r]) for j, r in enumerate(ranks) if r in by_ranks]
+        done = [(x, p) for x, p in slots if p.total is not None]
         bars = ax.bar(
-            xs, ys, width=width * 0.95, color=_COLORS[i % len(_COLORS)], label=label(members[0].config, cols)
+            [x for x, _ in done],
+            [value(p) for _, p in done],
+            width=width * 0.95,
+            color=_COLORS[i % len(_COLORS)],
+            label=label(members[0].config, cols),
         )
         if n <= 4:
             ax.bar_label(bars, fmt=fmt, fontsize=7, padding=1)
+        for x, p in slots:
+            if p.total is None:  # every run of this point failed: say so where its bar would be
+                ax.text(x, 0, " failed", rotation=90, ha="center", va="bottom", fontsize=7, color="#b00020")
     ax.set_xticks(range(len(ranks)))
     ax.set_xticklabels([str(r) for r in ranks])
+    ax.set_xlim(-0.5, len(ranks) - 0.5)
     ax.set_xlabel(RANKS_LABEL)
     ax.grid(True, axis="y", alpha=0.3)
     _legend(ax)
@@ -163,8 +171,8 @@ def _bars(ax, points: list[Point], value, fmt: str) -> None:
 def comparison(points: list[Point], column: str, values: tuple[str, ...], title: str) -> Figure | None:
     """Images/sec per model and rank count for each of `values` of `column` (for example ring
     against ps), when the data holds at least two of them."""
-    ok = paired([p for p in points if p.total is not None and p.config.get(column) in values], column)
-    if not ok:
+    ok = paired([p for p in points if p.config.get(column) in values], column)
+    if not any(p.total is not None for p in ok):
         return None
     models = _models(ok)
     fig, axes = _grid(len(models), title, ok)

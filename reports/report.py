@@ -123,6 +123,10 @@ def _fmt(x: float | None, spec: str) -> str:
 def _summary_table(points: list[Point]) -> str:
     e = html.escape
     cols = ["model"] + efficiency.varying(points, exclude=("model",))
+    if "profile" in cols and len({(p.config["model"], p.config["profile"]) for p in points}) == len(
+        {p.config["model"] for p in points}
+    ):
+        cols.remove("profile")  # one profile per model: the model says it
     head = "".join(f"<th>{e(c)}</th>" for c in cols)
     head += (
         "<th>ranks</th><th>nodes</th><th>images/sec</th><th>±</th><th>per GPU</th>"

@@ -1,0 +1,136 @@
+// Fully connected: oneDNN inner products on the input flattened to {batch, C*H*W} in C, H, W
+// order (a plain NCHW buffer already is that matrix), with the weights' layout left to oneDNN.
+#include <variant>
+
+#include "models/compute/onednn/kernel.h"
+#include "models/compute/onednn/kernel_util.h"
+
+namespace kolo::models::compute::onednn {
+namespace {
+
+using dnnl::memory;
+using Dt = memory::data_type;
+using Tag = memory::format_tag;
+
+class FullyConnectedKernel final : public LayerKernel {
+ public:
+  FullyConnectedKernel(Net& net, int l);
+  Status Forward() override;
+  Status Backward(bool accumulate) override;
+
+ private:
+  Net& net_;
+  const std::string context_;
+  const bool bias_;
+  bool data_grad_ = false;
+  bool add_in_ = false;
+
+  dnnl::inner_product_forward fwd_;
+  dnnl::inner_product_backward_data bwd_data_;
+  dnnl::inner_product_backward_weights bwd_weights_;
+  WeightsIn fwd_weights_;
+  WeightsIn bwd_data_weights_;
+  bool bwd_data_reuses_fwd_weights_ = false;
+  GradOutput in_grad_;
+  GradOutput weight_grad_;
+  GradOutput bias_grad_;
+  Args fwd_args_;
+  Args bwd_data_args_;
+  Args bwd_weights_args_[2];  // [accumulate]
+};
+
+FullyConnectedKernel::FullyConnectedKernel(Net& net, int l)
+    : net_(net),
+      context_(LayerContext(net.layer(l))),
+      bias_(std::get<FullyConnectedParams>(net.layer(l).params).bias) {
+  const Layer& layer = net.layer(l);
+  const int64_t units = std::get<FullyConnectedParams>(layer.params).units;
+  const int in = layer.inputs[0];
+  const int64_t in_size = layer.in.size();
+  const dnnl::engine& eng = net.engine();
+
+  const memory::desc src_md({net.batch(), in_size}, Dt::f32, Tag::nc);
+  const memory::desc dst_md({net.batch(), units}, Dt::f32, Tag::nc);
+  const memory::desc user_w_md({units, in_size}, Dt::f32, Tag::oi);
+  const memory::desc any_w_md({units, in_size}, Dt::f32, Tag::any);
+  const memory::desc bias_md({units}, Dt::f32, Tag::a);
+  const memory src = Reshaped(net, net.value(in), src_md);
+  const memory dst = Reshaped(net, net.value(l), dst_md);
+
+  const auto fwd_desc = bias_ ? dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_training,
+                                                                  src_md, any_w_md, bias_md, dst_md)
+                              : dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_training,
+                                                                  src_md, any_w_md, dst_md);
+  const dnnl::inner_product_forward::primitive_desc fwd_pd(fwd_desc, eng);
+  fwd_ = dnnl::inner_product_forward(fwd_pd);
+  const int w_id = layer.param_ids[0];
+  fwd_weights_ = WeightsIn(net, ParamValue(net, w_id, user_w_md), fwd_pd.weights_desc());
+  fwd_args_ = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, fwd_weights_.mem()}, {DNNL_ARG_DST, dst}};
+  if (bias_) fwd_args_[DNNL_ARG_BIAS] = ParamValue(net, layer.param_ids[1], bias_md);
+
+  const memory diff_dst = Reshaped(net, net.diff(l), dst_md);
+  data_grad_ = net.needs_grad(in);
+  if (data_grad_) {
+    add_in_ = net.adds_to_input(l, 0);
+    const dnnl::inner_product_backward_data::primitive_desc pd(
+        dnnl::inner_product_backward_data::desc(src_md, any_w_md, dst_md), eng, fwd_pd);
+    bwd_data_ = dnnl::inner_product_backward_data(pd);
+    bwd_data_reuses_fwd_weights_ = pd.weights_desc() == fwd_pd.weights_desc();
+    if (!bwd_data_reuses_fwd_weights_) {
+      bwd_data_weights_ = WeightsIn(net, ParamValue(net, w_id, user_w_md), pd.weights_desc());
+    }
+    in_grad_ = InputGradOutput(net, l, 0, pd.diff_src_desc(), src_md);
+    bwd_data_args_ = {{DNNL_ARG_DIFF_DST, diff_dst},
+                      {DNNL_ARG_WEIGHTS,
+                       bwd_data_reuses_fwd_weights_ ? fwd_weights_.mem() : bwd_data_weights_.mem()},
+                      {DNNL_ARG_DIFF_SRC, in_grad_.Dest(add_in_)}};
+  }
+
+  const auto bwd_desc =
+      bias_ ? dnnl::inner_product_backward_weights::desc(src_md, any_w_md, bias_md, dst_md)
+            : dnnl::inner_product_backward_weights::desc(src_md, any_w_md, dst_md);
+  const dnnl::inner_product_backward_weights::primitive_desc bwd_pd(bwd_desc, eng, fwd_pd);
+  bwd_weights_ = dnnl::inner_product_backward_weights(bwd_pd);
+  size_t offset = 0;
+  weight_grad_ = ParamGradOutput(net, w_id, user_w_md, bwd_pd.diff_weights_desc(), &offset);
+  if (bias_) {
+    bias_grad_ =
+        ParamGradOutput(net, layer.param_ids[1], bias_md, bwd_pd.diff_bias_desc(), &offset);
+  }
+  for (int acc = 0; acc < 2; ++acc) {
+    Args& a = bwd_weights_args_[acc];
+    a = {{DNNL_ARG_SRC, src},
+         {DNNL_ARG_DIFF_DST, diff_dst},
+         {DNNL_ARG_DIFF_WEIGHTS, weight_grad_.Dest(acc == 1)}};
+    if (bias_) a[DNNL_ARG_DIFF_BIAS] = bias_grad_.Dest(acc == 1);
+  }
+}
+
+Status FullyConnectedKernel::Forward() {
+  KOLO_RETURN_IF_ERROR(fwd_weights_.Refresh(net_, context_));
+  return net_.Run(context_, "forward", fwd_, fwd_args_);
+}
+
+Status FullyConnectedKernel::Backward(bool accumulate) {
+  if (data_grad_) {
+    if (!bwd_data_reuses_fwd_weights_) {
+      KOLO_RETURN_IF_ERROR(bwd_data_weights_.Refresh(net_, context_));
+    }
+    KOLO_RETURN_IF_ERROR(net_.Run(context_, "backward data", bwd_data_, bwd_data_args_));
+    KOLO_RETURN_IF_ERROR(in_grad_.Finish(net_, context_, add_in_));
+  }
+  if (accumulate) net_.UseParamScratch();
+  KOLO_RETURN_IF_ERROR(
+      net_.Run(context_, "backward weights", bwd_weights_, bwd_weights_args_[accumulate ? 1 : 0]));
+  KOLO_RETURN_IF_ERROR(weight_grad_.Finish(net_, context_, accumulate));
+  if (bias_) KOLO_RETURN_IF_ERROR(bias_grad_.Finish(net_, context_, accumulate));
+  return Status::OK();
+}
+
+}  // namespace
+
+std::unique_ptr<LayerKernel> MakeFullyConnectedKernel(Net& net, int l) {
+  return std::make_unique<FullyConnectedKernel>(net, l);
+}
+
+}  // namespace kolo::models::compute::onednn

@@ -1,0 +1,163 @@
+#include "models/compute/onednn/net.h"
+
+#include <algorithm>
+
+#include "models/compute/onednn/dnnl_check.h"
+
+namespace kolo::models::compute::onednn {
+
+using dnnl::memory;
+using Tag = memory::format_tag;
+using Dt = memory::data_type;
+
+Net::Net(const Graph& graph, const BackendConfig& config)
+    : graph_(graph),
+      batch_(config.batch),
+      seed_(config.seed),
+      engine_(dnnl::engine::kind::cpu, 0),
+      stream_(engine_) {
+  const size_t n = graph.layers().size();
+  value_.resize(n);
+  diff_.resize(n);
+  needs_grad_.assign(n, false);
+  adds_.resize(n);
+  losses_.assign(n, 0.0);
+  labels_.assign(static_cast<size_t>(batch_), 0);
+
+  for (size_t l = 0; l < n; ++l) {
+    const Layer& layer = graph.layers()[l];
+    bool needs = !layer.param_ids.empty();
+    for (int in : layer.inputs) needs = needs || needs_grad_[static_cast<size_t>(in)];
+    needs_grad_[l] = layer.kind != LayerKind::kInput && needs;
+    adds_[l].assign(layer.inputs.size(), false);
+  }
+  // Backward runs the layers last to first and a layer's inputs in slot order, so the first edge
+  // to reach a producer is the one from its last consumer; every later edge adds.
+  std::vector<bool> reached(n, false);
+  for (size_t l = n; l-- > 0;) {
+    const Layer& layer = graph.layers()[l];
+    for (size_t slot = 0; slot < layer.inputs.size(); ++slot) {
+      const auto p = static_cast<size_t>(layer.inputs[slot]);
+      adds_[l][slot] = reached[p];
+      reached[p] = true;
+    }
+  }
+
+  for (size_t l = 0; l < n; ++l) {
+    if (graph.layers()[l].kind == LayerKind::kSoftmaxCrossEntropy) continue;
+    const memory::desc md = OutputDesc(static_cast<int>(l));
+    value_[l] = memory(md, engine_);
+    if (needs_grad_[l]) diff_[l] = memory(md, engine_);
+  }
+
+  params_.reserve(graph.params().size());
+  for (const Parameter& p : graph.params()) {
+    const memory::desc md({p.numel}, Dt::f32, Tag::a);
+    ParamState s{memory(md, engine_), memory(md, engine_), memory(md, engine_), p.numel};
+    for (const memory* m : {&s.value, &s.grad, &s.momentum}) {
+      std::fill_n(static_cast<float*>(m->get_data_handle()), p.numel, 0.0f);
+    }
+    params_.push_back(std::move(s));
+  }
+}
+
+memory::desc Net::OutputDesc(int l) const {
+  const ImageShape& s = graph_.layer(l).out;
+  return memory::desc({batch_, s.c, s.h, s.w}, Dt::f32, Tag::nchw);
+}
+
+bool Net::adds_to_input(int l, int slot) const {
+  return adds_[static_cast<size_t>(l)][static_cast<size_t>(slot)];
+}
+
+memory Net::ActivationStaging(const memory::desc& desc) {
+  act_scratch_bytes_ = std::max(act_scratch_bytes_, desc.get_size());
+  memory view(desc, engine_, DNNL_MEMORY_NONE);
+  act_views_.push_back(view);
+  return view;
+}
+
+memory Net::ParamStaging(const memory::desc& desc, size_t offset_bytes, bool eager) {
+  param_scratch_bytes_ = std::max(param_scratch_bytes_, offset_bytes + desc.get_size());
+  param_scratch_eager_ = param_scratch_eager_ || eager;
+  memory view(desc, engine_, DNNL_MEMORY_NONE);
+  param_views_.push_back(view);
+  param_offsets_.push_back(offset_bytes);
+  return view;
+}
+
+namespace {
+
+memory AllocateBytes(const dnnl::engine& engine, size_t bytes) {
+  const auto floats = static_cast<memory::dim>((bytes + sizeof(float) - 1) / sizeof(float));
+  return memory(memory::desc({std::max<memory::dim>(floats, 1)}, Dt::f32, Tag::a), engine);
+}
+
+}  // namespace
+
+void Net::AttachScratch() {
+  if (!act_views_.empty() && !act_scratch_) {
+    act_scratch_ = AllocateBytes(engine_, act_scratch_bytes_);
+    for (memory& v : act_views_) v.set_data_handle(act_scratch_.get_data_handle());
+  }
+  if (param_scratch_eager_) UseParamScratch();
+}
+
+void Net::UseParamScratch() {
+  if (param_scratch_ || param_views_.empty()) return;
+  param_scratch_ = AllocateBytes(engine_, param_scratch_bytes_);
+  auto* base = static_cast<char*>(param_scratch_.get_data_handle());
+  for (size_t i = 0; i < param_views_.size(); ++i) {
+    param_views_[i].set_data_handle(base + param_offsets_[i]);
+  }
+}
+
+Status Net::Run(const std::string& context, const char* step, const dnnl::primitive& p,
+                const Args& args) {
+  const auto start = std::chrono::steady_clock::now();
+  KOLO_DNNL_CHECK(context + " " + step, p.execute(stream_, args));
+  KOLO_DNNL_CHECK(context + " " + step, stream_.wait());
+  AddKernelTime(start);
+  return Status::OK();
+}
+
+void Net::AddKernelTime(std::chrono::steady_clock::time_point start) {
+  kernel_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double Net::TakeKernelSeconds() {
+  const double s = kernel_seconds_;
+  kernel_seconds_ = 0;
+  return s;
+}
+
+Transfer::Transfer(const Net& net, const memory& src, const memory& dst) {
+  const dnnl::engine& eng = net.engine();
+  copy_ = dnnl::reorder(dnnl::reorder::primitive_desc(eng, src.get_desc(), eng, dst.get_desc()));
+  dnnl::post_ops ops;
+  ops.append_sum(1.0f);
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(ops);
+  add_ =
+      dnnl::reorder(dnnl::reorder::primitive_desc(eng, src.get_desc(), eng, dst.get_desc(), attr));
+  args_ = {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}};
+}
+
+Status Transfer::Run(Net& net, const std::string& context, bool add) const {
+  return net.Run(context, add ? "gradient add" : "gradient copy", add ? add_ : copy_, args_);
+}
+
+GradOutput::GradOutput(const Net& net, const memory::desc& natural, const memory& target,
+                       const memory& staging)
+    : target_(target),
+      staging_(staging),
+      direct_(natural == target.get_desc()),
+      transfer_(net, staging, target) {}
+
+Status GradOutput::Finish(Net& net, const std::string& context, bool add) const {
+  if (discard_ || (direct_ && !add)) return Status::OK();
+  return transfer_.Run(net, context, add);
+}
+
+}  // namespace kolo::models::compute::onednn

@@ -12,11 +12,16 @@
 namespace {
 
 std::atomic<bool> g_stop{false};
+std::atomic<int> g_first_signal{0};
 
-// The first SIGINT/SIGTERM asks every phase to stop after its current step; a second one restores
-// the default action and re-raises, for a user who does not want to wait.
+// The first SIGINT/SIGTERM asks every phase to stop after its current step; the same signal again
+// restores the default action and re-raises, for a user who does not want to wait. A different one
+// is not a repeat: a terminal's Ctrl-C reaches the ranks under mpirun as SIGINT and, forwarded by
+// mpirun, as SIGTERM.
 void OnSignal(int sig) {
-  if (g_stop.exchange(true)) {
+  int none = 0;
+  g_first_signal.compare_exchange_strong(none, sig);
+  if (g_stop.exchange(true) && g_first_signal.load() == sig) {
     std::signal(sig, SIG_DFL);
     std::raise(sig);
   }

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# kolo-train end to end under mpirun with 2 ranks: a tiny model on oneDNN (table, total line, JSON
+# record, recorded profile), the same model replayed from that profile (every line and the record
+# say compute=replay), the allreduce overlap read from the replay run's timeline, and bad flags
+# (exit 2 before any work, naming the value and what is allowed).
+# Usage: train_mpirun.sh BIN_DIR. Exit 77 (skip) without kolo-train, mpirun or oneDNN.
+set -euo pipefail
+
+bin=${1:?usage: train_mpirun.sh BIN_DIR}
+train=$bin/kolo-train
+root=$(cd "$(dirname "$0")/../.." && pwd)
+[[ -x $train ]] || { echo "skip: $train not built"; exit 77; }
+command -v mpirun >/dev/null || { echo "skip: mpirun not found"; exit 77; }
+"$train" --help | grep -q 'onednn' || { echo "skip: this build has no oneDNN backend"; exit 77; }
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mpi=(mpirun --oversubscribe --allow-run-as-root --mca btl self,tcp --mca btl_tcp_if_include lo
+     --mca oob_tcp_if_include lo -np 2)
+fail() { echo "FAIL: $*"; exit 1; }
+
+# --- oneDNN, 2 ranks, with a profile recorded.
+common=(--model tiny-cnn --batch-size 4 --num-warmup-batches 2 --num-batches 6 --display-every 2
+        --num-classes 10 --peer-timeout-s 60)
+timeout 300 "${mpi[@]}" "$train" "${common[@]}" --compute onednn --json "$work/onednn.json" \
+  --record-profile "$work/profile.json" >"$work/onednn.out" 2>&1 ||
+  { cat "$work/onednn.out"; fail "onednn run exited $?"; }
+cat "$work/onednn.out"
+grep -q $'^Step\tImg/sec\ttotal_loss' "$work/onednn.out" || fail "no table header"
+grep -Eq $'^6\timages/sec: [0-9.]+ \\+/- [0-9.]+' "$work/onednn.out" || fail "no line for step 6"
+grep -Eq '^w2'$'\t''images/sec' "$work/onednn.out" || fail "no warm-up progress line"
+grep -Eq 'eta [0-9]+:[0-9]{2}' "$work/onednn.out" || fail "no ETA on progress lines"
+grep -Eq '^total images/sec: [0-9.]+$' "$work/onednn.out" || fail "no total line"
+[[ $(grep -c '^total images/sec' "$work/onednn.out") == 1 ]] || fail "total printed by more than rank 0"
+
+python3 - "$work/onednn.json" "$work/profile.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+for k in ["kolo_commit", "timestamp", "hosts", "cpu_model", "gpu_model", "settings", "results",
+          "status"]:
+    assert k in r, f"record lacks {k}"
+assert r["status"] == "ok", r
+s = r["settings"]
+for k in ["model", "batch_size", "num_warmup_batches", "num_batches", "compute", "profile",
+          "backend", "transport", "precision", "fusion_threshold_mb", "cycle_time_ms",
+          "backward_passes_per_step", "image_size", "num_classes", "ranks", "nodes",
+          "ps_servers", "ps_placement"]:
+    assert k in s, f"settings lack {k}"
+assert s["model"] == "tiny-cnn" and s["batch_size"] == 4 and s["num_batches"] == 6, s
+assert s["compute"] == "onednn" and s["ranks"] == 2 and s["nodes"] == 1, s
+assert s["backend"] == "ring" and s["transport"] == "tcp" and s["precision"] == "fp32", s
+res = r["results"]
+for k in ["total_images_per_sec", "images_per_sec_per_rank", "images_per_sec_stddev",
+          "step_time_ms_median", "final_loss", "kernel_share", "engine_stats"]:
+    assert k in res, f"results lack {k}"
+assert res["total_images_per_sec"] > 0
+assert abs(res["images_per_sec_per_rank"] * 2 - res["total_images_per_sec"]) < 1e-6 * res["total_images_per_sec"]
+assert isinstance(res["final_loss"], float) and res["final_loss"] > 0, res
+assert 0 < res["kernel_share"] <= 1.0, res
+assert res["engine_stats"]["tensors"] > 0, res
+assert len(r["hosts"]) == 2 and r["timestamp"].endswith("Z"), r
+p = json.load(open(sys.argv[2]))
+assert p["format"] == "kolo-replay-profile" and p["model"] == "tiny-cnn", p
+assert p["batch_size"] == 4 and p["compute"] == "onednn" and p["steps"] == 6, p
+assert p["layers"][0]["name"] == "input" and len(p["layers"]) > 5, p
+assert sum(l["forward_ms"] + l["backward_ms"] for l in p["layers"]) > 0, p
+print("onednn record and profile: ok")
+EOF
+
+# --- replay of that profile, 2 ranks, with a timeline.
+timeout 300 "${mpi[@]}" "$train" "${common[@]}" --compute replay --profile "$work/profile.json" \
+  --json "$work/replay.json" --timeline "$work/tl.json" >"$work/replay.out" 2>&1 ||
+  { cat "$work/replay.out"; fail "replay run failed"; }
+cat "$work/replay.out"
+step_lines=$(grep -Ec $'^w?[0-9]+\timages/sec' "$work/replay.out")
+replay_lines=$(grep -Ec $'^w?[0-9]+\timages/sec.*\tcompute=replay$' "$work/replay.out")
+[[ $step_lines -gt 0 && $step_lines == "$replay_lines" ]] ||
+  fail "$replay_lines of $step_lines step lines say compute=replay"
+grep -Eq '^total images/sec: [0-9.]+ \(compute=replay\)$' "$work/replay.out" ||
+  fail "total line does not say compute=replay"
+grep -q 'n/a' "$work/replay.out" || fail "replay loss column is not n/a"
+python3 - "$work/replay.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["status"] == "ok" and r["settings"]["compute"] == "replay", r
+assert r["settings"]["profile"].endswith("profile.json"), r
+assert r["results"]["final_loss"] is None, r
+print("replay record: ok")
+EOF
+[[ -s $work/tl.json && -s $work/tl.rank1.json ]] || fail "no per-rank timelines"
+python3 "$root/scripts/timeline-overlap" --skip-steps 2 "$work/tl.json" "$work/tl.rank1.json" |
+  tee "$work/overlap.out"
+grep -Eq '^allreduce time hidden under backward: [0-9.]+%$' "$work/overlap.out" ||
+  fail "timeline-overlap printed no fraction"
+
+# --- bad flags: exit 2, before any work, naming the value and what is allowed.
+expect_bad() {
+  local needle=$1
+  shift
+  set +e
+  "$train" "$@" >"$work/bad.out" 2>&1
+  local rc=$?
+  set -e
+  [[ $rc == 2 ]] || { cat "$work/bad.out"; fail "'$*' exited $rc, expected 2"; }
+  grep -qF -- "$needle" "$work/bad.out" || { cat "$work/bad.out"; fail "'$*': no '$needle'"; }
+}
+expect_bad "'nosuchnet'" --model nosuchnet
+expect_bad "tiny-cnn" --model nosuchnet
+expect_bad "--compute 'gpu'" --model tiny-cnn --compute gpu
+expect_bad "allowed: tcp" --model tiny-cnn --transport rdma
+expect_bad "--batch-size" --model tiny-cnn --batch-size 0
+expect_bad "fp32, tf32, fp16, bf16" --model tiny-cnn --precision fp8
+expect_bad "needs --profile" --model tiny-cnn --compute replay
+expect_bad "fp32 only" --model tiny-cnn --compute onednn --precision fp16
+expect_bad "--fusion-threshold-mb" --model tiny-cnn --fusion-threshold-mb -1
+expect_bad "batch size is 4 in the profile but 8" --model tiny-cnn --num-classes 10 \
+  --compute replay --profile "$work/profile.json" --batch-size 8
+echo "PASS"

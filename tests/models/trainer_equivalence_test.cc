@@ -45,13 +45,28 @@ Batch Slice(const Batch& all, int64_t image_size, int64_t first, int64_t count) 
 // Trains `ranks` ranks, each on `passes` micro-batches of `batch` images cut in rank order from
 // one shared batch of ranks * passes * batch images, for kSteps steps. Returns rank 0's
 // parameters (every rank's must agree, which is checked).
-std::vector<std::vector<float>> Train(const Graph& graph, int ranks, int passes, int64_t batch) {
+std::vector<std::vector<float>> Train(const Graph& graph, int ranks, int passes, int64_t batch,
+                                      int ps_servers = 0) {
   const int64_t image = graph.input_shape().size();
   const Batch all =
       MakeSyntheticBatches(graph.input_shape(), ranks * passes * batch, 1, kClasses, 7, 0)[0];
   const auto initial = InitialParameters(graph, 3);
   std::vector<std::vector<std::vector<float>>> result(static_cast<size_t>(ranks));
-  kolo::testing::RunRanks(ranks, [&](int rank, Engine& engine) {
+  auto options = [&](int r) {
+    Options o = kolo::testing::RankOptions(r, ranks + ps_servers);
+    if (ps_servers > 0) {
+      o.backend = "ps";
+      o.ps_servers = ps_servers;
+    }
+    return o;
+  };
+  kolo::testing::RunRanks(ranks + ps_servers, options, [&](int, Engine& engine) {
+    if (engine.role() == Role::kServer) {
+      Status s = engine.Serve();
+      EXPECT_TRUE(s.ok()) << s.ToString();
+      return;
+    }
+    const int rank = engine.rank();  // the worker index
     auto made = compute::CreateComputeBackend("onednn");
     ASSERT_TRUE(made.ok()) << made.status().ToString();
     compute::ComputeBackend& backend = **made;
@@ -129,6 +144,16 @@ TEST(TrainerEquivalenceTest, TwoRanksWithTwoPassesEqualOneRankOfTheWholeBatch) {
   const auto both = Train(g, 2, 2, 2);
   const auto whole = Train(g, 1, 1, 8);
   ExpectClose(g, both, whole);
+}
+
+// Parameter servers average the pushed gradients and apply the same SGD: 2 workers and 1 server
+// (as threads) train to the weights of 1 rank x 2b, with and without local aggregation.
+TEST(TrainerEquivalenceTest, ParameterServersTrainLikeOneLargeBatch) {
+  if (!KOLO_HAVE_ONEDNN) GTEST_SKIP() << "this build has no oneDNN backend";
+  const Graph g = TinyCnn();
+  const auto whole = Train(g, 1, 1, 8);
+  ExpectClose(g, Train(g, 2, 1, 4, /*ps_servers=*/1), whole);
+  ExpectClose(g, Train(g, 2, 2, 2, /*ps_servers=*/2), whole);
 }
 
 TEST(TrainerEquivalenceTest, SetDataNeedsOneBatchPerBackwardPass) {

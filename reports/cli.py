@@ -44,7 +44,14 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("check-regression", help="compare a results CSV with a baseline")
     p.add_argument("csv", help="results.csv of a sweep")
-    p.add_argument("--baseline", required=True, help="baseline file (TOML; format in reports/README.md)")
+    p.add_argument("--baseline", help="baseline file (TOML; format in reports/README.md)")
+    p.add_argument(
+        "--write-baseline",
+        metavar="FILE",
+        help="instead of checking, record the CSV's efficiencies as a new baseline FILE",
+    )
+    p.add_argument("--min-efficiency", type=float, default=0.5, help="[defaults] of --write-baseline")
+    p.add_argument("--max-drop", type=float, default=0.15, help="[defaults] of --write-baseline")
 
     args = parser.parse_args(argv)
     if args.command == "sweep":
@@ -134,6 +141,11 @@ def _report(out_dir: str) -> int:
 
 
 def _check(args) -> int:
+    if args.write_baseline:
+        return _write_baseline(args)
+    if not args.baseline:
+        print("check-regression: --baseline FILE is required (or --write-baseline FILE)", file=sys.stderr)
+        return 2
     try:
         checks = gate.load_baseline(args.baseline)
         rows = schema.read_rows(args.csv)
@@ -151,6 +163,23 @@ def _check(args) -> int:
         print(gate.table(failed))
         return 1
     print(f"\ncheck-regression: all {len(verdicts)} check(s) passed against {args.baseline}")
+    return 0
+
+
+def _write_baseline(args) -> int:
+    try:
+        rows = schema.read_rows(args.csv)
+    except schema.SchemaError as e:
+        print(f"check-regression: {e}", file=sys.stderr)
+        return 2
+    if not rows:
+        print(f"check-regression: {args.csv} has no rows", file=sys.stderr)
+        return 2
+    header = f"# Recorded from {args.csv} by scripts/check-regression --write-baseline.\n"
+    text = gate.baseline_text(rows, args.min_efficiency, args.max_drop, header)
+    with open(args.write_baseline, "w") as f:
+        f.write(text)
+    print(f"check-regression: wrote {args.write_baseline}", file=sys.stderr)
     return 0
 
 

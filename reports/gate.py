@@ -188,3 +188,38 @@ def table(verdicts: list[Verdict], only_failures: bool = False) -> str:
     out.append("  ".join("-" * w for w in widths))
     out += ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines]
     return "\n".join(out)
+
+
+def baseline_text(rows: list[dict], min_efficiency: float, max_drop: float, header: str = "") -> str:
+    """A baseline file recording the efficiency of every configuration at every rank count above
+    its base in `rows` (each check names the model, the rank count and the settings that tell the
+    CSV's configurations apart)."""
+    rows = efficiency.with_efficiency(schema.latest_per_point(rows))
+    ok = [r for r in rows if r["status"] == "ok" and r["scaling_efficiency"]]
+    distinct = [c for c in efficiency.CONFIG_COLUMNS if c != "model" and len({r.get(c, "") for r in ok}) > 1]
+    models = {r["model"] for r in ok}
+    if "profile" in distinct and len({(r["model"], r["profile"]) for r in ok}) == len(models):
+        distinct.remove("profile")  # one profile per model: the model selects it
+    groups: dict[tuple, list[float]] = {}
+    for r in ok:
+        if r["ranks"] == r["efficiency_base_ranks"]:
+            continue
+        key = (r["model"], int(r["ranks"]), *(r.get(c, "") for c in distinct))
+        groups.setdefault(key, []).append(float(r["scaling_efficiency"]))
+    lines = [header.rstrip("\n")] if header else []
+    lines += ["[defaults]", f"min_efficiency = {min_efficiency:g}", f"max_drop = {max_drop:g}"]
+    for key, effs in sorted(groups.items()):
+        model, ranks, *rest = key
+        lines += ["", "[[check]]", f'model = "{model}"', f"ranks = {ranks}"]
+        for c, v in zip(distinct, rest, strict=True):
+            if v != "":
+                lines.append(f"{c} = {_toml_value(c, v)}")
+        lines.append(f"efficiency = {sum(effs) / len(effs):.3f}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(column: str, text: str) -> str:
+    if column in schema.NUMERIC:
+        value = float(text)
+        return str(int(value)) if value.is_integer() else repr(value)
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -168,10 +168,13 @@ def _bars(ax, points: list[Point], value, fmt: str) -> None:
     _legend(ax)
 
 
-def comparison(points: list[Point], column: str, values: tuple[str, ...], title: str) -> Figure | None:
+def comparison(
+    points: list[Point], column: str, values: tuple[str, ...], title: str, also_ignore: tuple[str, ...] = ()
+) -> Figure | None:
     """Images/sec per model and rank count for each of `values` of `column` (for example ring
-    against ps), when the data holds at least two of them."""
-    ok = paired([p for p in points if p.config.get(column) in values], column)
+    against ps), when the data holds at least two of them in otherwise equal configurations
+    (`also_ignore` aside)."""
+    ok = paired([p for p in points if p.config.get(column) in values], column, also_ignore)
     if not any(p.total is not None for p in ok):
         return None
     models = _models(ok)
@@ -184,10 +187,10 @@ def comparison(points: list[Point], column: str, values: tuple[str, ...], title:
     return _finish(fig)
 
 
-def paired(points: list[Point], column: str) -> list[Point]:
-    """The points whose configuration, `column` aside, was also run with another value of
-    `column` (for backend, the parameter server's own settings are set aside too)."""
-    ignore = {column} | ({"ps_servers", "ps_placement"} if column == "backend" else set())
+def paired(points: list[Point], column: str, also_ignore: tuple[str, ...] = ()) -> list[Point]:
+    """The points whose configuration, `column` and `also_ignore` aside, was also run with another
+    value of `column` (for backend, the parameter server's own settings are set aside too)."""
+    ignore = {column, *also_ignore} | ({"ps_servers", "ps_placement"} if column == "backend" else set())
     groups: dict[tuple, list[Point]] = {}
     for p in points:
         key = tuple(v for k, v in sorted(p.config.items()) if k not in ignore)
@@ -266,9 +269,8 @@ def all_figures(points: list[Point]) -> list[tuple[str, str, Figure]]:
         (
             "backends",
             "Every collective backend side by side",
-            comparison(points, "backend", ("ring", "mpi", "nccl"), "Collective backends")
-            if len({p.config.get("backend") for p in points} - {"ps"}) > 1
-            else None,
+            # MPI and NCCL have no kolo transport: compare them with the ring over any transport.
+            comparison(points, "backend", ("ring", "mpi", "nccl"), "Collective backends", ("transport",)),
         ),
         (
             "tcp-vs-rdma",

@@ -93,6 +93,22 @@ python3 "$root/scripts/timeline-overlap" --skip-steps 2 "$work/tl.json" "$work/t
 grep -Eq '^allreduce time hidden under backward: [0-9.]+%$' "$work/overlap.out" ||
   fail "timeline-overlap printed no fraction"
 
+# --- parameter servers: 3 launch ranks = 2 workers + 1 server.
+ps_mpi=("${mpi[@]}")
+ps_mpi[${#ps_mpi[@]} - 1]=3
+timeout 300 "${ps_mpi[@]}" "$train" "${common[@]}" --compute onednn --backend ps --ps-servers 1 \
+  --json "$work/ps.json" >"$work/ps.out" 2>&1 || { cat "$work/ps.out"; fail "ps run failed"; }
+grep -Eq '^total images/sec: [0-9.]+$' "$work/ps.out" || { cat "$work/ps.out"; fail "ps: no total"; }
+python3 - "$work/ps.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+s = r["settings"]
+assert r["status"] == "ok" and s["backend"] == "ps", r
+assert s["ranks"] == 2 and s["ps_servers"] == 1 and s["ps_placement"] == "greedy", s
+assert len(r["hosts"]) == 2, r
+print("parameter-server record: ok")
+EOF
+
 # --- bad flags: exit 2, before any work, naming the value and what is allowed.
 expect_bad() {
   local needle=$1

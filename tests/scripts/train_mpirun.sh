@@ -67,8 +67,16 @@ assert sum(l["forward_ms"] + l["backward_ms"] for l in p["layers"]) > 0, p
 print("onednn record and profile: ok")
 EOF
 
-# --- replay of that profile, 2 ranks, with a timeline.
-timeout 300 "${mpi[@]}" "$train" "${common[@]}" --compute replay --profile "$work/profile.json" \
+# --- replay, 2 ranks, with a timeline: the recorded profile with every backward stretched to
+# 20 ms, so that gradients handed to the engine during backward visibly travel under it.
+python3 - "$work/profile.json" "$work/slow-profile.json" <<'EOF'
+import json, sys
+p = json.load(open(sys.argv[1]))
+for layer in p["layers"][1:]:
+    layer["backward_ms"] = 20.0
+json.dump(p, open(sys.argv[2], "w"))
+EOF
+timeout 300 "${mpi[@]}" "$train" "${common[@]}" --compute replay --profile "$work/slow-profile.json" \
   --json "$work/replay.json" --timeline "$work/tl.json" >"$work/replay.out" 2>&1 ||
   { cat "$work/replay.out"; fail "replay run failed"; }
 cat "$work/replay.out"
@@ -92,6 +100,13 @@ python3 "$root/scripts/timeline-overlap" --skip-steps 2 "$work/tl.json" "$work/t
   tee "$work/overlap.out"
 grep -Eq '^allreduce time hidden under backward: [0-9.]+%$' "$work/overlap.out" ||
   fail "timeline-overlap printed no fraction"
+# Gradients leave as their layer's backward returns: all but the last layer's allreduces run while
+# later layers (140 ms of backward) are still computing. Sent only after backward, none would be.
+python3 "$root/scripts/timeline-overlap" --json --skip-steps 2 "$work/tl.json" \
+  "$work/tl.rank1.json" | python3 -c '
+import json, sys
+f = json.load(sys.stdin)["hidden_fraction"]
+assert f > 0.3, f"only {f:.2f} of the allreduce time was hidden under backward"'
 
 # --- parameter servers: 3 launch ranks = 2 workers + 1 server.
 ps_mpi=("${mpi[@]}")

@@ -13,7 +13,7 @@
 // whole model's gradients are judged against the model's own sensitivity: onednn is run a second
 // time on the input perturbed by about the rounding a few operations leave (relative 1e-6 for fp32,
 // 1e-3, two TF32 units, for tf32), and cudnn may differ from onednn by at most 4x what that
-// perturbation alone causes, per tensor and overall (and always by 1e-2 per tensor and 1e-3
+// perturbation alone causes, per tensor and overall (and always by 5e-2 per tensor and 1e-3
 // overall in fp32, 0.1 and 2e-2 in tf32, where the model is insensitive). The loss must agree
 // within 1e-4 (fp32) and 5e-3 (tf32).
 //
@@ -139,7 +139,7 @@ struct Tolerance {
 };
 constexpr Tolerance kLayerFp32{1e-5, 1e-4, 1e-4};
 constexpr Tolerance kLayerTf32{1e-3, 1e-2, 1e-2};
-constexpr Tolerance kModelFp32{1e-4, 1e-3, 1e-2, 1e-6};
+constexpr Tolerance kModelFp32{1e-4, 1e-3, 5e-2, 1e-6};
 constexpr Tolerance kModelTf32{5e-3, 2e-2, 0.1, 1e-3};
 constexpr double kSensitivityFactor = 4;
 

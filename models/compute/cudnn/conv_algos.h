@@ -19,7 +19,7 @@
 namespace kolo::models::compute::cudnn {
 
 // The largest workspace one algorithm may ask for.
-inline constexpr size_t kMaxWorkspaceBytes = size_t{1} << 30;
+inline constexpr size_t kMaxWorkspaceBytes = size_t{4} << 30;
 
 struct ConvAlgos {
   cudnnConvolutionFwdAlgo_t fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;

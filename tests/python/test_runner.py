@@ -146,13 +146,13 @@ def test_resume_after_the_runner_is_killed(write_sweep, tmp_path, sig):
     proc.wait(timeout=60)
     done = {r["point_id"] for r in schema.read_rows(csv_path)}
     assert 2 <= len(done) < 6
-    started_before = len(calls.read_text().splitlines())
     # The interrupted point's processes are gone (SIGTERM: stopped by the runner; SIGKILL: the
     # launcher dies with its parent and its ranks with it).
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and _fake_trainers(out):
         time.sleep(0.2)
     assert not _fake_trainers(out)
+    started_before = len(calls.read_text().splitlines())
 
     result = run_cli("sweep", path, "--out", str(out), "--no-report", env={"FAKE_TRAIN_CALLS": str(calls)})
     assert result.returncode == 0, result.stderr

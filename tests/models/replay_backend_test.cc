@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -255,6 +256,27 @@ TEST(ReplayBackendTest, PrepareRefusesMissingOrMismatchedProfiles) {
     EXPECT_NE(s.message().find("the model is tiny-cnn in the profile but tiny-mlp"),
               std::string::npos)
         << s.message();
+  }
+}
+
+// The profiles shipped in models/profiles/ play against the zoo's current graphs.
+TEST(ReplayProfileTest, ShippedProfilesMatchTheZoo) {
+  const std::filesystem::path dir =
+      std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "models" /
+      "profiles";
+  for (const char* model : {"resnet101", "inception3", "vgg16"}) {
+    const std::string path = (dir / (std::string(model) + "-onednn-b16.json")).string();
+    auto profile = LoadProfile(path);
+    ASSERT_TRUE(profile.ok()) << profile.status().ToString();
+    auto graph = zoo::BuildModel(model);
+    ASSERT_TRUE(graph.ok()) << graph.status().ToString();
+    Status s = CheckProfileMatches(*profile, *graph, 16, "fp32", path);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(profile->compute, "onednn");
+    EXPECT_GE(profile->steps, 1);
+    double total = 0;
+    for (const LayerTiming& t : profile->layers) total += t.forward_ms + t.backward_ms;
+    EXPECT_GT(total, 100.0) << path << ": a full-size model at batch 16 takes longer than that";
   }
 }
 

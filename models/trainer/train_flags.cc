@@ -125,9 +125,9 @@ ParsedFlags ParseTrainFlags(int argc, char** argv) {
   app.add_option("--num-classes", o.num_classes, "classes of the synthetic labels")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  app.add_option("--learning-rate", o.sgd.learning_rate)
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 1e6));
+  auto* lr = app.add_option("--learning-rate", o.sgd.learning_rate,
+                            "SGD learning rate (default: 0.1 x global batch / 256)")
+                 ->check(CLI::Range(0.0, 1e6));
   app.add_option("--momentum", o.sgd.momentum)->capture_default_str()->check(CLI::Range(0.0, 1.0));
   app.add_option("--weight-decay", o.sgd.weight_decay)
       ->capture_default_str()
@@ -155,6 +155,7 @@ ParsedFlags ParseTrainFlags(int argc, char** argv) {
     out.exit_code = 2;
     return out;
   }
+  o.learning_rate_given = lr->count() > 0;
   auto env = OptionsFromEnvironment();
   Status s = env.status();
   if (s.ok()) {

@@ -23,7 +23,11 @@ struct TrainOptions {
   int backward_passes_per_step = 1;
   int64_t image_size = 0;  // 0: the model's default
   int64_t num_classes = 1000;
+  // learning_rate is used as given with --learning-rate; otherwise RunTraining sets it to
+  // 0.1 per 256 images of the global batch (the linear scaling rule), which keeps the full-size
+  // models from diverging at small per-rank batches.
   compute::SgdConfig sgd;
+  bool learning_rate_given = false;
   std::string json;  // --json: the run record, written by rank 0
   int display_every = 10;
   uint64_t seed = 1;

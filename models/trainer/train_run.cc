@@ -126,7 +126,7 @@ class Run {
 
   Status Train();
   Status Setup();
-  Status Loop(Trainer& trainer);
+  Status Loop(Trainer& trainer, const compute::SgdConfig& sgd);
   Status Finish(const Trainer& trainer);
 
   const TrainOptions& o_;
@@ -186,6 +186,11 @@ Status Run::Train() {
   TrainerConfig tc;
   tc.backward_passes_per_step = o_.backward_passes_per_step;
   tc.sgd = o_.sgd;
+  if (!o_.learning_rate_given) {
+    tc.sgd.learning_rate =
+        0.1 * static_cast<double>(o_.batch_size * o_.backward_passes_per_step * engine_->size()) /
+        256.0;
+  }
   tc.record_layer_times = !o_.record_profile.empty();
   Trainer trainer(*graph_, *backend_, *engine_, tc);
   if (rank_ == 0) {
@@ -203,16 +208,16 @@ Status Run::Train() {
       MakeSyntheticBatches(graph_->input_shape(), o_.batch_size, o_.backward_passes_per_step,
                            o_.num_classes, o_.seed, engine_->rank())));
   if (Stopping()) return Status::OK();
-  KOLO_RETURN_IF_ERROR(Loop(trainer));
+  KOLO_RETURN_IF_ERROR(Loop(trainer, tc.sgd));
   if (interrupted_) return Status::OK();
   return Finish(trainer);
 }
 
-Status Run::Loop(Trainer& trainer) {
+Status Run::Loop(Trainer& trainer, const compute::SgdConfig& sgd) {
   const bool replay = o_.compute == "replay";
   const int64_t images_per_step = o_.batch_size * o_.backward_passes_per_step;
   if (rank_ == 0) {
-    PrintHeader(stdout, record_.settings, *graph_, engine_->size(), record_.settings.nodes, o_.sgd);
+    PrintHeader(stdout, record_.settings, *graph_, engine_->size(), record_.settings.nodes, sgd);
   }
   Progress progress(rank_ == 0 ? stdout : nullptr, o_.num_warmup_batches, o_.num_batches,
                     o_.display_every, replay);

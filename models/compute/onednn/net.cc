@@ -1,6 +1,7 @@
 #include "models/compute/onednn/net.h"
 
 #include <algorithm>
+#include <map>
 
 #include "models/compute/onednn/dnnl_check.h"
 
@@ -43,12 +44,8 @@ Net::Net(const Graph& graph, const BackendConfig& config)
     }
   }
 
-  for (size_t l = 0; l < n; ++l) {
-    if (graph.layers()[l].kind == LayerKind::kSoftmaxCrossEntropy) continue;
-    const memory::desc md = OutputDesc(static_cast<int>(l));
-    value_[l] = memory(md, engine_);
-    if (needs_grad_[l]) diff_[l] = memory(md, engine_);
-  }
+  AllocateValues();
+  AllocateDiffs();
 
   params_.reserve(graph.params().size());
   for (const Parameter& p : graph.params()) {
@@ -59,6 +56,61 @@ Net::Net(const Graph& graph, const BackendConfig& config)
     }
     params_.push_back(std::move(s));
   }
+}
+
+void Net::AllocateValues() {
+  for (size_t l = 0; l < value_.size(); ++l) {
+    const Layer& layer = graph_.layers()[l];
+    if (layer.kind == LayerKind::kSoftmaxCrossEntropy) continue;
+    const memory::desc md = OutputDesc(static_cast<int>(l));
+    // A ReLU overwrites its input when nothing else reads it: no kernel needs its own output in
+    // backward, and the ReLU's backward reads its output, not its input.
+    if (layer.kind == LayerKind::kRelu) {
+      const auto p = static_cast<size_t>(layer.inputs[0]);
+      const Layer& producer = graph_.layers()[p];
+      if (producer.kind != LayerKind::kInput && producer.consumers.size() == 1) {
+        value_[l] = memory(md, engine_, value_[p].get_data_handle());
+        continue;
+      }
+    }
+    value_[l] = memory(md, engine_);
+  }
+}
+
+void Net::AllocateDiffs() {
+  // A layer's output gradient lives from the backward of its last consumer (the first to write
+  // it) to its own backward (which reads it). Gradients whose lives do not overlap share storage:
+  // walking backward, each takes the smallest free buffer that fits and frees it after its own
+  // layer, so the pool holds a few activations instead of one per layer.
+  const size_t n = diff_.size();
+  std::vector<std::vector<size_t>> born(n);  // by backward step: gradients first written there
+  for (size_t l = 0; l < n; ++l) {
+    const Layer& layer = graph_.layers()[l];
+    if (!needs_grad_[l] || layer.kind == LayerKind::kSoftmaxCrossEntropy) continue;
+    if (layer.consumers.empty()) continue;  // Graph::Finish rules this out
+    born[static_cast<size_t>(layer.consumers.back())].push_back(l);
+  }
+  std::multimap<size_t, memory> free;  // bytes -> buffer; every buffer is free at the end
+  std::vector<memory> owner(n);
+  for (size_t k = n; k-- > 0;) {
+    for (size_t p : born[k]) {
+      const memory::desc md = OutputDesc(static_cast<int>(p));
+      const size_t bytes = md.get_size();
+      auto it = free.lower_bound(bytes);
+      if (it == free.end()) {
+        owner[p] =
+            memory(memory::desc({static_cast<memory::dim>(bytes / sizeof(float))}, Dt::f32, Tag::a),
+                   engine_);
+      } else {
+        owner[p] = it->second;
+        free.erase(it);
+      }
+      diff_[p] = memory(md, engine_, owner[p].get_data_handle());
+    }
+    if (owner[k]) free.emplace(owner[k].get_desc().get_size(), owner[k]);
+  }
+  // The views in diff_ do not own their storage: the pool keeps it.
+  for (auto& [bytes, buffer] : free) diff_pool_.push_back(buffer);
 }
 
 memory::desc Net::OutputDesc(int l) const {

@@ -49,7 +49,10 @@ class Net {
   // {batch, C, H, W} plain NCHW float32 descriptor of layer `l`'s output.
   dnnl::memory::desc OutputDesc(int l) const;
   // Layer `l`'s output (none for loss layers) and the gradient of the loss with respect to it
-  // (none when no parameter lies upstream of `l`, see needs_grad).
+  // (none when no parameter lies upstream of `l`, see needs_grad). A ReLU's output may share its
+  // input's buffer (when it is that input's only reader), and gradients share buffers with others
+  // that are never live at the same time during backward: a gradient holds its value from the
+  // backward of its layer's last consumer to the backward of the layer itself.
   const dnnl::memory& value(int l) const { return value_[static_cast<size_t>(l)]; }
   const dnnl::memory& diff(int l) const { return diff_[static_cast<size_t>(l)]; }
   // Whether any parameter lies at or upstream of layer `l`, so that a gradient must reach it.
@@ -88,13 +91,17 @@ class Net {
   std::vector<int32_t>& labels() { return labels_; }
 
  private:
+  void AllocateValues();
+  void AllocateDiffs();
+
   const Graph& graph_;
   int64_t batch_;
   uint64_t seed_;
   dnnl::engine engine_;
   dnnl::stream stream_;
   std::vector<dnnl::memory> value_;
-  std::vector<dnnl::memory> diff_;
+  std::vector<dnnl::memory> diff_;       // views of diff_pool_
+  std::vector<dnnl::memory> diff_pool_;  // owns the gradient buffers
   std::vector<bool> needs_grad_;
   std::vector<std::vector<bool>> adds_;  // [layer][slot]
   std::vector<ParamState> params_;

@@ -1,4 +1,5 @@
-// ReLU as a oneDNN eltwise primitive; backward passes the gradient where the input was positive.
+// ReLU as a oneDNN eltwise primitive; backward passes the gradient where the output is positive,
+// which lets the forward run in place over its input (Net decides).
 #include "models/compute/onednn/kernel.h"
 #include "models/compute/onednn/kernel_util.h"
 
@@ -37,11 +38,12 @@ ReluKernel::ReluKernel(Net& net, int l) : net_(net), context_(LayerContext(net.l
   if (!net.needs_grad(in)) return;
 
   const dnnl::eltwise_backward::primitive_desc bwd_pd(
-      dnnl::eltwise_backward::desc(dnnl::algorithm::eltwise_relu, md, md, 0.0f), eng, fwd_pd);
+      dnnl::eltwise_backward::desc(dnnl::algorithm::eltwise_relu_use_dst_for_bwd, md, md, 0.0f),
+      eng, fwd_pd);
   bwd_ = dnnl::eltwise_backward(bwd_pd);
   add_in_ = net.adds_to_input(l, 0);
   in_grad_ = InputGradOutput(net, l, 0, bwd_pd.diff_src_desc(), md);
-  bwd_args_ = {{DNNL_ARG_SRC, net.value(in)},
+  bwd_args_ = {{DNNL_ARG_DST, net.value(l)},
                {DNNL_ARG_DIFF_DST, net.diff(l)},
                {DNNL_ARG_DIFF_SRC, in_grad_.Dest(add_in_)}};
 }

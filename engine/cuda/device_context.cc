@@ -92,8 +92,11 @@ class CudaDeviceContext final : public DeviceContext {
   Status Pack(const fusion::CopyEntry* entries, size_t n) override {
     size_t max_bytes = 0;
     KOLO_RETURN_IF_ERROR(Upload(entries, n, &max_bytes));
-    if (n == 0) return Status::OK();
-    KOLO_CUDA_RETURN_IF_ERROR(LaunchBatchedCopy(descs_, static_cast<int>(n), max_bytes, stream_));
+    // Only the non-empty entries were uploaded: launching for all n would read descriptors that
+    // are stale (pointers to freed tensors) or, before the first upload, a null descs_.
+    if (host_.empty()) return Status::OK();
+    KOLO_CUDA_RETURN_IF_ERROR(
+        LaunchBatchedCopy(descs_, static_cast<int>(host_.size()), max_bytes, stream_));
     return Status::OK();
   }
 
@@ -101,9 +104,9 @@ class CudaDeviceContext final : public DeviceContext {
     if (scale == 1.0) return Pack(entries, n);
     size_t max_bytes = 0;
     KOLO_RETURN_IF_ERROR(Upload(entries, n, &max_bytes));
-    if (n == 0) return Status::OK();
-    KOLO_CUDA_RETURN_IF_ERROR(LaunchBatchedScaleCopy(descs_, static_cast<int>(n), max_bytes,
-                                                     KindOf(dtype), scale, stream_));
+    if (host_.empty()) return Status::OK();
+    KOLO_CUDA_RETURN_IF_ERROR(LaunchBatchedScaleCopy(descs_, static_cast<int>(host_.size()),
+                                                     max_bytes, KindOf(dtype), scale, stream_));
     return Status::OK();
   }
 
@@ -114,7 +117,8 @@ class CudaDeviceContext final : public DeviceContext {
   }
 
  private:
-  // Copies the descriptors to device memory, in stream order. The source is pageable memory,
+  // Copies the descriptors of the non-empty entries to device memory (into host_ first, so that
+  // host_.size() is how many there are), in stream order. The source is pageable memory,
   // which cudaMemcpyAsync stages before it returns, so host_ may be refilled at once; the device
   // copy is overwritten only by later work on the same stream, after the kernel that read it.
   Status Upload(const fusion::CopyEntry* entries, size_t n, size_t* max_bytes) {

@@ -1,5 +1,6 @@
-// Fully connected: oneDNN inner products on the input flattened to {batch, C*H*W} in C, H, W
-// order (a plain NCHW buffer already is that matrix), with the weights' layout left to oneDNN.
+// Fully connected: oneDNN inner products over the 4-D input in whatever layout it has, with the
+// weights seen as {units, C, H, W} (torch's [units, C*H*W] flattened in C, H, W order) and their
+// layout left to oneDNN, which pairs it with the input's.
 #include <variant>
 
 #include "models/compute/onednn/kernel.h"
@@ -46,15 +47,15 @@ FullyConnectedKernel::FullyConnectedKernel(Net& net, int l)
   const Layer& layer = net.layer(l);
   const int64_t units = std::get<FullyConnectedParams>(layer.params).units;
   const int in = layer.inputs[0];
-  const int64_t in_size = layer.in.size();
   const dnnl::engine& eng = net.engine();
 
-  const memory::desc src_md({net.batch(), in_size}, Dt::f32, Tag::nc);
+  const memory::desc src_md = net.OutputDesc(in);
   const memory::desc dst_md({net.batch(), units}, Dt::f32, Tag::nc);
-  const memory::desc user_w_md({units, in_size}, Dt::f32, Tag::oi);
-  const memory::desc any_w_md({units, in_size}, Dt::f32, Tag::any);
+  const memory::dims wdims{units, layer.in.c, layer.in.h, layer.in.w};
+  const memory::desc user_w_md(wdims, Dt::f32, Tag::oihw);
+  const memory::desc any_w_md(wdims, Dt::f32, Tag::any);
   const memory::desc bias_md({units}, Dt::f32, Tag::a);
-  const memory src = Reshaped(net, net.value(in), src_md);
+  const memory src = net.value(in);
   const memory dst = Reshaped(net, net.value(l), dst_md);
 
   const auto fwd_desc = bias_ ? dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_training,

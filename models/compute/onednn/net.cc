@@ -44,6 +44,7 @@ Net::Net(const Graph& graph, const BackendConfig& config)
     }
   }
 
+  ChooseLayouts();
   AllocateValues();
   AllocateDiffs();
 
@@ -115,7 +116,37 @@ void Net::AllocateDiffs() {
 
 memory::desc Net::OutputDesc(int l) const {
   const ImageShape& s = graph_.layer(l).out;
-  return memory::desc({batch_, s.c, s.h, s.w}, Dt::f32, Tag::nchw);
+  return memory::desc({batch_, s.c, s.h, s.w}, Dt::f32,
+                      blocked_[static_cast<size_t>(l)] ? block_tag_ : Tag::nchw);
+}
+
+void Net::ChooseLayouts() {
+  // oneDNN's fastest CPU kernels for convolution, batch norm and pooling work on channels blocked
+  // by the vector width (nChw8c for AVX2, nChw16c for AVX-512); its plain-NCHW batch norm is
+  // several times slower than the blocked one. A layer's output is blocked when its channels
+  // fill whole blocks (no padding to maintain, and concat slices start on block boundaries) and,
+  // except for a convolution (which converts), its inputs are blocked too, so that elementwise
+  // layers see one layout. Images, fully-connected outputs and the rest stay plain NCHW.
+  const bool avx512 = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core;
+  const int64_t block = avx512 ? 16 : 8;
+  block_tag_ = avx512 ? Tag::nChw16c : Tag::nChw8c;
+  blocked_.assign(graph_.layers().size(), false);
+  for (size_t l = 0; l < blocked_.size(); ++l) {
+    const Layer& layer = graph_.layers()[l];
+    bool blocked = layer.out.c % block == 0;
+    switch (layer.kind) {
+      case LayerKind::kInput:
+      case LayerKind::kFullyConnected:
+      case LayerKind::kSoftmaxCrossEntropy:
+        blocked = false;
+        break;
+      case LayerKind::kConv:
+        break;
+      default:
+        for (int in : layer.inputs) blocked = blocked && blocked_[static_cast<size_t>(in)];
+    }
+    blocked_[l] = blocked;
+  }
 }
 
 bool Net::adds_to_input(int l, int slot) const {

@@ -2,10 +2,10 @@
 // layer's output and output-gradient buffers, the parameters with their gradients and momentum,
 // the scratch buffers, and the clock that sums the time spent inside kernels.
 //
-// Layouts: activations and their gradients are plain NCHW float32 ({batch, C, H, W}, a
-// fully-connected output being {batch, units, 1, 1}); parameters, gradients and momentum are
-// contiguous float32 in torch's layout (graph.h). Kernels that prefer other layouts convert at
-// their own boundaries.
+// Layouts: activations and their gradients are float32 {batch, C, H, W}, channel-blocked where
+// the channels allow it and plain NCHW elsewhere (the input images, fully-connected outputs
+// {batch, units, 1, 1}); parameters, gradients and momentum are contiguous float32 in torch's
+// layout (graph.h). Kernels that prefer other layouts convert at their own boundaries.
 //
 // Thread-safety: none; one Net is used by the one thread that drives its backend.
 #pragma once
@@ -46,7 +46,9 @@ class Net {
   uint64_t seed() const { return seed_; }
   const dnnl::engine& engine() const { return engine_; }
 
-  // {batch, C, H, W} plain NCHW float32 descriptor of layer `l`'s output.
+  // {batch, C, H, W} float32 descriptor of layer `l`'s output and its gradient: plain NCHW, or
+  // channel-blocked (see ChooseLayouts in net.cc). Layers that read a buffer element by element
+  // (dropout, the losses) see the same layout on their input and output.
   dnnl::memory::desc OutputDesc(int l) const;
   // Layer `l`'s output (none for loss layers) and the gradient of the loss with respect to it
   // (none when no parameter lies upstream of `l`, see needs_grad). A ReLU's output may share its
@@ -91,6 +93,7 @@ class Net {
   std::vector<int32_t>& labels() { return labels_; }
 
  private:
+  void ChooseLayouts();
   void AllocateValues();
   void AllocateDiffs();
 
@@ -103,6 +106,8 @@ class Net {
   std::vector<dnnl::memory> diff_;       // views of diff_pool_
   std::vector<dnnl::memory> diff_pool_;  // owns the gradient buffers
   std::vector<bool> needs_grad_;
+  std::vector<bool> blocked_;  // per layer: output in block_tag_ rather than NCHW
+  dnnl::memory::format_tag block_tag_ = dnnl::memory::format_tag::nChw8c;
   std::vector<std::vector<bool>> adds_;  // [layer][slot]
   std::vector<ParamState> params_;
   std::vector<double> losses_;

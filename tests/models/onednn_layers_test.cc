@@ -204,6 +204,25 @@ TEST(OneDnnLayersTest, MixedNetwork) {
   CheckGraph(Head(std::move(g), g.Dropout("drop", gap, {.rate = 0.2})));
 }
 
+// The same kinds on 8- and 16-channel tensors, which the backend keeps channel-blocked: batch
+// norm, ReLU in place, pooling, a residual add, a concat whose slices start on block boundaries,
+// dropout, and a fully-connected layer reading a blocked input with H, W > 1.
+TEST(OneDnnLayersTest, BlockedLayouts) {
+  Graph g("blocked");
+  const int x = g.Input("input", {3, 6, 6});
+  const int c1 = g.Conv("c1", x, Conv(8, 3, 1, 1, false));
+  const int bn1 = g.BatchNorm("bn1", c1);
+  const int r1 = g.Relu("r1", bn1);
+  const int c2 = g.Conv("c2", r1, Conv(8, 3, 1, 1));
+  const int add = g.Add("add", c2, r1);
+  const int p1 = g.MaxPool("p1", add, Pool(3, 2, 1));
+  const int b1 = g.Conv("b1", p1, Conv(8, 1));
+  const int b2 = g.AvgPool("b2", p1, Pool(3, 1, 1, false));
+  const int cat = g.Concat("cat", {b1, b2});
+  const int drop = g.Dropout("drop", cat, {.rate = 0.25});
+  CheckGraph(Head(std::move(g), drop));
+}
+
 }  // namespace
 }  // namespace kolo::models::compute::testing
 

@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -259,11 +259,29 @@ TEST(ReplayBackendTest, PrepareRefusesMissingOrMismatchedProfiles) {
   }
 }
 
+// The repository's models/profiles/. __FILE__ may be relative (ccache's base-directory rewriting
+// makes it relative to the directory the compiler ran in: the build tree, or a folder of it).
+std::filesystem::path ProfilesDir() {
+  namespace fs = std::filesystem;
+  const fs::path file(__FILE__);
+  std::vector<fs::path> candidates = {file};
+  if (file.is_relative()) {
+    std::error_code ec;
+    const fs::path exe_dir = fs::read_symlink("/proc/self/exe", ec).parent_path();
+    for (fs::path base = exe_dir; !ec && !base.empty() && base != base.root_path();
+         base = base.parent_path()) {
+      candidates.push_back(base / file);
+    }
+  }
+  for (const fs::path& c : candidates) {
+    if (fs::exists(c)) return c.parent_path().parent_path().parent_path() / "models" / "profiles";
+  }
+  return file.parent_path().parent_path().parent_path() / "models" / "profiles";
+}
+
 // The profiles shipped in models/profiles/ play against the zoo's current graphs.
 TEST(ReplayProfileTest, ShippedProfilesMatchTheZoo) {
-  const std::filesystem::path dir =
-      std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "models" /
-      "profiles";
+  const std::filesystem::path dir = ProfilesDir();
   for (const char* model : {"resnet101", "inception3", "vgg16"}) {
     const std::string path = (dir / (std::string(model) + "-onednn-b16.json")).string();
     auto profile = LoadProfile(path);

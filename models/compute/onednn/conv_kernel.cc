@@ -1,7 +1,9 @@
 // Convolution: forward, backward data and backward weights (with bias) as oneDNN convolution
 // primitives on plain NCHW activations. The weights' layout is left to oneDNN (format_tag::any)
 // and converted from and to torch's layout only when the chosen one differs.
+#include <string>
 #include <variant>
+#include <vector>
 
 #include "models/compute/onednn/kernel.h"
 #include "models/compute/onednn/kernel_util.h"
@@ -37,7 +39,8 @@ class ConvKernel final : public LayerKernel {
   GradOutput bias_grad_;
   Args fwd_args_;
   Args bwd_data_args_;
-  Args bwd_weights_args_[2];  // [accumulate]
+  Args bwd_weights_args_[2];            // [accumulate]
+  std::vector<Transfer> plain_copies_;  // source and output gradient, for a plain-layout kernel
 };
 
 ConvKernel::ConvKernel(Net& net, int l)
@@ -97,11 +100,36 @@ ConvKernel::ConvKernel(Net& net, int l)
                       {DNNL_ARG_DIFF_SRC, in_grad_.Dest(add_in_)}};
   }
 
-  const auto bwd_desc = bias_ ? dnnl::convolution_backward_weights::desc(
-                                    alg, src_md, any_w_md, bias_md, dst_md, strides, pad, pad)
-                              : dnnl::convolution_backward_weights::desc(alg, src_md, any_w_md,
-                                                                         dst_md, strides, pad, pad);
-  const dnnl::convolution_backward_weights::primitive_desc bwd_pd(bwd_desc, eng, fwd_pd);
+  auto bwd_weights_pd = [&](const memory::desc& src, const memory::desc& dst,
+                            const dnnl::convolution_forward::primitive_desc& hint) {
+    const auto d = bias_ ? dnnl::convolution_backward_weights::desc(alg, src, any_w_md, bias_md,
+                                                                    dst, strides, pad, pad)
+                         : dnnl::convolution_backward_weights::desc(alg, src, any_w_md, dst,
+                                                                    strides, pad, pad);
+    return dnnl::convolution_backward_weights::primitive_desc(d, eng, hint);
+  };
+  auto bwd_pd = bwd_weights_pd(src_md, dst_md, fwd_pd);
+  memory bwd_src = net.value(in);
+  memory bwd_diff_dst = net.diff(l);
+  const memory::desc plain_src(src_md.dims(), Dt::f32, Tag::nchw);
+  const memory::desc plain_dst(dst_md.dims(), Dt::f32, Tag::nchw);
+  if (std::string(bwd_pd.impl_info_str()).starts_with("ref") &&
+      (src_md != plain_src || dst_md != plain_dst)) {
+    // oneDNN 2.6 has no optimised blocked backward-weights kernel for some shapes (tall kernels
+    // whose padding exceeds a small image, as in Inception V3 at small sizes); its reference
+    // kernel is two orders of magnitude slower than the gemm-based one on plain copies.
+    const auto plain_fwd =
+        bias_ ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, plain_src,
+                                                any_w_md, bias_md, plain_dst, strides, pad, pad)
+              : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, plain_src,
+                                                any_w_md, plain_dst, strides, pad, pad);
+    bwd_pd = bwd_weights_pd(plain_src, plain_dst,
+                            dnnl::convolution_forward::primitive_desc(plain_fwd, eng));
+    bwd_src = memory(plain_src, eng);
+    bwd_diff_dst = memory(plain_dst, eng);
+    plain_copies_ = {Transfer(net, net.value(in), bwd_src),
+                     Transfer(net, net.diff(l), bwd_diff_dst)};
+  }
   bwd_weights_ = dnnl::convolution_backward_weights(bwd_pd);
   size_t offset = 0;
   weight_grad_ = ParamGradOutput(net, w_id, user_w_md, bwd_pd.diff_weights_desc(), &offset);
@@ -111,8 +139,8 @@ ConvKernel::ConvKernel(Net& net, int l)
   }
   for (int acc = 0; acc < 2; ++acc) {
     Args& a = bwd_weights_args_[acc];
-    a = {{DNNL_ARG_SRC, net.value(in)},
-         {DNNL_ARG_DIFF_DST, net.diff(l)},
+    a = {{DNNL_ARG_SRC, bwd_src},
+         {DNNL_ARG_DIFF_DST, bwd_diff_dst},
          {DNNL_ARG_DIFF_WEIGHTS, weight_grad_.Dest(acc == 1)}};
     if (bias_) a[DNNL_ARG_DIFF_BIAS] = bias_grad_.Dest(acc == 1);
   }
@@ -133,6 +161,9 @@ Status ConvKernel::Backward(bool accumulate) {
     KOLO_RETURN_IF_ERROR(in_grad_.Finish(net_, context_, add_in_));
   }
   if (accumulate) net_.UseParamScratch();
+  for (const Transfer& copy : plain_copies_) {
+    KOLO_RETURN_IF_ERROR(copy.Run(net_, context_, /*add=*/false));
+  }
   KOLO_RETURN_IF_ERROR(
       net_.Run(context_, "backward weights", bwd_weights_, bwd_weights_args_[accumulate ? 1 : 0]));
   KOLO_RETURN_IF_ERROR(weight_grad_.Finish(net_, context_, accumulate));

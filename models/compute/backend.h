@@ -28,8 +28,10 @@ namespace kolo::models::compute {
 
 // Arithmetic of the GPU backend's convolutions and matrix products. fp32: strict IEEE float32;
 // tf32: float32 storage, TF32 tensor-core math (the default on GPUs); fp16 / bf16: mixed precision
-// (half activations and gradients, float32 master weights, loss scaling). oneDNN and replay accept
-// fp32 only (oneDNN computes in float32 on CPUs).
+// (half activations and gradients, float32 master weights, loss scaling). oneDNN accepts fp32 only
+// (it computes in float32 on CPUs); replay plays the precision its profile was recorded at and
+// hands the engine gradients of that width. The cudnn backend implements fp32 and tf32 so far and
+// refuses fp16/bf16 with an error.
 enum class Precision : uint8_t { kFp32, kTf32, kFp16, kBf16 };
 const char* PrecisionName(Precision p);  // "fp32", "tf32", "fp16", "bf16"
 StatusOr<Precision> ParsePrecision(const std::string& name);
@@ -38,7 +40,10 @@ struct BackendConfig {
   int64_t batch = 0;  // images per micro-batch on this rank; > 0
   Precision precision = Precision::kFp32;
   uint64_t seed = 1;  // dropout masks (each backward pass draws new masks from it deterministically)
-  int device = 0;     // cudnn: the CUDA device ordinal
+  // cudnn: the CUDA device ordinal; -1 picks local_rank modulo the devices this process sees, the
+  // device the engine uses for this rank's tensors.
+  int device = 0;
+  int local_rank = 0;
   // replay: the profile to play (models/compute/replay/profile.h). Others ignore it.
   std::string profile_path;
 };

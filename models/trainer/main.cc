@@ -2,12 +2,9 @@
 #include <csignal>
 #include <cstring>
 
+#include "kolo/git_commit.h"  // generated at build time (cmake/GitCommit.cmake)
 #include "models/trainer/train_flags.h"
 #include "models/trainer/train_run.h"
-
-#ifndef KOLO_GIT_COMMIT
-#define KOLO_GIT_COMMIT "unknown"
-#endif
 
 namespace {
 

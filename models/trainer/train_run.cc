@@ -163,7 +163,8 @@ Status Run::Setup() {
   bc.batch = o_.batch_size;
   bc.precision = o_.precision;
   bc.seed = o_.seed + static_cast<uint64_t>(rank_);
-  bc.device = o_.engine.local_rank;
+  bc.device = -1;  // local_rank modulo the visible GPUs, as the engine picks
+  bc.local_rank = o_.engine.local_rank;
   bc.profile_path = o_.profile;
   KOLO_RETURN_IF_ERROR(backend_->Prepare(*graph_, bc)
                            .WithContext(fmt::format("compute '{}', model '{}', batch {}",

@@ -90,13 +90,16 @@ Status CudnnBackend::Prepare(const Graph& graph, const BackendConfig& config) {
         PrecisionName(config.precision));
   }
   const int devices = CudaDeviceCount();
-  if (config.device < 0 || config.device >= devices) {
+  if (devices <= 0) return FailedPrecondition("cudnn backend: this process sees no CUDA device");
+  BackendConfig resolved = config;
+  if (resolved.device < 0) resolved.device = std::max(config.local_rank, 0) % devices;
+  if (resolved.device >= devices) {
     return InvalidArgument("cudnn backend: CUDA device {} does not exist; this process sees {}",
-                           config.device, devices);
+                           resolved.device, devices);
   }
   graph_ = &graph;
-  config_ = config;
-  KOLO_CUDA_CHECK(cudaSetDevice(config.device));
+  config_ = resolved;
+  KOLO_CUDA_CHECK(cudaSetDevice(config_.device));
   KOLO_CUDA_CHECK(cudaStreamCreateWithFlags(stream_.out(), cudaStreamNonBlocking));
   KOLO_CUDNN_CHECK(cudnnCreate(cudnn_.out()));
   KOLO_CUDNN_CHECK(cudnnSetStream(cudnn_.get(), stream_.get()));

@@ -337,7 +337,9 @@ int Graph::FullyConnected(const std::string& name, int input, const FullyConnect
   const int64_t in_features = l.in.size();
   const int index = AddLayer(std::move(l));
   if (ok) {
-    AddParam(index, "weight", {p.units, in_features}, Parameter::Init::kHeNormal);
+    const int w = AddParam(index, "weight", {p.units, in_features},
+                           p.init_std > 0 ? Parameter::Init::kNormal : Parameter::Init::kHeNormal);
+    params_[static_cast<size_t>(w)].init_std = p.init_std;
     if (p.bias) AddParam(index, "bias", {p.units}, Parameter::Init::kZeros);
   }
   return index;

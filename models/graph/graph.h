@@ -80,6 +80,9 @@ struct DropoutParams {
 struct FullyConnectedParams {
   int64_t units = 0;
   bool bias = true;
+  // Initial weights: 0 = He-normal (fan_in); > 0 = normal with this standard deviation
+  // (torchvision's VGG classifier uses 0.01).
+  double init_std = 0.0;
 };
 struct LossParams {
   int64_t num_classes = 0;
@@ -102,7 +105,9 @@ struct Parameter {
   int layer = -1;  // index of the owning layer
   // Initialisation the trainer applies (models/graph/init.h): conv and fc weights He-normal
   // (fan_in), biases and beta zero, gamma one.
-  enum class Init : uint8_t { kHeNormal, kZeros, kOnes } init = Init::kZeros;
+  // kNormal: zero-mean normal with standard deviation init_std.
+  enum class Init : uint8_t { kHeNormal, kZeros, kOnes, kNormal } init = Init::kZeros;
+  double init_std = 0.0;
 };
 
 struct Layer {

@@ -23,10 +23,12 @@ class SplitMix64 {
   uint64_t state_;
 };
 
-void FillHeNormal(const Parameter& param, SplitMix64& rng, std::span<float> out) {
+void FillNormal(const Parameter& param, SplitMix64& rng, std::span<float> out) {
   const int64_t fan_in =
       param.shape.empty() ? 1 : param.numel / std::max<int64_t>(param.shape[0], 1);
-  const double sd = std::sqrt(2.0 / static_cast<double>(std::max<int64_t>(fan_in, 1)));
+  const double sd = param.init == Parameter::Init::kNormal
+                        ? param.init_std
+                        : std::sqrt(2.0 / static_cast<double>(std::max<int64_t>(fan_in, 1)));
   size_t i = 0;
   while (i < out.size()) {
     const double radius = std::sqrt(-2.0 * std::log(rng.UniformOpenZero()));
@@ -47,12 +49,13 @@ void InitialParameter(const Parameter& param, int param_index, uint64_t seed,
     case Parameter::Init::kOnes:
       std::fill(out.begin(), out.end(), 1.0f);
       return;
-    case Parameter::Init::kHeNormal: {
+    case Parameter::Init::kHeNormal:
+    case Parameter::Init::kNormal: {
       // Mixing the index through one splitmix64 step keeps the streams of neighbouring
       // parameters (and neighbouring seeds) unrelated.
       SplitMix64 mix(seed ^ (static_cast<uint64_t>(param_index) * 0xd1b54a32d192ed03ULL));
       SplitMix64 rng(mix.Next());
-      FillHeNormal(param, rng, out);
+      FillNormal(param, rng, out);
       return;
     }
   }

@@ -51,8 +51,10 @@ inline PoolParams PoolSpec(int64_t kernel, int64_t stride, int64_t pad = 0,
 
 // The classifier every model ends with: fc(num_classes) named `fc_name`, then the loss.
 inline int ClassifierHead(Graph& g, int input, const std::string& fc_name,
-                          const std::string& loss_name, int64_t num_classes, double weight = 1.0) {
-  const int fc = g.FullyConnected(fc_name, input, {.units = num_classes, .bias = true});
+                          const std::string& loss_name, int64_t num_classes, double weight = 1.0,
+                          double init_std = 0.0) {
+  const int fc =
+      g.FullyConnected(fc_name, input, {.units = num_classes, .bias = true, .init_std = init_std});
   return g.SoftmaxCrossEntropy(loss_name, fc, {.num_classes = num_classes, .weight = weight});
 }
 

@@ -28,13 +28,15 @@ Graph BuildVgg16(const ModelConfig& config) {
   if (side > 7) x = g.AvgPool("avgpool", x, PoolSpec(side / 7, side / 7));
 
   const DropoutParams dropout{.rate = config.dropout};
-  x = g.FullyConnected("classifier.0", x, {.units = 4096});
+  // torchvision initialises VGG's linear layers from N(0, 0.01); with He-normal ones the logits of
+  // the 138 M-parameter net start large enough to diverge at the usual learning rates.
+  x = g.FullyConnected("classifier.0", x, {.units = 4096, .init_std = 0.01});
   x = g.Relu("classifier.1", x);
   x = g.Dropout("classifier.2", x, dropout);
-  x = g.FullyConnected("classifier.3", x, {.units = 4096});
+  x = g.FullyConnected("classifier.3", x, {.units = 4096, .init_std = 0.01});
   x = g.Relu("classifier.4", x);
   x = g.Dropout("classifier.5", x, dropout);
-  ClassifierHead(g, x, "classifier.6", "loss", config.num_classes);
+  ClassifierHead(g, x, "classifier.6", "loss", config.num_classes, 1.0, 0.01);
   return g;
 }
 

@@ -327,6 +327,27 @@ TEST(InitTest, DeterministicPerSeedAndIndependentOfOtherParameters) {
   EXPECT_FLOAT_EQ(golden[3], -0.181443691f);
 }
 
+// A fully-connected layer given init_std draws from N(0, init_std), whatever its fan-in (VGG's
+// classifier, as torchvision initialises it).
+TEST(InitTest, FixedStdNormal) {
+  Graph g("fixed_std");
+  const int x = g.Input("input", {64, 3, 3});
+  const int fc = g.FullyConnected("fc", x, {.units = 512, .init_std = 0.01});
+  g.SoftmaxCrossEntropy("loss", fc, {.num_classes = 512});
+  ASSERT_TRUE(g.Finish().ok());
+  EXPECT_EQ(g.params()[0].init, Parameter::Init::kNormal);
+  EXPECT_EQ(g.params()[1].init, Parameter::Init::kZeros);
+  const std::vector<float> w = InitialParameters(g, 3)[0];
+  double sum = 0, sq = 0;
+  for (float v : w) {
+    sum += v;
+    sq += double{v} * v;
+  }
+  const double n = static_cast<double>(w.size());
+  EXPECT_NEAR(sum / n, 0.0, 5 * 0.01 / 543);
+  EXPECT_NEAR(std::sqrt(sq / n - (sum / n) * (sum / n)), 0.01, 0.0002);
+}
+
 TEST(InitTest, HeNormalStatistics) {
   Graph g("stats");
   const int x = g.Input("input", {64, 3, 3});

@@ -55,7 +55,10 @@ std::string RunRecordToJson(const RunRecord& r) {
                                {"tensors", e.tensors},
                                {"fused_bytes", e.fused_bytes},
                                {"packed_bytes", e.packed_bytes},
-                               {"coordination_us", e.coordination_us}};
+                               {"coordination_us", e.coordination_us},
+                               {"ps_bytes_sent", e.ps_bytes_sent},
+                               {"ps_bytes_received", e.ps_bytes_received},
+                               {"ps_updates", e.ps_updates}};
     j["results"] = std::move(results);
   }
   j["status"] = r.ok ? "ok" : "failed";

@@ -76,9 +76,13 @@ r = json.load(open(sys.argv[1]))
 s = r["settings"]
 want = (int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
 got = (s["ranks"], s["ps_servers"], s["ps_placement"])
+# Rank 0 (a worker) pushed and pulled every step: its byte counters are in the record.
+e = r["results"]["engine_stats"]
 ok = r["status"] == "ok" and s["backend"] == "ps" and got == want
+ok = ok and e["ps_bytes_sent"] > 0 and e["ps_bytes_received"] > 0 and e["ps_updates"] > 0
 if not ok:
-    print(f"status {r['status']}, backend {s['backend']}, (ranks, ps_servers, placement) {got}, expected {want}")
+    print(f"status {r['status']}, backend {s['backend']}, (ranks, ps_servers, placement) {got}, "
+          f"expected {want}; engine_stats {e}")
 sys.exit(0 if ok else 1)
 PY
 }

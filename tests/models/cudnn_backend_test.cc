@@ -483,7 +483,7 @@ TEST(CudnnBackendTest, NoDeviceIsAnError) {
   BackendConfig config;
   config.batch = 2;
   const Graph g = Tiny("tiny-mlp");
-  EXPECT_THAT((*b)->Prepare(g, config).message(), HasSubstr("does not exist"));
+  EXPECT_THAT((*b)->Prepare(g, config).message(), HasSubstr("sees no CUDA device"));
 }
 
 }  // namespace

@@ -140,8 +140,8 @@ StatusOr<Handle> Engine::Impl::Submit(TensorEntry entry) {
   }
   if (role == Role::kServer) {
     return FailedPrecondition(
-        "{} '{}': this rank is parameter server {}; collectives run among the workers only",
-        type, name, options.rank);
+        "{} '{}': this rank is parameter server {}; collectives run among the workers only", type,
+        name, options.rank);
   }
   std::lock_guard<std::mutex> lock(mu);
   if (!fatal.ok()) return fatal;

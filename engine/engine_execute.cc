@@ -118,7 +118,7 @@ Status Engine::Impl::RunDevice(const std::vector<Response>& responses, const fus
   void* buf = nullptr;
   std::vector<fusion::CopyEntry> in, out;
   if (group.fused) {
-    KOLO_ASSIGN_OR_RETURN(uint8_t* fused, ctx.FusionBuffer(group.bytes));
+    KOLO_ASSIGN_OR_RETURN(uint8_t * fused, ctx.FusionBuffer(group.bytes));
     size_t offset = 0;
     for (TensorEntry* e : entries) {
       in.push_back({e->in, fused + offset, bytes_of(e)});

@@ -137,9 +137,10 @@ StatusOr<std::vector<int>> ParseRankList(const std::string& what, const std::str
     const std::string item = value.substr(start, comma - start);
     auto r = ParseInt(what, item, 0, 1 << 20);
     if (!r.ok()) {
-      return InvalidArgument("{}='{}': item '{}' is not a rank: allowed is a comma-separated list "
-                             "of ranks such as 8,17",
-                             what, value, item);
+      return InvalidArgument(
+          "{}='{}': item '{}' is not a rank: allowed is a comma-separated list "
+          "of ranks such as 8,17",
+          what, value, item);
     }
     ranks.push_back(static_cast<int>(*r));
     start = comma + 1;

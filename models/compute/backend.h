@@ -39,7 +39,8 @@ StatusOr<Precision> ParsePrecision(const std::string& name);
 struct BackendConfig {
   int64_t batch = 0;  // images per micro-batch on this rank; > 0
   Precision precision = Precision::kFp32;
-  uint64_t seed = 1;  // dropout masks (each backward pass draws new masks from it deterministically)
+  uint64_t seed =
+      1;  // dropout masks (each backward pass draws new masks from it deterministically)
   // cudnn: the CUDA device ordinal; -1 picks local_rank modulo the devices this process sees, the
   // device the engine uses for this rank's tensors.
   int device = 0;

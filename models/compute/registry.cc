@@ -54,8 +54,8 @@ StatusOr<std::unique_ptr<ComputeBackend>> CreateComputeBackend(const std::string
   if (name == "cudnn") return cudnn::CreateCudnnBackend();
 #endif
   if (name == "replay") return replay::CreateReplayBackend();
-  return InvalidArgument("compute backend '{}' is not available in this build; available: {}",
-                         name, fmt::join(AvailableComputeBackends(), ", "));
+  return InvalidArgument("compute backend '{}' is not available in this build; available: {}", name,
+                         fmt::join(AvailableComputeBackends(), ", "));
 }
 
 }  // namespace kolo::models::compute

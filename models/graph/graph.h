@@ -42,16 +42,16 @@ struct ImageShape {
 std::string ToString(const ImageShape& s);  // "64x56x56"
 
 enum class LayerKind : uint8_t {
-  kInput,                // the image batch; no inputs
-  kConv,                 // 2-D convolution, optional bias, optional groups
-  kBatchNorm,            // training mode: normalises with the batch's statistics; scale + shift
-  kRelu,                 // max(x, 0)
-  kMaxPool,              // padding counts as -infinity
-  kAvgPool,              // count_include_pad as configured; global when kernel == input size
-  kConcat,               // along channels; inputs must agree in H and W
-  kAdd,                  // elementwise sum of two inputs of equal shape (residual connection)
-  kDropout,              // training mode: zero with probability `rate`, scale the rest by 1/(1-rate)
-  kFullyConnected,       // y = x W^T + b, W of shape [units, in], x flattened
+  kInput,           // the image batch; no inputs
+  kConv,            // 2-D convolution, optional bias, optional groups
+  kBatchNorm,       // training mode: normalises with the batch's statistics; scale + shift
+  kRelu,            // max(x, 0)
+  kMaxPool,         // padding counts as -infinity
+  kAvgPool,         // count_include_pad as configured; global when kernel == input size
+  kConcat,          // along channels; inputs must agree in H and W
+  kAdd,             // elementwise sum of two inputs of equal shape (residual connection)
+  kDropout,         // training mode: zero with probability `rate`, scale the rest by 1/(1-rate)
+  kFullyConnected,  // y = x W^T + b, W of shape [units, in], x flattened
   kSoftmaxCrossEntropy,  // loss = weight * mean over the batch of -log softmax(x)[label]
 };
 const char* LayerKindName(LayerKind kind);  // "conv", "batch_norm", ...

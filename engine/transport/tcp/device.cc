@@ -237,7 +237,7 @@ class TcpDevice final : public Device {
   DeviceState state_;
   Fd listener_;
   Fd epoll_;
-  Fd wake_;  // eventfd in the epoll set; Wake writes it
+  Fd wake_;                                      // eventfd in the epoll set; Wake writes it
   std::vector<std::unique_ptr<TcpPair>> pairs_;  // null at this rank
   bool closed_ = false;
 };

@@ -30,8 +30,11 @@ namespace kolo::models::compute {
 // tf32: float32 storage, TF32 tensor-core math (the default on GPUs); fp16 / bf16: mixed precision
 // (half activations and gradients, float32 master weights, loss scaling). oneDNN accepts fp32 only
 // (it computes in float32 on CPUs); replay plays the precision its profile was recorded at and
-// hands the engine gradients of that width. The cudnn backend implements fp32 and tf32 so far and
-// refuses fp16/bf16 with an error.
+// hands the engine gradients of that width. The cudnn backend implements all four; under fp16 and
+// bf16 its gradient buffers stay float32 and hold true gradients (divided by the loss scale before
+// the engine sees them), fp16's optimizer step applies to every parameter at once when the step's
+// last Update is made, and a step whose reduced gradients hold an inf or NaN is skipped (see
+// models/compute/cudnn/cudnn_backend.h).
 enum class Precision : uint8_t { kFp32, kTf32, kFp16, kBf16 };
 const char* PrecisionName(Precision p);  // "fp32", "tf32", "fp16", "bf16"
 StatusOr<Precision> ParsePrecision(const std::string& name);

@@ -33,8 +33,8 @@ struct ConvAlgos {
 };
 
 // What identifies a convolution for the cache: N, C, H, W, K, kh, kw, stride h/w, pad h/w, groups,
-// math type, and whether the backward-data algorithm is wanted.
-using ConvKey = std::array<int64_t, 14>;
+// math type, whether the backward-data algorithm is wanted, and the tensors' cuDNN data type.
+using ConvKey = std::array<int64_t, 15>;
 
 // The three descriptors of one convolution: `fwd`, `bwd_data` and `bwd_filter` are separate
 // convolution descriptors with the same geometry (each direction keeps its own math type).

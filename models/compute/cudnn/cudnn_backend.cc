@@ -13,7 +13,17 @@
 
 namespace kolo::models::compute::cudnn {
 
-std::unique_ptr<ComputeBackend> CreateCudnnBackend() { return std::make_unique<CudnnBackend>(); }
+std::unique_ptr<ComputeBackend> CreateCudnnBackend(const LossScaleOptions& loss_scale) {
+  return std::make_unique<CudnnBackend>(loss_scale);
+}
+
+StatusOr<LossScaleState> ReadLossScale(ComputeBackend& backend) {
+  auto* b = dynamic_cast<CudnnBackend*>(&backend);
+  if (b == nullptr) {
+    return InvalidArgument("ReadLossScale: backend '{}' is not the cudnn backend", backend.name());
+  }
+  return b->ReadLossScale();
+}
 
 CudnnBackend::~CudnnBackend() {
   // Nothing may still be running on buffers about to be freed.
@@ -49,8 +59,16 @@ Status CudnnBackend::CheckParam(int param, size_t size, const char* what) const 
 }
 
 StatusOr<float*> CudnnBackend::Allocate(int64_t floats) {
+  KOLO_ASSIGN_OR_RETURN(void* p,
+                        AllocateBytes(static_cast<size_t>(std::max<int64_t>(floats, 0)) * 4));
+  return static_cast<float*>(p);
+}
+
+StatusOr<void*> CudnnBackend::AllocateBytes(size_t bytes) {
   DevicePtr p;
-  const size_t bytes = static_cast<size_t>(std::max<int64_t>(floats, 1)) * sizeof(float);
+  // 256-byte multiples keep every buffer (and any region carved from one) aligned for vector
+  // loads and tensor cores.
+  bytes = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
   cudaError_t err = cudaMalloc(p.out(), bytes);
   if (err != cudaSuccess) {
     cudaGetLastError();
@@ -61,21 +79,22 @@ StatusOr<float*> CudnnBackend::Allocate(int64_t floats) {
         "use a smaller --batch-size",
         bytes >> 20, config_.device, cudaGetErrorString(err), free_bytes >> 20, total >> 20);
   }
-  float* f = static_cast<float*>(p.get());
+  void* f = p.get();
   allocations_.push_back(std::move(p));
   return f;
 }
 
-Status CudnnBackend::SetTensor4d(cudnnTensorDescriptor_t desc, int64_t n, const ImageShape& s) {
+Status CudnnBackend::SetTensor4d(cudnnTensorDescriptor_t desc, int64_t n, const ImageShape& s,
+                                 bool master) {
   constexpr int64_t kMax = std::numeric_limits<int>::max();
   if (n * s.size() > kMax) {
     return InvalidArgument(
         "cudnn backend: a tensor of {} x {} elements exceeds cuDNN's limit of {}", n, ToString(s),
         kMax);
   }
-  KOLO_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
-                                              static_cast<int>(n), static_cast<int>(s.c),
-                                              static_cast<int>(s.h), static_cast<int>(s.w)));
+  KOLO_CUDNN_CHECK(cudnnSetTensor4dDescriptor(
+      desc, CUDNN_TENSOR_NCHW, master ? CUDNN_DATA_FLOAT : act_type_, static_cast<int>(n),
+      static_cast<int>(s.c), static_cast<int>(s.h), static_cast<int>(s.w)));
   return Status::OK();
 }
 
@@ -83,11 +102,6 @@ Status CudnnBackend::Prepare(const Graph& graph, const BackendConfig& config) {
   if (graph_ != nullptr) return FailedPrecondition("cudnn backend: Prepare called twice");
   if (config.batch <= 0) {
     return InvalidArgument("cudnn backend: batch size {} must be positive", config.batch);
-  }
-  if (config.precision != Precision::kFp32 && config.precision != Precision::kTf32) {
-    return InvalidArgument(
-        "cudnn backend: precision '{}' is not implemented (mixed precision); use fp32 or tf32",
-        PrecisionName(config.precision));
   }
   const int devices = CudaDeviceCount();
   if (devices <= 0) return FailedPrecondition("cudnn backend: this process sees no CUDA device");
@@ -100,15 +114,17 @@ Status CudnnBackend::Prepare(const Graph& graph, const BackendConfig& config) {
   graph_ = &graph;
   config_ = resolved;
   KOLO_CUDA_CHECK(cudaSetDevice(config_.device));
+  KOLO_RETURN_IF_ERROR(ChoosePrecision(config_));
   KOLO_CUDA_CHECK(cudaStreamCreateWithFlags(stream_.out(), cudaStreamNonBlocking));
   KOLO_CUDNN_CHECK(cudnnCreate(cudnn_.out()));
   KOLO_CUDNN_CHECK(cudnnSetStream(cudnn_.get(), stream_.get()));
   KOLO_CUBLAS_CHECK(cublasCreate(cublas_.out()));
   KOLO_CUBLAS_CHECK(cublasSetStream(cublas_.get(), stream_.get()));
+  // Half products use tensor cores under CUBLAS_DEFAULT_MATH; only float32 ones need TF32 asked.
   const bool tf32 = config.precision == Precision::kTf32;
   KOLO_CUBLAS_CHECK(
       cublasSetMathMode(cublas_.get(), tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-  conv_math_ = tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+  conv_math_ = tf32 || mixed_ ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
 
   params_.resize(graph.params().size());
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -137,6 +153,7 @@ Status CudnnBackend::Prepare(const Graph& graph, const BackendConfig& config) {
   labels_ = reinterpret_cast<int32_t*>(labels);
   KOLO_ASSIGN_OR_RETURN(loss_values_, Allocate(num_losses_));
   KOLO_CUDA_CHECK(cudaMemsetAsync(loss_values_, 0, num_losses_ * sizeof(float), stream_.get()));
+  if (mixed_) KOLO_RETURN_IF_ERROR(PrepareMixed());
   KOLO_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   prepared_ = true;
   return Status::OK();
@@ -149,18 +166,19 @@ Status CudnnBackend::PrepareLayer(int index) {
   KOLO_CUDNN_CHECK(cudnnCreateTensorDescriptor(s.y_desc.out()));
   KOLO_RETURN_IF_ERROR(SetTensor4d(s.y_desc.get(), n, l.out));
   if (l.kind == LayerKind::kSoftmaxCrossEntropy) {
-    KOLO_ASSIGN_OR_RETURN(s.dlogits, Allocate(n * l.in.size()));
+    KOLO_ASSIGN_OR_RETURN(s.dlogits, AllocateActivations(n * l.in.size()));
     KOLO_ASSIGN_OR_RETURN(s.row_loss, Allocate(n));
     s.loss_index = num_losses_++;
     const auto& p = std::get<LossParams>(l.params);
-    // A plain-sum loss has the constant gradient `weight` everywhere.
-    if (p.sum_of_inputs) {
-      KOLO_CUDA_CHECK(
-          LaunchFill(s.dlogits, n * l.in.size(), static_cast<float>(p.weight), stream_.get()));
+    // A plain-sum loss has the constant gradient `weight` everywhere (times the loss scale,
+    // which changes: mixed precision fills it at each backward).
+    if (p.sum_of_inputs && !mixed_) {
+      KOLO_CUDA_CHECK(LaunchFill(static_cast<float*>(s.dlogits), n * l.in.size(),
+                                 static_cast<float>(p.weight), stream_.get()));
     }
   } else {
-    KOLO_ASSIGN_OR_RETURN(s.y, Allocate(n * l.out.size()));
-    KOLO_ASSIGN_OR_RETURN(s.dy, Allocate(n * l.out.size()));
+    KOLO_ASSIGN_OR_RETURN(s.y, AllocateActivations(n * l.out.size()));
+    KOLO_ASSIGN_OR_RETURN(s.dy, AllocateActivations(n * l.out.size()));
   }
   if (!l.param_ids.empty()) {
     KOLO_CUDA_CHECK(cudaEventCreateWithFlags(s.grads_ready.out(), cudaEventDisableTiming));
@@ -170,7 +188,8 @@ Status CudnnBackend::PrepareLayer(int index) {
       return PrepareConv(index);
     case LayerKind::kBatchNorm: {
       KOLO_CUDNN_CHECK(cudnnCreateTensorDescriptor(s.bn_desc.out()));
-      KOLO_RETURN_IF_ERROR(SetTensor4d(s.bn_desc.get(), 1, ImageShape{l.out.c, 1, 1}));
+      KOLO_RETURN_IF_ERROR(
+          SetTensor4d(s.bn_desc.get(), 1, ImageShape{l.out.c, 1, 1}, /*master=*/true));
       KOLO_ASSIGN_OR_RETURN(s.running_mean, Allocate(l.out.c));
       KOLO_ASSIGN_OR_RETURN(s.running_var, Allocate(l.out.c));
       KOLO_ASSIGN_OR_RETURN(s.save_mean, Allocate(l.out.c));
@@ -225,7 +244,7 @@ Status CudnnBackend::PrepareConv(int index) {
   s.needs_dx = graph_->layer(l.inputs[0]).kind != LayerKind::kInput;
   KOLO_CUDNN_CHECK(cudnnCreateFilterDescriptor(s.w_desc.out()));
   KOLO_CUDNN_CHECK(cudnnSetFilter4dDescriptor(
-      s.w_desc.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, static_cast<int>(p.out_channels),
+      s.w_desc.get(), act_type_, CUDNN_TENSOR_NCHW, static_cast<int>(p.out_channels),
       static_cast<int>(l.in.c / p.groups), static_cast<int>(p.kernel_h),
       static_cast<int>(p.kernel_w)));
   for (ConvDesc* d : {&s.conv_fwd, &s.conv_bwd_data, &s.conv_bwd_filter}) {
@@ -261,7 +280,8 @@ Status CudnnBackend::PrepareConv(int index) {
                     p.pad_w,
                     p.groups,
                     int64_t{conv_math_},
-                    int64_t{s.needs_dx}};
+                    int64_t{s.needs_dx},
+                    int64_t{act_type_}};
   const ConvDescriptors d{in.y_desc.get(),  s.w_desc.get(),        s.y_desc.get(),
                           s.conv_fwd.get(), s.conv_bwd_data.get(), s.conv_bwd_filter.get()};
   KOLO_ASSIGN_OR_RETURN(s.algos,
@@ -272,8 +292,12 @@ Status CudnnBackend::PrepareConv(int index) {
 
 Status CudnnBackend::SetParameter(int param, std::span<const float> values) {
   KOLO_RETURN_IF_ERROR(CheckParam(param, values.size(), "SetParameter"));
-  KOLO_CUDA_CHECK(cudaMemcpyAsync(params_[param].w, values.data(), values.size_bytes(),
-                                  cudaMemcpyHostToDevice, stream_.get()));
+  const ParamState& p = params_[param];
+  KOLO_CUDA_CHECK(cudaMemcpyAsync(p.w, values.data(), values.size_bytes(), cudaMemcpyHostToDevice,
+                                  stream_.get()));
+  if (p.w_half != nullptr) {
+    KOLO_CUDA_CHECK(LaunchCast(act_, p.w, p.w_half, p.numel, stream_.get()));
+  }
   KOLO_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   return Status::OK();
 }
@@ -315,8 +339,10 @@ Status CudnnBackend::SetInput(std::span<const float> images, std::span<const int
       }
     }
   }
-  KOLO_CUDA_CHECK(cudaMemcpyAsync(layers_[graph_->input_layer()].y, images.data(),
+  void* input = layers_[graph_->input_layer()].y;
+  KOLO_CUDA_CHECK(cudaMemcpyAsync(mixed_ ? input_staging_ : input, images.data(),
                                   images.size_bytes(), cudaMemcpyHostToDevice, stream_.get()));
+  if (mixed_) KOLO_CUDA_CHECK(LaunchCast(act_, input_staging_, input, want, stream_.get()));
   KOLO_CUDA_CHECK(cudaMemcpyAsync(labels_, labels.data(), labels.size_bytes(),
                                   cudaMemcpyHostToDevice, stream_.get()));
   KOLO_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
@@ -359,6 +385,7 @@ Status CudnnBackend::Update(int param, const SgdConfig& sgd, double grad_scale) 
     return InvalidArgument("cudnn backend: Update: parameter {} does not exist; the graph has {}",
                            param, params_.size());
   }
+  if (mixed_) return UpdateMixed(param, sgd, grad_scale);
   ParamState& p = params_[static_cast<size_t>(param)];
   KOLO_CUDA_CHECK(LaunchSgdMomentum(p.w, p.g, p.v, p.numel, static_cast<float>(sgd.learning_rate),
                                     static_cast<float>(sgd.momentum),

@@ -28,6 +28,18 @@ StatusOr<std::string> GpuName(int device) {
   return std::string(prop.name);
 }
 
+StatusOr<int> ComputeCapability(int device) {
+  const int count = CudaDeviceCount();
+  if (device < 0 || device >= count) {
+    return InvalidArgument("CUDA device {} does not exist; this process sees {} device(s)", device,
+                           count);
+  }
+  int major = 0, minor = 0;
+  KOLO_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  KOLO_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return major * 10 + minor;
+}
+
 const char* CublasStatusName(cublasStatus_t s) {
   switch (s) {
     case CUBLAS_STATUS_SUCCESS:

@@ -1,53 +1,46 @@
 #include <cfloat>
 
+#include "models/compute/cudnn/kernel_util.cuh"
 #include "models/compute/cudnn/kernels.h"
 
 namespace kolo::models::compute::cudnn {
 namespace {
 
-constexpr int kThreads = 256;
-// Grid-stride loops: enough blocks to fill any current GPU several times over, few enough that
-// a launch over a small tensor does not pay for idle blocks.
-constexpr int64_t kMaxBlocks = 4096;
-
-unsigned Blocks(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 1 ? 1 : (b > kMaxBlocks ? kMaxBlocks : b));
+template <typename T>
+__global__ void ReluForwardKernel(const T* x, T* y, int64_t n) {
+  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride())
+    Store(y + i, fmaxf(Load(x + i), 0.0f));
 }
 
-__device__ __forceinline__ int64_t GlobalIndex() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ int64_t GlobalStride() {
-  return static_cast<int64_t>(gridDim.x) * blockDim.x;
-}
-
-__global__ void ReluForwardKernel(const float* x, float* y, int64_t n) {
-  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) y[i] = fmaxf(x[i], 0.0f);
-}
-
-__global__ void ReluBackwardKernel(const float* y, const float* dy, float* dx, int64_t n,
-                                   bool accumulate) {
+template <typename T>
+__global__ void ReluBackwardKernel(const T* y, const T* dy, T* dx, int64_t n, bool accumulate) {
   for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) {
-    const float g = y[i] > 0.0f ? dy[i] : 0.0f;
-    dx[i] = accumulate ? dx[i] + g : g;
+    const float g = Load(y + i) > 0.0f ? Load(dy + i) : 0.0f;
+    Store(dx + i, accumulate ? Load(dx + i) + g : g);
   }
 }
 
-__global__ void AddKernel(const float* a, const float* b, float* y, int64_t n) {
-  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) y[i] = a[i] + b[i];
+template <typename T>
+__global__ void AddKernel(const T* a, const T* b, T* y, int64_t n) {
+  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride())
+    Store(y + i, Load(a + i) + Load(b + i));
 }
 
-__global__ void RowCopyKernel(const float* src, int64_t src_stride, int64_t src_offset, float* dst,
+template <typename T>
+__global__ void RowCopyKernel(const T* src, int64_t src_stride, int64_t src_offset, T* dst,
                               int64_t dst_stride, int64_t dst_offset, int64_t rows, int64_t len,
                               bool accumulate) {
   const int64_t total = rows * len;
   for (int64_t i = GlobalIndex(); i < total; i += GlobalStride()) {
     const int64_t r = i / len;
     const int64_t j = i - r * len;
-    const float v = src[r * src_stride + src_offset + j];
-    float* d = dst + r * dst_stride + dst_offset + j;
-    *d = accumulate ? *d + v : v;
+    const T* s = src + r * src_stride + src_offset + j;
+    T* d = dst + r * dst_stride + dst_offset + j;
+    if (accumulate) {
+      Store(d, Load(d) + Load(s));
+    } else {
+      *d = *s;  // a copy is exact at any width
+    }
   }
 }
 
@@ -64,18 +57,20 @@ __device__ __forceinline__ bool Keep(uint64_t key, uint64_t threshold, int64_t i
   return (Mix(key + static_cast<uint64_t>(i)) >> 40) >= threshold;
 }
 
-__global__ void DropoutForwardKernel(const float* x, float* y, int64_t n, float scale, uint64_t key,
+template <typename T>
+__global__ void DropoutForwardKernel(const T* x, T* y, int64_t n, float scale, uint64_t key,
                                      uint64_t threshold) {
   for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) {
-    y[i] = x[i] * (Keep(key, threshold, i) ? scale : 0.0f);
+    Store(y + i, Load(x + i) * (Keep(key, threshold, i) ? scale : 0.0f));
   }
 }
 
-__global__ void DropoutBackwardKernel(const float* dy, float* dx, int64_t n, float scale,
-                                      uint64_t key, uint64_t threshold, bool accumulate) {
+template <typename T>
+__global__ void DropoutBackwardKernel(const T* dy, T* dx, int64_t n, float scale, uint64_t key,
+                                      uint64_t threshold, bool accumulate) {
   for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) {
-    const float g = dy[i] * (Keep(key, threshold, i) ? scale : 0.0f);
-    dx[i] = accumulate ? dx[i] + g : g;
+    const float g = Load(dy + i) * (Keep(key, threshold, i) ? scale : 0.0f);
+    Store(dx + i, accumulate ? Load(dx + i) + g : g);
   }
 }
 
@@ -85,70 +80,45 @@ uint64_t DropoutKey(uint64_t seed, uint64_t layer, uint64_t pass) {
 uint64_t DropoutThreshold(double rate) { return static_cast<uint64_t>(rate * 16777216.0); }
 float DropoutScale(double rate) { return static_cast<float>(1.0 / (1.0 - rate)); }
 
-__global__ void AddBiasRowsKernel(float* y, const float* bias, int64_t rows, int64_t cols) {
+template <typename T>
+__global__ void AddBiasRowsKernel(T* y, const float* bias, int64_t rows, int64_t cols) {
   const int64_t total = rows * cols;
-  for (int64_t i = GlobalIndex(); i < total; i += GlobalStride()) y[i] += bias[i % cols];
-}
-
-// Block-wide reduction through shared memory; every thread gets the result. `identity` is op's
-// neutral element (it fills the lanes past the last warp).
-template <typename Op>
-__device__ float BlockReduce(float v, float identity, float* shared, Op op) {
-  for (int offset = 16; offset > 0; offset /= 2)
-    v = op(v, __shfl_down_sync(0xffffffffu, v, offset));
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    const int warps = blockDim.x / 32;
-    v = lane < warps ? shared[lane] : identity;
-    for (int offset = 16; offset > 0; offset /= 2) {
-      v = op(v, __shfl_down_sync(0xffffffffu, v, offset));
-    }
-    if (lane == 0) shared[0] = v;
+  for (int64_t i = GlobalIndex(); i < total; i += GlobalStride()) {
+    Store(y + i, Load(y + i) + bias[i % cols]);
   }
-  __syncthreads();
-  const float result = shared[0];
-  __syncthreads();
-  return result;
 }
-
-struct MaxOp {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-struct SumOp {
-  __device__ float operator()(float a, float b) const { return a + b; }
-};
 
 // One block per row.
-__global__ void SoftmaxCrossEntropyKernel(const float* logits, const int32_t* labels,
-                                          int64_t classes, float scale, float* dlogits,
+template <typename T>
+__global__ void SoftmaxCrossEntropyKernel(const T* logits, const int32_t* labels, int64_t classes,
+                                          float scale, const float* loss_scale, T* dlogits,
                                           float* row_loss) {
   __shared__ float shared[32];
   const int64_t r = blockIdx.x;
-  const float* x = logits + r * classes;
-  float* dx = dlogits + r * classes;
+  const T* x = logits + r * classes;
+  T* dx = dlogits + r * classes;
+  const float grad_scale = loss_scale != nullptr ? scale * *loss_scale : scale;
   float m = -FLT_MAX;
-  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) m = fmaxf(m, x[c]);
+  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) m = fmaxf(m, Load(x + c));
   m = BlockReduce(m, -FLT_MAX, shared, MaxOp());
   float s = 0.0f;
-  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) s += expf(x[c] - m);
+  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) s += expf(Load(x + c) - m);
   s = BlockReduce(s, 0.0f, shared, SumOp());
   const float log_sum = logf(s);
   const int32_t label = labels[r];
   for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) {
-    const float p = expf(x[c] - m - log_sum);
-    dx[c] = scale * (p - (c == label ? 1.0f : 0.0f));
+    const float p = expf(Load(x + c) - m - log_sum);
+    Store(dx + c, grad_scale * (p - (c == label ? 1.0f : 0.0f)));
   }
-  if (threadIdx.x == 0) row_loss[r] = m + log_sum - x[label];
+  if (threadIdx.x == 0) row_loss[r] = m + log_sum - Load(x + label);
 }
 
-// One block: loss = scale * sum(row_loss).
-__global__ void SumRowsKernel(const float* row_loss, int64_t rows, float scale, float* loss) {
+// One block: loss = scale * sum(x).
+template <typename T>
+__global__ void SumRowsKernel(const T* x, int64_t rows, float scale, float* loss) {
   __shared__ float shared[32];
   float s = 0.0f;
-  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) s += row_loss[r];
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) s += Load(x + r);
   s = BlockReduce(s, 0.0f, shared, SumOp());
   if (threadIdx.x == 0) *loss = scale * s;
 }
@@ -163,74 +133,104 @@ __global__ void SgdMomentumKernel(float* w, const float* g, float* v, int64_t n,
   }
 }
 
-__global__ void FillKernel(float* p, int64_t n, float value) {
-  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) p[i] = value;
+template <typename T>
+__global__ void FillScaledKernel(T* p, int64_t n, float value, const float* scale) {
+  const float v = scale != nullptr ? value * *scale : value;
+  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) Store(p + i, v);
 }
 
 }  // namespace
 
-cudaError_t LaunchReluForward(const float* x, float* y, int64_t n, cudaStream_t stream) {
-  ReluForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(x, y, n);
-  return cudaGetLastError();
+cudaError_t LaunchReluForward(Elem e, const void* x, void* y, int64_t n, cudaStream_t stream) {
+  return DispatchElem(e, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    ReluForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(static_cast<const T*>(x),
+                                                          static_cast<T*>(y), n);
+  });
 }
 
-cudaError_t LaunchReluBackward(const float* y, const float* dy, float* dx, int64_t n,
+cudaError_t LaunchReluBackward(Elem e, const void* y, const void* dy, void* dx, int64_t n,
                                bool accumulate, cudaStream_t stream) {
-  ReluBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(y, dy, dx, n, accumulate);
-  return cudaGetLastError();
+  return DispatchElem(e, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    ReluBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(
+        static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), n, accumulate);
+  });
 }
 
-cudaError_t LaunchAdd(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream) {
-  AddKernel<<<Blocks(n), kThreads, 0, stream>>>(a, b, y, n);
-  return cudaGetLastError();
+cudaError_t LaunchAdd(Elem e, const void* a, const void* b, void* y, int64_t n,
+                      cudaStream_t stream) {
+  return DispatchElem(e, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    AddKernel<<<Blocks(n), kThreads, 0, stream>>>(static_cast<const T*>(a),
+                                                  static_cast<const T*>(b), static_cast<T*>(y), n);
+  });
 }
 
-cudaError_t LaunchRowCopy(const float* src, int64_t src_stride, int64_t src_offset, float* dst,
-                          int64_t dst_stride, int64_t dst_offset, int64_t rows, int64_t len,
-                          bool accumulate, cudaStream_t stream) {
-  RowCopyKernel<<<Blocks(rows * len), kThreads, 0, stream>>>(
-      src, src_stride, src_offset, dst, dst_stride, dst_offset, rows, len, accumulate);
-  return cudaGetLastError();
+cudaError_t LaunchRowCopy(Elem e, const void* src, int64_t src_stride, int64_t src_offset,
+                          void* dst, int64_t dst_stride, int64_t dst_offset, int64_t rows,
+                          int64_t len, bool accumulate, cudaStream_t stream) {
+  return DispatchElem(e, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    RowCopyKernel<<<Blocks(rows * len), kThreads, 0, stream>>>(
+        static_cast<const T*>(src), src_stride, src_offset, static_cast<T*>(dst), dst_stride,
+        dst_offset, rows, len, accumulate);
+  });
 }
 
-cudaError_t LaunchDropoutForward(const float* x, float* y, int64_t n, double rate, uint64_t seed,
-                                 uint64_t layer, uint64_t pass, cudaStream_t stream) {
-  DropoutForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(
-      x, y, n, DropoutScale(rate), DropoutKey(seed, layer, pass), DropoutThreshold(rate));
-  return cudaGetLastError();
+cudaError_t LaunchDropoutForward(Elem e, const void* x, void* y, int64_t n, double rate,
+                                 uint64_t seed, uint64_t layer, uint64_t pass,
+                                 cudaStream_t stream) {
+  return DispatchElem(e, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    DropoutForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<T*>(y), n, DropoutScale(rate),
+        DropoutKey(seed, layer, pass), DropoutThreshold(rate));
+  });
 }
 
-cudaError_t LaunchDropoutBackward(const float* dy, float* dx, int64_t n, double rate, uint64_t seed,
-                                  uint64_t layer, uint64_t pass, bool accumulate,
+cudaError_t LaunchDropoutBackward(Elem e, const void* dy, void* dx, int64_t n, double rate,
+                                  uint64_t seed, uint64_t layer, uint64_t pass, bool accumulate,
                                   cudaStream_t stream) {
-  DropoutBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(dy, dx, n, DropoutScale(rate),
-                                                            DropoutKey(seed, layer, pass),
-                                                            DropoutThreshold(rate), accumulate);
-  return cudaGetLastError();
+  return DispatchElem(e, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    DropoutBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(
+        static_cast<const T*>(dy), static_cast<T*>(dx), n, DropoutScale(rate),
+        DropoutKey(seed, layer, pass), DropoutThreshold(rate), accumulate);
+  });
 }
 
-cudaError_t LaunchAddBiasRows(float* y, const float* bias, int64_t rows, int64_t cols,
+cudaError_t LaunchAddBiasRows(Elem e, void* y, const float* bias, int64_t rows, int64_t cols,
                               cudaStream_t stream) {
-  AddBiasRowsKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(y, bias, rows, cols);
-  return cudaGetLastError();
+  return DispatchElem(e, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    AddBiasRowsKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(static_cast<T*>(y), bias, rows,
+                                                                    cols);
+  });
 }
 
-cudaError_t LaunchSoftmaxCrossEntropy(const float* logits, const int32_t* labels, int64_t batch,
-                                      int64_t classes, float weight, float* dlogits, float* scratch,
+cudaError_t LaunchSoftmaxCrossEntropy(Elem e, const void* logits, const int32_t* labels,
+                                      int64_t batch, int64_t classes, float weight,
+                                      const float* loss_scale, void* dlogits, float* scratch,
                                       float* loss, cudaStream_t stream) {
   const float scale = weight / static_cast<float>(batch);
-  SoftmaxCrossEntropyKernel<<<static_cast<unsigned>(batch), kThreads, 0, stream>>>(
-      logits, labels, classes, scale, dlogits, scratch);
-  cudaError_t err = cudaGetLastError();
+  cudaError_t err = DispatchElem(e, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    SoftmaxCrossEntropyKernel<<<static_cast<unsigned>(batch), kThreads, 0, stream>>>(
+        static_cast<const T*>(logits), labels, classes, scale, loss_scale, static_cast<T*>(dlogits),
+        scratch);
+  });
   if (err != cudaSuccess) return err;
-  SumRowsKernel<<<1, kThreads, 0, stream>>>(scratch, batch, scale, loss);
+  SumRowsKernel<float><<<1, kThreads, 0, stream>>>(scratch, batch, scale, loss);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchScaledSum(const float* x, int64_t n, float scale, float* loss,
+cudaError_t LaunchScaledSum(Elem e, const void* x, int64_t n, float scale, float* loss,
                             cudaStream_t stream) {
-  SumRowsKernel<<<1, kThreads, 0, stream>>>(x, n, scale, loss);
-  return cudaGetLastError();
+  return DispatchElem(e, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    SumRowsKernel<<<1, kThreads, 0, stream>>>(static_cast<const T*>(x), n, scale, loss);
+  });
 }
 
 cudaError_t LaunchSgdMomentum(float* w, const float* g, float* v, int64_t n, float lr,
@@ -242,8 +242,15 @@ cudaError_t LaunchSgdMomentum(float* w, const float* g, float* v, int64_t n, flo
 }
 
 cudaError_t LaunchFill(float* p, int64_t n, float value, cudaStream_t stream) {
-  FillKernel<<<Blocks(n), kThreads, 0, stream>>>(p, n, value);
-  return cudaGetLastError();
+  return LaunchFillScaled(Elem::kFloat32, p, n, value, nullptr, stream);
+}
+
+cudaError_t LaunchFillScaled(Elem e, void* p, int64_t n, float value, const float* scale,
+                             cudaStream_t stream) {
+  return DispatchElem(e, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    FillScaledKernel<<<Blocks(n), kThreads, 0, stream>>>(static_cast<T*>(p), n, value, scale);
+  });
 }
 
 }  // namespace kolo::models::compute::cudnn

@@ -114,7 +114,8 @@ ParsedFlags ParseTrainFlags(int argc, char** argv) {
   app.add_option("--transport", o.transport, "transport of the ring: tcp")->capture_default_str();
   app.add_option("--precision", precision,
                  "fp32 | tf32 | fp16 | bf16 (default: fp32; tf32 with cudnn; the profile's with "
-                 "replay)");
+                 "replay). fp16 and bf16 (cudnn): mixed precision with float32 master weights "
+                 "and gradients; fp16 with dynamic loss scaling");
   app.add_option("--backward-passes-per-step", o.backward_passes_per_step,
                  "micro-batches accumulated locally per step (one allreduce per step)")
       ->capture_default_str()

@@ -159,6 +159,7 @@ StatusOr<Handle> Engine::Impl::Submit(TensorEntry entry) {
   const Handle h = entry.handle;
   queue.push_back(std::move(entry));
   if (timeline) timeline->Begin(name, "QUEUE");
+  device->Wake();  // an idle background thread waits in the device
   return h;
 }
 
@@ -295,6 +296,7 @@ Status Engine::Shutdown() {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->shutdown_requested = true;
   }
+  if (impl_->device) impl_->device->Wake();
   if (impl_->thread.joinable()) impl_->thread.join();
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->fatal;

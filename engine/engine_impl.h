@@ -56,6 +56,14 @@ struct Engine::Impl {
 
   // --- Background thread.
   void Loop();
+  // Blocks until this rank should run its next cycle: at its next tick (a whole number of cycles
+  // after *last_start) when it has news for its peers, or at once when a peer has started the
+  // cycle's exchange. A rank with nothing new waits for its peers instead of waking every cycle:
+  // whichever rank submits last starts the exchange that agrees on what every rank has.
+  Status AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_point last_start);
+  // Whether this rank knows something its peers need for agreement: new submissions, requests
+  // to report, a shutdown, or (rank 0) a stall check due.
+  bool HasNews(SteadyClock::time_point now);
   // One negotiation-and-execution cycle. Sets *stop when every rank is to stop.
   Status RunCycle(bool* stop);
   void DrainQueue();

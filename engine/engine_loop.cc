@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "engine/collectives/reduce.h"
 #include "engine/common/logging.h"
@@ -18,6 +19,10 @@ using coordinator::Response;
 
 constexpr uint64_t kFlagUncached = 1;  // some rank has requests for the coordinator
 constexpr uint64_t kFlagShutdown = 2;  // some rank asked to shut down
+// How often rank 0 inspects the coordinator's table for stalls while something waits there.
+constexpr auto kStallCheckEvery = std::chrono::seconds(1);
+// Longest idle wait before the loop looks again (a submission or a peer ends it sooner).
+constexpr auto kIdleWait = std::chrono::milliseconds(500);
 
 std::string UpperType(CollectiveType t) {
   switch (t) {
@@ -36,11 +41,12 @@ std::string UpperType(CollectiveType t) {
 void Engine::Impl::Loop() {
   const auto cycle = std::chrono::duration_cast<SteadyClock::duration>(
       std::chrono::duration<double, std::milli>(options.cycle_time_ms));
-  auto next = SteadyClock::now();
+  auto last_start = SteadyClock::now() - cycle;
   while (true) {
-    next += cycle;
+    Status s = AwaitCycle(cycle, last_start);
+    last_start = SteadyClock::now();
     bool stop = false;
-    Status s = RunCycle(&stop);
+    if (s.ok()) s = RunCycle(&stop);
     if (!s.ok()) {
       KOLO_LOG(kError, "engine failed: {}", s.ToString());
       device->Abort(s);
@@ -51,9 +57,43 @@ void Engine::Impl::Loop() {
       FailEverything(FailedPrecondition("the engine has shut down"), /*fatal_error=*/false);
       return;
     }
+  }
+}
+
+bool Engine::Impl::HasNews(SteadyClock::time_point now) {
+  if (!unreported.empty()) return true;
+  if (table && table->pending() > 0 && now - last_stall_check > kStallCheckEvery) return true;
+  std::lock_guard<std::mutex> lock(mu);
+  return !queue.empty() || shutdown_requested;
+}
+
+Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_point last_start) {
+  std::optional<SteadyClock::time_point> tick;
+  for (;;) {
     const auto now = SteadyClock::now();
-    if (next < now) next = now;
-    std::this_thread::sleep_until(next);
+    SteadyClock::time_point until;
+    if (HasNews(now)) {
+      // The next tick on this rank's grid: submissions gather for up to a cycle, as they would
+      // under a fixed cycle, and ranks that last met in an exchange share the grid.
+      if (!tick) {
+        const auto ticks = (now - last_start + cycle - SteadyClock::duration(1)) / cycle;
+        tick = last_start + std::max<int64_t>(ticks, 1) * cycle;
+      }
+      if (*tick <= now) return Status::OK();
+      until = *tick;
+    } else {
+      tick.reset();
+      // Idle: only a submission (Wake), a peer's exchange or rank 0's next stall check ends it.
+      until = now + kIdleWait;
+      if (table && table->pending() > 0)
+        until = std::min(until, last_stall_check + kStallCheckEvery);
+    }
+    bool arrived = false;
+    KOLO_RETURN_IF_ERROR(
+        device->WaitForArrival(std::chrono::duration_cast<std::chrono::microseconds>(until - now) +
+                                   std::chrono::microseconds(1),
+                               &arrived));
+    if (arrived) return Status::OK();
   }
 }
 
@@ -163,7 +203,7 @@ Status Engine::Impl::Negotiate(std::vector<Response>* responses, bool* stop) {
     if (entry.cache_bit >= 0) bits[entry.cache_bit / 64] |= uint64_t{1} << (entry.cache_bit % 64);
   }
   const bool rank0_round =
-      table && table->pending() > 0 && start - last_stall_check > std::chrono::seconds(1);
+      table && table->pending() > 0 && start - last_stall_check > kStallCheckEvery;
   if (!unreported.empty() || rank0_round) bits[words] |= kFlagUncached;
   if (shutdown) bits[words] |= kFlagShutdown;
   KOLO_RETURN_IF_ERROR(

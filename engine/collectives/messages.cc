@@ -225,17 +225,37 @@ Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, si
   // power of two p fold their bits into rank - p first and get the result back at the end.
   int p = 1;
   while (p * 2 <= n) p *= 2;
+  //
+  // Every rank that enters the exchange sends something to each of its partners before it waits
+  // on them, so a rank idling in WaitForArrival is woken by whichever partner enters first: the
+  // recursive-doubling partners swap anyway, and a folding pair starts with an empty "kick" from
+  // rank - p, which would otherwise only wait for the fold.
   const uint64_t fold_tag = CollectiveTag(OpCode::kBitwise, sequence, 0);
   const uint64_t unfold_tag = CollectiveTag(OpCode::kBitwise, sequence, 1);
+  const uint64_t kick_tag = CollectiveTag(OpCode::kBitwise, sequence, 2);
   if (rank >= p) {
-    KOLO_RETURN_IF_ERROR(comm.device->pair(rank - p).Send(buf, 0, bytes, fold_tag));
-    KOLO_RETURN_IF_ERROR(comm.device->pair(rank - p).Recv(buf, 0, bytes, unfold_tag));
-    // The receive only completes after the send (the peer answers it), so buf is not reused early.
-    return Await(comm, 2, "bitwise allreduce (fold)", bytes);
+    transport::Pair& pair = comm.device->pair(rank - p);
+    KOLO_RETURN_IF_ERROR(pair.Recv(*incoming, 0, 0, kick_tag));
+    KOLO_RETURN_IF_ERROR(pair.Send(buf, 0, bytes, fold_tag));
+    KOLO_RETURN_IF_ERROR(pair.Recv(buf, 0, bytes, unfold_tag));
+    // The unfold only arrives after the fold was read, so buf is not overwritten early. The kick
+    // is empty (a longer message fails the receive), so only the unfold's size needs checking.
+    std::vector<Completion> done;
+    Status s = transport::WaitFor(*comm.device, 3, &done, comm.timeout);
+    if (!s.ok()) return s.WithContext(fmt::format("rank {}: bitwise allreduce (fold)", rank));
+    for (const Completion& c : done) {
+      if (c.kind == transport::OpKind::kRecv && c.tag == unfold_tag && c.nbytes != bytes) {
+        return ProtocolError("rank {}: bitwise allreduce (unfold): rank {} sent {} bytes, expected {}",
+                             rank, c.peer, c.nbytes, bytes);
+      }
+    }
+    return Status::OK();
   }
   if (rank + p < n) {
-    KOLO_RETURN_IF_ERROR(comm.device->pair(rank + p).Recv(*incoming, 0, bytes, fold_tag));
-    KOLO_RETURN_IF_ERROR(Await(comm, 1, "bitwise allreduce (fold)", bytes));
+    transport::Pair& pair = comm.device->pair(rank + p);
+    KOLO_RETURN_IF_ERROR(pair.Send(buf, 0, 0, kick_tag));
+    KOLO_RETURN_IF_ERROR(pair.Recv(*incoming, 0, bytes, fold_tag));
+    KOLO_RETURN_IF_ERROR(Await(comm, 2, "bitwise allreduce (fold)", bytes));
     combine();
   }
   for (int mask = 1; mask < p; mask <<= 1) {

@@ -57,7 +57,10 @@ struct Options {
   std::string backend = "ring";
   // KOLO_FUSION_THRESHOLD_BYTES: largest fusion buffer; 0 disables Tensor Fusion.
   int64_t fusion_threshold_bytes = 64ll << 20;
-  // KOLO_CYCLE_TIME_MS: the background thread's cycle.
+  // KOLO_CYCLE_TIME_MS: the background thread's cycle: a rank with new submissions starts the
+  // exchange that agrees on them at most this long after its previous cycle began (so that
+  // tensors submitted close together are agreed, and fused, together). A rank with nothing new
+  // sleeps until a peer starts an exchange or work is submitted; idle ranks do not wake.
   double cycle_time_ms = 1.0;
   // KOLO_CACHE_CAPACITY: response-cache entries; 0 disables the cache.
   int cache_capacity = 1024;

@@ -95,7 +95,15 @@ class Device {
   // with no completion, after Wake.
   virtual Status Poll(std::vector<Completion>* out, std::chrono::milliseconds timeout) = 0;
 
-  // Makes the Poll in progress on the driving thread (or, if none, the next Poll) return soon,
+  // For a thread with nothing posted that waits for its peers to start something: blocks until a
+  // message from some peer has begun to arrive that no posted receive has taken (it stays queued
+  // for the next receive posted for that peer), or Wake is called, or `timeout` passes. Sets
+  // *arrived to true only in the first case. Fails like Poll when a peer fails or is lost, so an
+  // idle rank learns of a dead peer as soon as its connection says so.
+  virtual Status WaitForArrival(std::chrono::microseconds timeout, bool* arrived) = 0;
+
+  // Makes the Poll or WaitForArrival in progress on the driving thread (or, if none, the next
+  // one) return soon,
   // possibly with no completion: a thread that queued work for the driving thread wakes it with
   // this instead of waiting for its timeout. Thread-safe: the one method any thread may call
   // while another drives the device. Safe default: nothing (Poll returns at its next completion

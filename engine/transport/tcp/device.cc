@@ -32,6 +32,12 @@ int RemainingMs(Clock::time_point until) {
   return static_cast<int>(std::clamp<int64_t>(left, 0, std::numeric_limits<int>::max()));
 }
 
+timespec RemainingTimespec(Clock::time_point until) {
+  const auto left = std::max<int64_t>(
+      0, std::chrono::duration_cast<std::chrono::nanoseconds>(until - Clock::now()).count());
+  return timespec{static_cast<time_t>(left / 1000000000), static_cast<long>(left % 1000000000)};
+}
+
 class TcpDevice final : public Device {
  public:
   TcpDevice(int rank, int size, const TcpOptions& options, Mesh mesh)
@@ -122,9 +128,7 @@ class TcpDevice final : public Device {
           continue;
         }
         if (events[i].data.u64 == kWakeId) {
-          uint64_t count;
-          while (::read(wake_.get(), &count, sizeof count) > 0) {
-          }
+          DrainWake();
           woken = true;
           continue;
         }
@@ -138,6 +142,52 @@ class TcpDevice final : public Device {
       }
       if (woken) return Status::OK();
       if (Clock::now() >= deadline) return TimedOut(timeout);
+    }
+  }
+
+  Status WaitForArrival(std::chrono::microseconds timeout, bool* arrived) override {
+    *arrived = false;
+    if (!state_.error.ok()) return state_.error;
+    const auto deadline = Clock::now() + timeout;
+    epoll_event events[kMaxEvents];
+    for (;;) {
+      // Bytes may have come in while the thread was busy elsewhere (an edge already consumed by
+      // an earlier Poll): look at every pair before sleeping.
+      for (auto& p : pairs_) {
+        if (!p) continue;
+        bool here = false;
+        KOLO_RETURN_IF_ERROR(p->CheckArrival(&here));
+        if (here) {
+          *arrived = true;
+          return Status::OK();
+        }
+      }
+      if (Clock::now() >= deadline) return Status::OK();
+      // Microsecond resolution: an engine cycle may be shorter than epoll_wait's millisecond.
+      const timespec wait = busy_poll_ ? timespec{0, 0} : RemainingTimespec(deadline);
+      const int n = ::epoll_pwait2(epoll_.get(), events, kMaxEvents, &wait, nullptr);
+      if (n < 0 && errno != EINTR) {
+        return state_.Fail(ErrnoStatus(StatusCode::kInternal, "epoll_pwait2", errno));
+      }
+      bool woken = false;
+      for (int i = 0; i < n; ++i) {
+        if (events[i].data.u64 == kListenerId) {
+          RejectLateConnections();
+        } else if (events[i].data.u64 == kWakeId) {
+          DrainWake();
+          woken = true;
+        } else {
+          Status s = pairs_[events[i].data.u64]->OnEvents(events[i].events);
+          if (!s.ok()) return state_.Fail(s);
+        }
+      }
+      if (woken) {
+        for (auto& p : pairs_) {
+          if (p) KOLO_RETURN_IF_ERROR(p->CheckArrival(arrived));
+          if (*arrived) break;
+        }
+        return Status::OK();
+      }
     }
   }
 
@@ -170,6 +220,12 @@ class TcpDevice final : public Device {
     }
     return DeadlineExceeded("rank {}: nothing completed within {} ms; pending: {}", state_.rank,
                             timeout.count(), pending.empty() ? "nothing" : pending);
+  }
+
+  void DrainWake() {
+    uint64_t count;
+    while (::read(wake_.get(), &count, sizeof count) > 0) {
+    }
   }
 
   void RejectLateConnections() {

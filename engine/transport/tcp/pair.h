@@ -43,6 +43,9 @@ class TcpPair final : public Pair {
   // Progress after epoll reported `events` for this pair's socket. An error is also recorded in
   // the device state.
   Status OnEvents(uint32_t events);
+  // Reads what the socket holds when no receive is posted, and sets *arrived when (part of) a
+  // message is waiting for a receive to be posted. An error is also recorded in the device state.
+  Status CheckArrival(bool* arrived);
   // "rank P: 2 recv (next tag 0x..), 1 send (...)" or "" when nothing is pending.
   std::string DescribePending() const;
 

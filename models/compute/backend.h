@@ -29,8 +29,9 @@ namespace kolo::models::compute {
 // Arithmetic of the GPU backend's convolutions and matrix products. fp32: strict IEEE float32;
 // tf32: float32 storage, TF32 tensor-core math (the default on GPUs); fp16 / bf16: mixed precision
 // (half activations and gradients, float32 master weights, loss scaling). oneDNN accepts fp32 only
-// (it computes in float32 on CPUs); replay plays the precision its profile was recorded at and
-// hands the engine gradients of that width. The cudnn backend implements all four; under fp16 and
+// (it computes in float32 on CPUs); replay plays the precision its profile was recorded at and,
+// like cudnn, hands the engine float32 gradients at every precision. The cudnn backend implements
+// all four; under fp16 and
 // bf16 its gradient buffers stay float32 and hold true gradients (divided by the loss scale before
 // the engine sees them), fp16's optimizer step applies to every parameter at once when the step's
 // last Update is made, and a step whose reduced gradients hold an inf or NaN is skipped (see

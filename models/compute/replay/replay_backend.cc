@@ -41,16 +41,9 @@ void PreciseSleep(double seconds, double* carry) {
   *carry = std::clamp(late, 0.0, seconds);
 }
 
-DataType GradientType(Precision p) {
-  switch (p) {
-    case Precision::kFp16:
-      return DataType::kFloat16;
-    case Precision::kBf16:
-      return DataType::kBFloat16;
-    default:
-      return DataType::kFloat32;
-  }
-}
+// Mixed precision keeps float32 master weights, so the gradients allreduced are float32 at every
+// precision, as the cudnn backend (and PyTorch AMP) hands them to the engine.
+DataType GradientType(Precision) { return DataType::kFloat32; }
 
 constexpr size_t kAnySize = ~size_t{0};
 

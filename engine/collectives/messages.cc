@@ -245,8 +245,9 @@ Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, si
     if (!s.ok()) return s.WithContext(fmt::format("rank {}: bitwise allreduce (fold)", rank));
     for (const Completion& c : done) {
       if (c.kind == transport::OpKind::kRecv && c.tag == unfold_tag && c.nbytes != bytes) {
-        return ProtocolError("rank {}: bitwise allreduce (unfold): rank {} sent {} bytes, expected {}",
-                             rank, c.peer, c.nbytes, bytes);
+        return ProtocolError(
+            "rank {}: bitwise allreduce (unfold): rank {} sent {} bytes, expected {}", rank, c.peer,
+            c.nbytes, bytes);
       }
     }
     return Status::OK();

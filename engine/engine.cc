@@ -159,7 +159,10 @@ StatusOr<Handle> Engine::Impl::Submit(TensorEntry entry) {
   const Handle h = entry.handle;
   queue.push_back(std::move(entry));
   if (timeline) timeline->Begin(name, "QUEUE");
-  device->Wake();  // an idle background thread waits in the device
+  if (idle) {
+    idle = false;
+    device->Wake();  // the background thread waits in the device, with nothing to do
+  }
   return h;
 }
 

@@ -128,7 +128,10 @@ struct Engine::Impl {
   Status fatal;                                      // GUARDED_BY(mu): sticky
   bool shutdown_requested = false;                   // GUARDED_BY(mu)
   bool stopped = false;                              // GUARDED_BY(mu)
-  Stats stats;                                       // GUARDED_BY(mu)
+  // The background thread is about to wait with nothing new to do: the next submission wakes it
+  // (and clears this), later ones need not (it starts the exchange at its tick anyway).
+  bool idle = false;  // GUARDED_BY(mu)
+  Stats stats;        // GUARDED_BY(mu)
   std::thread thread;
 
   // Background thread only.

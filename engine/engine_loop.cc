@@ -64,7 +64,8 @@ bool Engine::Impl::HasNews(SteadyClock::time_point now) {
   if (!unreported.empty()) return true;
   if (table && table->pending() > 0 && now - last_stall_check > kStallCheckEvery) return true;
   std::lock_guard<std::mutex> lock(mu);
-  return !queue.empty() || shutdown_requested;
+  idle = queue.empty() && !shutdown_requested;
+  return !idle;
 }
 
 Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_point last_start) {

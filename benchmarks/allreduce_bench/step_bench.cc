@@ -18,6 +18,7 @@ std::chrono::milliseconds WaitTimeout(const Options& o) {
 struct Measured {
   std::vector<double> step_us;
   std::vector<double> single_us;
+  std::vector<double> coordination_us;  // this rank's time agreeing, per timed step
   Engine::Stats before, after;
   CheckResult check;
 };
@@ -87,7 +88,14 @@ class StepRunner {
     auto step = [&] { return Step(engine); };
     KOLO_RETURN_IF_ERROR(Repeat(config_.warmup, 0, step, &m->step_us));
     m->before = engine.stats();
-    KOLO_RETURN_IF_ERROR(Repeat(0, config_.iters, step, &m->step_us));
+    // Timed steps, with this rank's coordination time of each: the engine records a cycle's
+    // agreement time before it completes the cycle's handles, so a step's share is in by the
+    // time its last Wait returns.
+    for (int i = 0; i < config_.iters; ++i) {
+      const double coordinated = engine.stats().coordination_us;
+      KOLO_RETURN_IF_ERROR(Repeat(0, 1, step, &m->step_us));
+      m->coordination_us.push_back(engine.stats().coordination_us - coordinated);
+    }
     m->after = engine.stats();
     Check(control.size(), &m->check);
 
@@ -124,23 +132,31 @@ StatusOr<StepRow> MeasureOne(const BenchConfig& config, const TensorSet& set, Ba
   mine.insert(mine.end(), m.single_us.begin(), m.single_us.end());
   mine.push_back(static_cast<double>(m.check.wrong));
   mine.push_back(m.check.max_error);
-  mine.push_back((m.after.coordination_us - m.before.coordination_us) / config.iters);
+  mine.insert(mine.end(), m.coordination_us.begin(), m.coordination_us.end());
   KOLO_ASSIGN_OR_RETURN(std::vector<double> all, control.AllgatherDoubles(mine));
   const size_t stride = mine.size();
   const int n = config.iters;
   std::vector<double> steps, singles;
   StepRow row;
+  // Per step, the least coordination time over ranks and the most.
+  std::vector<double> least(static_cast<size_t>(n), 0), most(static_cast<size_t>(n), 0);
   for (int r = 0; r < control.size(); ++r) {
     const double* base = all.data() + r * stride;
     steps.insert(steps.end(), base, base + n);
     singles.insert(singles.end(), base + n, base + 2 * n);
     row.wrong += static_cast<int64_t>(base[2 * n]);
     row.max_error = std::max(row.max_error, base[2 * n + 1]);
-    // The last rank to reach a step's exchange waits for nobody: its time is the protocol's own
-    // cost. The others add the wait for it.
-    const double coord = base[2 * n + 2];
-    row.coordination_us = r == 0 ? coord : std::min(row.coordination_us, coord);
-    row.coordination_max_us = std::max(row.coordination_max_us, coord);
+    for (int i = 0; i < n; ++i) {
+      const double coord = base[2 * n + 2 + i];
+      least[i] = r == 0 ? coord : std::min(least[i], coord);
+      most[i] = std::max(most[i], coord);
+    }
+  }
+  // The last rank to reach a step's exchange waits for nobody: its time is the protocol's own
+  // cost. The others add the wait for it (skew, which the step's allreduce would wait out anyway).
+  for (int i = 0; i < n; ++i) {
+    row.coordination_us += least[i] / n;
+    row.coordination_max_us += most[i] / n;
   }
   row.backend = BackendKindName(kind);
   row.fusion = threshold > 0;

@@ -34,8 +34,9 @@ struct StepRow {
   double negotiations = 0;
   double cache_hits = 0;
   double collectives = 0;
-  // Time agreeing per step: the least over ranks (the protocol's own cost, paid by the rank that
-  // arrives last at each exchange) and the most (adds waiting for that rank).
+  // Time agreeing per step, averaged over the timed steps: each step's least over ranks (the
+  // protocol's own cost, paid by the rank that arrives last at that step's exchange) and each
+  // step's most (adds waiting for that rank).
   double coordination_us = 0;
   double coordination_max_us = 0;
   bool checked = false;

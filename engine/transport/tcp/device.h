@@ -36,7 +36,7 @@ struct TcpOptions {
   std::string listen_addr = "127.0.0.1";
   // SO_SNDBUF and SO_RCVBUF of every connection, set explicitly before connect/listen. The kernel
   // caps it at net.core.{w,r}mem_max.
-  int64_t socket_buffer_bytes = 4 << 20;
+  int64_t socket_buffer_bytes = 2 << 20;
   // Bound on the whole connection set-up (store look-ups, connects, handshakes).
   std::chrono::milliseconds timeout{30000};
   // Per-job secret; every connection must prove it knows it (HMAC, the secret is never sent).

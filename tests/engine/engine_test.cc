@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "tests/engine/engine_test_util.h"
 
@@ -118,6 +119,50 @@ TEST(Engine, DifferentSubmissionOrdersComplete) {
       EXPECT_EQ(bufs[i][0], 3.0f);
     }
   });
+}
+
+// Ranks with nothing new sleep until a peer or a submission wakes them: no cycles while idle.
+TEST(Engine, IdleRanksRunNoCycles) {
+  RunRanks(3, [](int rank, Engine& engine) {
+    int32_t x = 1;
+    auto warm = engine.AllreduceAsync("warm", &x, &x, DataType::kInt32, {1}, ReduceOp::kSum);
+    ASSERT_TRUE(warm.ok());
+    ASSERT_TRUE(engine.Wait(*warm).ok());
+    // The cycle that completed "warm" counts itself just after completing it.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const int64_t before = engine.stats().cycles;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(engine.stats().cycles, before) << "rank " << rank << " ran cycles while idle";
+    // And it still answers at once afterwards.
+    int32_t y = rank;
+    auto after = engine.AllreduceAsync("after", &y, &y, DataType::kInt32, {1}, ReduceOp::kSum);
+    ASSERT_TRUE(after.ok());
+    ASSERT_TRUE(engine.Wait(*after).ok());
+    EXPECT_EQ(y, 0 + 1 + 2);
+  });
+}
+
+// With 3 ranks, rank 2 folds its bits into rank 0's in the bit-vector exchange. Ranks 0 and 1
+// submit at once and start exchanges; rank 2 submits only after more than the peer timeout. An
+// idle rank must be pulled into every exchange a peer starts, or rank 0 would wait for rank 2's
+// fold until the timeout fails the job.
+TEST(Engine, AnIdleFoldingRankIsPulledIntoExchanges) {
+  RunRanks(
+      3,
+      [](int r) {
+        Options o = RankOptions(r, 3);
+        o.peer_timeout_s = 0.5;
+        return o;
+      },
+      [](int rank, Engine& engine) {
+        if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+        int32_t x = rank + 1;
+        auto h = engine.AllreduceAsync("late", &x, &x, DataType::kInt32, {1}, ReduceOp::kSum);
+        ASSERT_TRUE(h.ok());
+        Status s = engine.Wait(*h, std::chrono::seconds(10));
+        ASSERT_TRUE(s.ok()) << "rank " << rank << ": " << s.ToString();
+        EXPECT_EQ(x, 1 + 2 + 3);
+      });
 }
 
 TEST(Engine, FusionWithMixedDtypesFusesAndStaysCorrect) {

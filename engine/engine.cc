@@ -82,6 +82,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
   e.comm.device = e.device.get();
   e.comm.chunk_bytes = static_cast<size_t>(options.ring_chunk_bytes);
   e.comm.timeout = tcp.timeout;
+  e.comm.messages = &e.message_scratch;
   KOLO_RETURN_IF_ERROR(CheckAgreement(e.comm, options));
 
   if (options.backend == "mpi") {

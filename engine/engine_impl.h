@@ -143,6 +143,7 @@ struct Engine::Impl {
   std::vector<uint64_t> bits;                            // the cycle's bit vector
   std::unique_ptr<transport::Region> bits_region;
   collectives::Scratch scratch;
+  collectives::Scratch message_scratch;  // comm.messages: negotiation's message staging
   SteadyClock::time_point last_stall_check;
   std::unordered_map<std::string, SteadyClock::time_point> stall_warned;  // rank 0
   std::vector<std::string> group_names;  // tensors of the collective in flight (timeline)

@@ -22,6 +22,18 @@ namespace kolo::collectives {
 enum class Phase { kReduceScatter, kAllgather, kBroadcast, kSendRecv };
 const char* PhaseName(Phase phase);  // "REDUCE_SCATTER", "ALLGATHER", "BROADCAST", "SEND_RECV"
 
+// Scratch space the collectives receive into before reducing. Grows on demand (then reused), and
+// registers itself with the device. Not thread-safe; one per Comm.
+class Scratch {
+ public:
+  // Returns a registered region of at least `bytes`.
+  StatusOr<transport::Region*> Get(transport::Device& device, size_t bytes);
+
+ private:
+  std::vector<uint8_t> storage_;
+  std::unique_ptr<transport::Region> region_;
+};
+
 struct Comm {
   transport::Device* device = nullptr;
   // Pipeline chunk: a ring segment larger than this moves in pieces of about this size, so that
@@ -34,21 +46,12 @@ struct Comm {
   // tags, so that ranks calling collectives in different orders fail with a protocol error instead
   // of exchanging the wrong bytes. Must be equal on every rank (start all at 0).
   uint32_t sequence = 0;
+  // Registered staging for the variable-length messages of negotiation, reused from call to
+  // call (registration is costly on RDMA). Null: each message registers a buffer of its own.
+  Scratch* messages = nullptr;
 
   int rank() const { return device->rank(); }
   int size() const { return device->size(); }
-};
-
-// Scratch space the collectives receive into before reducing. Grows on demand (then reused), and
-// registers itself with the device. Not thread-safe; one per Comm.
-class Scratch {
- public:
-  // Returns a registered region of at least `bytes`.
-  StatusOr<transport::Region*> Get(transport::Device& device, size_t bytes);
-
- private:
-  std::vector<uint8_t> storage_;
-  std::unique_ptr<transport::Region> region_;
 };
 
 // A piece of a virtual buffer: bytes [offset, offset + nbytes) of a registered region. A list of

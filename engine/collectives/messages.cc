@@ -1,6 +1,10 @@
 // Latency-bound collectives: variable-length messages for negotiation, the bit-vector allreduce of
 // the response cache, and the barrier.
 
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
 #include "engine/collectives/collectives.h"
 #include "engine/collectives/reduce.h"
 #include "engine/collectives/tags.h"
@@ -45,16 +49,44 @@ Status Await(Comm& comm, size_t n, const char* what, size_t expected_recv_bytes 
   return Status::OK();
 }
 
-// Sends the length then the payload of `payload` to `peer` (both posted; not waited for).
-Status PostMessage(Comm& comm, int peer, const uint64_t& length, const Region& length_region,
-                   const Region& payload_region, uint64_t length_tag, uint64_t payload_tag) {
-  transport::Pair& pair = comm.device->pair(peer);
-  KOLO_RETURN_IF_ERROR(pair.Send(length_region, 0, sizeof length, length_tag));
-  return pair.Send(payload_region, 0, payload_region.size(), payload_tag);
-}
+// Registered bytes for one message exchange: the comm's reused staging, or a registration of its
+// own when the comm has none. A later Get on the same comm may move the shared staging.
+class Staging {
+ public:
+  static StatusOr<Staging> Get(Comm& comm, size_t bytes) {
+    Staging st;
+    if (comm.messages != nullptr) {
+      KOLO_ASSIGN_OR_RETURN(st.region_, comm.messages->Get(*comm.device, bytes));
+      return st;
+    }
+    st.own_.resize(std::max<size_t>(bytes, 1));
+    KOLO_ASSIGN_OR_RETURN(st.own_region_, comm.device->Register(st.own_.data(), st.own_.size()));
+    st.region_ = st.own_region_.get();
+    return st;
+  }
+  Region& region() { return *region_; }
+  uint8_t* data() { return region_->data(); }
 
-StatusOr<std::unique_ptr<Region>> RegisterBytes(Comm& comm, const void* data, size_t size) {
-  return comm.device->Register(const_cast<void*>(data), size);
+ private:
+  std::vector<uint8_t> own_;
+  std::unique_ptr<Region> own_region_;
+  Region* region_ = nullptr;
+};
+
+// Stages `payload` behind its length and posts both to each of `peers` (not waited for).
+StatusOr<Staging> PostMessage(Comm& comm, const std::vector<int>& peers,
+                              const std::vector<uint8_t>& payload, uint64_t length_tag,
+                              uint64_t payload_tag) {
+  const uint64_t length = payload.size();
+  KOLO_ASSIGN_OR_RETURN(Staging st, Staging::Get(comm, sizeof length + payload.size()));
+  std::memcpy(st.data(), &length, sizeof length);
+  if (!payload.empty()) std::memcpy(st.data() + sizeof length, payload.data(), payload.size());
+  for (int peer : peers) {
+    transport::Pair& pair = comm.device->pair(peer);
+    KOLO_RETURN_IF_ERROR(pair.Send(st.region(), 0, sizeof length, length_tag));
+    KOLO_RETURN_IF_ERROR(pair.Send(st.region(), sizeof length, payload.size(), payload_tag));
+  }
+  return st;
 }
 
 // Receives one length-prefixed message from each of `peers` (lengths first, then payloads).
@@ -62,22 +94,27 @@ Status ReceiveMessages(Comm& comm, const std::vector<int>& peers, uint64_t lengt
                        uint64_t payload_tag, const char* what,
                        std::vector<std::vector<uint8_t>*> outs) {
   std::vector<uint64_t> lengths(peers.size(), 0);
-  KOLO_ASSIGN_OR_RETURN(auto length_region,
-                        RegisterBytes(comm, lengths.data(), lengths.size() * sizeof(uint64_t)));
-  for (size_t i = 0; i < peers.size(); ++i) {
-    KOLO_RETURN_IF_ERROR(comm.device->pair(peers[i]).Recv(*length_region, i * sizeof(uint64_t),
-                                                          sizeof(uint64_t), length_tag));
+  {
+    KOLO_ASSIGN_OR_RETURN(Staging st, Staging::Get(comm, lengths.size() * sizeof(uint64_t)));
+    for (size_t i = 0; i < peers.size(); ++i) {
+      KOLO_RETURN_IF_ERROR(comm.device->pair(peers[i]).Recv(st.region(), i * sizeof(uint64_t),
+                                                            sizeof(uint64_t), length_tag));
+    }
+    KOLO_RETURN_IF_ERROR(Await(comm, peers.size(), what, sizeof(uint64_t)));
+    std::memcpy(lengths.data(), st.data(), lengths.size() * sizeof(uint64_t));
   }
-  KOLO_RETURN_IF_ERROR(Await(comm, peers.size(), what, sizeof(uint64_t)));
-  std::vector<std::unique_ptr<Region>> regions(peers.size());
+  std::vector<size_t> offsets(peers.size() + 1, 0);
   for (size_t i = 0; i < peers.size(); ++i) {
     if (lengths[i] > kMaxMessageBytes) {
       return ProtocolError("rank {}: {}: rank {} announced a {}-byte message (at most {})",
                            comm.rank(), what, peers[i], lengths[i], kMaxMessageBytes);
     }
-    outs[i]->resize(lengths[i]);
-    KOLO_ASSIGN_OR_RETURN(regions[i], RegisterBytes(comm, outs[i]->data(), outs[i]->size()));
-    KOLO_RETURN_IF_ERROR(comm.device->pair(peers[i]).Recv(*regions[i], 0, lengths[i], payload_tag));
+    offsets[i + 1] = offsets[i] + lengths[i];
+  }
+  KOLO_ASSIGN_OR_RETURN(Staging st, Staging::Get(comm, offsets.back()));
+  for (size_t i = 0; i < peers.size(); ++i) {
+    KOLO_RETURN_IF_ERROR(
+        comm.device->pair(peers[i]).Recv(st.region(), offsets[i], lengths[i], payload_tag));
   }
   std::vector<Completion> done;
   Status s = transport::WaitFor(*comm.device, peers.size(), &done, comm.timeout);
@@ -93,6 +130,9 @@ Status ReceiveMessages(Comm& comm, const std::vector<int>& peers, uint64_t lengt
                            c.peer, lengths[i], c.nbytes);
     }
   }
+  for (size_t i = 0; i < peers.size(); ++i) {
+    outs[i]->assign(st.data() + offsets[i], st.data() + offsets[i + 1]);
+  }
   return Status::OK();
 }
 
@@ -101,12 +141,9 @@ Status ReceiveMessages(Comm& comm, const std::vector<int>& peers, uint64_t lengt
 Status SendMessage(Comm& comm, int peer, const std::vector<uint8_t>& payload, uint64_t tag) {
   KOLO_RETURN_IF_ERROR(CheckComm(comm));
   KOLO_RETURN_IF_ERROR(CheckPeer(comm, peer, "SendMessage"));
-  const uint64_t length = payload.size();
-  KOLO_ASSIGN_OR_RETURN(auto length_region, RegisterBytes(comm, &length, sizeof length));
-  KOLO_ASSIGN_OR_RETURN(auto payload_region, RegisterBytes(comm, payload.data(), payload.size()));
-  KOLO_RETURN_IF_ERROR(PostMessage(comm, peer, length, *length_region, *payload_region,
-                                   MessageTag(OpCode::kMessageLength, tag),
-                                   MessageTag(OpCode::kMessagePayload, tag)));
+  KOLO_ASSIGN_OR_RETURN(Staging st,
+                        PostMessage(comm, {peer}, payload, MessageTag(OpCode::kMessageLength, tag),
+                                    MessageTag(OpCode::kMessagePayload, tag)));
   return Await(comm, 2, "SendMessage");
 }
 
@@ -132,11 +169,7 @@ StatusOr<std::vector<std::vector<uint8_t>>> GatherMessages(Comm& comm, int root,
   const uint64_t payload_tag = CollectiveTag(OpCode::kGather, sequence, 1);
   std::vector<std::vector<uint8_t>> all(static_cast<size_t>(n));
   if (comm.rank() != root) {
-    const uint64_t length = mine.size();
-    KOLO_ASSIGN_OR_RETURN(auto length_region, RegisterBytes(comm, &length, sizeof length));
-    KOLO_ASSIGN_OR_RETURN(auto payload_region, RegisterBytes(comm, mine.data(), mine.size()));
-    KOLO_RETURN_IF_ERROR(
-        PostMessage(comm, root, length, *length_region, *payload_region, length_tag, payload_tag));
+    KOLO_ASSIGN_OR_RETURN(Staging st, PostMessage(comm, {root}, mine, length_tag, payload_tag));
     KOLO_RETURN_IF_ERROR(Await(comm, 2, "GatherMessages"));
     return all;
   }
@@ -166,15 +199,12 @@ StatusOr<std::vector<uint8_t>> BroadcastMessage(Comm& comm, int root,
   const uint64_t length_tag = CollectiveTag(OpCode::kBroadcastMessage, sequence, 0);
   const uint64_t payload_tag = CollectiveTag(OpCode::kBroadcastMessage, sequence, 1);
   if (comm.rank() == root) {
-    const uint64_t length = message.size();
-    KOLO_ASSIGN_OR_RETURN(auto length_region, RegisterBytes(comm, &length, sizeof length));
-    KOLO_ASSIGN_OR_RETURN(auto payload_region, RegisterBytes(comm, message.data(), message.size()));
+    std::vector<int> peers;
     for (int r = 0; r < n; ++r) {
-      if (r == root) continue;
-      KOLO_RETURN_IF_ERROR(
-          PostMessage(comm, r, length, *length_region, *payload_region, length_tag, payload_tag));
+      if (r != root) peers.push_back(r);
     }
-    KOLO_RETURN_IF_ERROR(Await(comm, 2 * static_cast<size_t>(n - 1), "BroadcastMessage"));
+    KOLO_ASSIGN_OR_RETURN(Staging st, PostMessage(comm, peers, message, length_tag, payload_tag));
+    KOLO_RETURN_IF_ERROR(Await(comm, 2 * peers.size(), "BroadcastMessage"));
     return message;
   }
   std::vector<uint8_t> received;
@@ -187,8 +217,8 @@ Status Barrier(Comm& comm) {
   KOLO_RETURN_IF_ERROR(CheckComm(comm));
   const uint32_t sequence = comm.sequence++;
   const int n = comm.size();
-  uint8_t token = 0;
-  KOLO_ASSIGN_OR_RETURN(auto region, RegisterBytes(comm, &token, 1));
+  KOLO_ASSIGN_OR_RETURN(Staging st, Staging::Get(comm, 1));  // empty messages: any region will do
+  Region* region = &st.region();
   // Dissemination: after round k every rank has heard, directly or not, from 2^(k+1) ranks.
   uint32_t round = 0;
   for (int distance = 1; distance < n; distance *= 2, ++round) {

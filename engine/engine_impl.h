@@ -62,7 +62,8 @@ struct Engine::Impl {
   // whichever rank submits last starts the exchange that agrees on what every rank has.
   Status AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_point last_start);
   // Whether this rank knows something its peers need for agreement: new submissions, requests
-  // to report, a shutdown, or (rank 0) a stall check due.
+  // to report, a shutdown, or (rank 0) a stall check due. Sets `idle` when it has none, in the
+  // same critical section that looked at the queue, so that no submission goes unnoticed.
   bool HasNews(SteadyClock::time_point now);
   // One negotiation-and-execution cycle. Sets *stop when every rank is to stop.
   Status RunCycle(bool* stop);

@@ -122,19 +122,7 @@ class TcpDevice final : public Device {
         return state_.Fail(ErrnoStatus(StatusCode::kInternal, "epoll_wait", errno));
       }
       bool woken = false;
-      for (int i = 0; i < n; ++i) {
-        if (events[i].data.u64 == kListenerId) {
-          RejectLateConnections();
-          continue;
-        }
-        if (events[i].data.u64 == kWakeId) {
-          DrainWake();
-          woken = true;
-          continue;
-        }
-        Status s = pairs_[events[i].data.u64]->OnEvents(events[i].events);
-        if (!s.ok()) return state_.Fail(s);
-      }
+      KOLO_RETURN_IF_ERROR(Dispatch(events, n, &woken));
       if (!state_.completions.empty()) {
         out->insert(out->end(), state_.completions.begin(), state_.completions.end());
         state_.completions.clear();
@@ -150,44 +138,23 @@ class TcpDevice final : public Device {
     if (!state_.error.ok()) return state_.error;
     const auto deadline = Clock::now() + timeout;
     epoll_event events[kMaxEvents];
+    bool woken = false;
     for (;;) {
       // Bytes may have come in while the thread was busy elsewhere (an edge already consumed by
-      // an earlier Poll): look at every pair before sleeping.
+      // an earlier Poll): look at every pair before sleeping, and once more after each wake-up.
       for (auto& p : pairs_) {
         if (!p) continue;
-        bool here = false;
-        KOLO_RETURN_IF_ERROR(p->CheckArrival(&here));
-        if (here) {
-          *arrived = true;
-          return Status::OK();
-        }
+        KOLO_RETURN_IF_ERROR(p->CheckArrival(arrived));
+        if (*arrived) return Status::OK();
       }
-      if (Clock::now() >= deadline) return Status::OK();
+      if (woken || Clock::now() >= deadline) return Status::OK();
       // Microsecond resolution: an engine cycle may be shorter than epoll_wait's millisecond.
       const timespec wait = busy_poll_ ? timespec{0, 0} : RemainingTimespec(deadline);
       const int n = ::epoll_pwait2(epoll_.get(), events, kMaxEvents, &wait, nullptr);
       if (n < 0 && errno != EINTR) {
         return state_.Fail(ErrnoStatus(StatusCode::kInternal, "epoll_pwait2", errno));
       }
-      bool woken = false;
-      for (int i = 0; i < n; ++i) {
-        if (events[i].data.u64 == kListenerId) {
-          RejectLateConnections();
-        } else if (events[i].data.u64 == kWakeId) {
-          DrainWake();
-          woken = true;
-        } else {
-          Status s = pairs_[events[i].data.u64]->OnEvents(events[i].events);
-          if (!s.ok()) return state_.Fail(s);
-        }
-      }
-      if (woken) {
-        for (auto& p : pairs_) {
-          if (p) KOLO_RETURN_IF_ERROR(p->CheckArrival(arrived));
-          if (*arrived) break;
-        }
-        return Status::OK();
-      }
+      KOLO_RETURN_IF_ERROR(Dispatch(events, n, &woken));
     }
   }
 
@@ -220,6 +187,23 @@ class TcpDevice final : public Device {
     }
     return DeadlineExceeded("rank {}: nothing completed within {} ms; pending: {}", state_.rank,
                             timeout.count(), pending.empty() ? "nothing" : pending);
+  }
+
+  // Handles what epoll reported: late connections, a Wake (sets *woken), progress on pairs (an
+  // error is recorded as the device's and returned).
+  Status Dispatch(const epoll_event* events, int n, bool* woken) {
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.u64 == kListenerId) {
+        RejectLateConnections();
+      } else if (events[i].data.u64 == kWakeId) {
+        DrainWake();
+        *woken = true;
+      } else {
+        Status s = pairs_[events[i].data.u64]->OnEvents(events[i].events);
+        if (!s.ok()) return state_.Fail(s);
+      }
+    }
+    return Status::OK();
   }
 
   void DrainWake() {

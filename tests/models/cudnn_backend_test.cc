@@ -35,6 +35,7 @@
 #include "models/graph/graph.h"
 #include "models/graph/init.h"
 #include "models/zoo/zoo.h"
+#include "tests/models/gradient_agreement.h"
 
 namespace kolo::models::compute {
 namespace {
@@ -48,7 +49,7 @@ using ::testing::HasSubstr;
 
 struct Result {
   double loss = 0;
-  std::vector<std::vector<float>> grads;  // graph.params() order
+  Grads grads;
 };
 
 struct Batch {
@@ -107,12 +108,6 @@ StatusOr<Result> RunPass(const std::string& backend, const Graph& g, Precision p
   return r;
 }
 
-double Norm(const std::vector<float>& a) {
-  double s = 0;
-  for (float v : a) s += static_cast<double>(v) * v;
-  return std::sqrt(s);
-}
-
 double RelativeError(const std::vector<float>& got, const std::vector<float>& want) {
   double d = 0;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -130,46 +125,10 @@ bool HaveOneDnn() {
   return false;
 }
 
-struct Tolerance {
-  double loss;
-  double total;       // all gradients as one vector
-  double per_tensor;  // each gradient tensor
-  // > 0: also allow 4x the gradient error that this relative perturbation of the input causes in
-  // onednn alone (see the file comment).
-  double input_noise = 0;
-};
 constexpr Tolerance kLayerFp32{1e-5, 1e-4, 1e-4};
 constexpr Tolerance kLayerTf32{1e-3, 1e-2, 1e-2};
 constexpr Tolerance kModelFp32{1e-4, 1e-3, 5e-2, 1e-6};
 constexpr Tolerance kModelTf32{5e-3, 2e-2, 0.1, 1e-3};
-constexpr double kSensitivityFactor = 4;
-
-struct GradErrors {
-  double total = 0;
-  std::vector<double> per_tensor;
-};
-
-// Relative errors of `got` against `want`. Tensors whose gradient is tiny next to the model's (a
-// bias right before batch norm, whose exact gradient is zero) are judged against a floor of 1e-3
-// of the whole gradient's norm.
-GradErrors Compare(const Result& got, const Result& want) {
-  double total = 0, total_diff = 0;
-  for (const auto& w : want.grads) total += Norm(w) * Norm(w);
-  total = std::sqrt(total);
-  GradErrors e;
-  for (size_t p = 0; p < want.grads.size(); ++p) {
-    double d = 0;
-    for (size_t i = 0; i < want.grads[p].size(); ++i) {
-      const double x = static_cast<double>(got.grads[p][i]) - want.grads[p][i];
-      d += x * x;
-    }
-    total_diff += d;
-    e.per_tensor.push_back(std::sqrt(d) / std::max(Norm(want.grads[p]), 1e-3 * total));
-  }
-  e.total = total > 0 ? std::sqrt(total_diff) / total : 0;
-  return e;
-}
-
 // Compares cudnn with onednn on `g`; reports the errors.
 void ExpectAgreement(const Graph& g, Precision precision, int64_t batch, const Tolerance& tol) {
   if (!HaveOneDnn()) GTEST_SKIP() << "this build has no onednn backend to compare with";
@@ -189,27 +148,15 @@ void ExpectAgreement(const Graph& g, Precision precision, int64_t batch, const T
   if (tol.input_noise > 0) {
     auto perturbed = RunPass("onednn", g, Precision::kFp32, batch, 5, 1, tol.input_noise);
     ASSERT_TRUE(perturbed.ok()) << perturbed.status().ToString();
-    sensitivity = Compare(*perturbed, *want);
+    sensitivity = CompareGradients(perturbed->grads, want->grads);
   }
-  const GradErrors e = Compare(*got, *want);
-  double worst = 0;
-  std::string worst_name;
-  for (size_t p = 0; p < e.per_tensor.size(); ++p) {
-    const double limit = std::max(tol.per_tensor, kSensitivityFactor * sensitivity.per_tensor[p]);
-    EXPECT_LE(e.per_tensor[p], limit) << g.name() << " gradient " << g.params()[p].name << " ("
-                                      << PrecisionName(precision) << ")";
-    if (e.per_tensor[p] > worst) {
-      worst = e.per_tensor[p];
-      worst_name = g.params()[p].name;
-    }
-  }
-  EXPECT_LE(e.total, std::max(tol.total, kSensitivityFactor * sensitivity.total))
-      << g.name() << " all gradients (" << PrecisionName(precision) << ")";
+  const GradErrors e = CompareGradients(got->grads, want->grads);
+  const WorstTensor worst = ExpectGradientsAgree(g, e, sensitivity, tol, PrecisionName(precision));
   std::printf(
       "[ info ] %s %s batch %lld: loss %.6f vs %.6f; gradient error %.2e overall (input "
       "perturbed by %.0e alone: %.2e), worst tensor %.2e (%s)\n",
       g.name().c_str(), PrecisionName(precision), static_cast<long long>(batch), got->loss,
-      want->loss, e.total, tol.input_noise, sensitivity.total, worst, worst_name.c_str());
+      want->loss, e.total, tol.input_noise, sensitivity.total, worst.error, worst.name.c_str());
 }
 
 // Single-layer graphs: image -> conv stem (so the layer's input gradient reaches a weight) ->

@@ -34,12 +34,12 @@
 #include "models/graph/graph.h"
 #include "models/graph/init.h"
 #include "models/zoo/zoo.h"
+#include "tests/models/gradient_agreement.h"
 
 namespace kolo::models::compute {
 namespace {
 
 using ::testing::HasSubstr;
-using Grads = std::vector<std::vector<float>>;
 
 #define SKIP_WITHOUT(precision)                                                                \
   do {                                                                                         \
@@ -125,38 +125,6 @@ Status UpdateAll(ComputeBackend& b, const Graph& g, const SgdConfig& sgd, double
   return b.Synchronize();
 }
 
-double Norm(const std::vector<float>& a) {
-  double s = 0;
-  for (float v : a) s += static_cast<double>(v) * v;
-  return std::sqrt(s);
-}
-
-struct Errors {
-  double total = 0;
-  std::vector<double> per_tensor;
-};
-
-Errors Compare(const Grads& got, const Grads& want) {
-  double total = 0, diff = 0;
-  for (const auto& w : want) total += Norm(w) * Norm(w);
-  total = std::sqrt(total);
-  Errors e;
-  for (size_t p = 0; p < want.size(); ++p) {
-    double d = 0;
-    for (size_t i = 0; i < want[p].size(); ++i) {
-      const double x = static_cast<double>(got[p][i]) - want[p][i];
-      d += x * x;
-    }
-    diff += d;
-    e.per_tensor.push_back(std::sqrt(d) / std::max(Norm(want[p]), 1e-3 * total));
-  }
-  e.total = total > 0 ? std::sqrt(diff) / total : 0;
-  return e;
-}
-
-struct Tolerance {
-  double loss, total, per_tensor, input_noise;
-};
 // The tiny nets' fp16 loss scale (see the file comment).
 cudnn::LossScaleOptions TinyScale() {
   cudnn::LossScaleOptions o;
@@ -167,7 +135,6 @@ constexpr Tolerance kTinyFp16{5e-3, 1e-2, 3e-2, 2e-3};
 constexpr Tolerance kTinyBf16{3e-2, 6e-2, 0.15, 1.6e-2};
 constexpr Tolerance kDeepFp16{1e-2, 5e-2, 0.2, 2e-3};
 constexpr Tolerance kDeepBf16{5e-2, 0.2, 0.5, 1.6e-2};
-constexpr double kSensitivityFactor = 4;
 
 void ExpectAgreement(const Graph& g, Precision precision, int64_t batch, const Tolerance& tol,
                      const cudnn::LossScaleOptions& ls) {
@@ -202,27 +169,17 @@ void ExpectAgreement(const Graph& g, Precision precision, int64_t batch, const T
   ASSERT_GT(all, 0) << g.name() << ": all reference gradients are zero; the test cannot fail";
   EXPECT_NEAR(*got_loss, *want_loss, tol.loss * std::max(1.0, std::fabs(*want_loss)))
       << g.name() << " loss (" << PrecisionName(precision) << ")";
-  const Errors sensitivity = Compare(*perturbed, *want);
-  const Errors e = Compare(*got, *want);
-  double worst = 0;
-  std::string worst_name;
+  const GradErrors sensitivity = CompareGradients(*perturbed, *want);
+  const GradErrors e = CompareGradients(*got, *want);
   for (size_t p = 0; p < e.per_tensor.size(); ++p) {
     EXPECT_TRUE(std::isfinite(e.per_tensor[p])) << g.params()[p].name;
-    const double limit = std::max(tol.per_tensor, kSensitivityFactor * sensitivity.per_tensor[p]);
-    EXPECT_LE(e.per_tensor[p], limit) << g.name() << " gradient " << g.params()[p].name << " ("
-                                      << PrecisionName(precision) << ")";
-    if (e.per_tensor[p] > worst) {
-      worst = e.per_tensor[p];
-      worst_name = g.params()[p].name;
-    }
   }
-  EXPECT_LE(e.total, std::max(tol.total, kSensitivityFactor * sensitivity.total))
-      << g.name() << " all gradients (" << PrecisionName(precision) << ")";
+  const WorstTensor worst = ExpectGradientsAgree(g, e, sensitivity, tol, PrecisionName(precision));
   std::printf(
       "[ info ] %s %s batch %lld: loss %.6f vs fp32 %.6f; gradient error %.2e overall (fp32 "
       "input perturbed by %.0e alone: %.2e), worst tensor %.2e (%s)\n",
       g.name().c_str(), PrecisionName(precision), static_cast<long long>(batch), *got_loss,
-      *want_loss, e.total, tol.input_noise, sensitivity.total, worst, worst_name.c_str());
+      *want_loss, e.total, tol.input_noise, sensitivity.total, worst.error, worst.name.c_str());
 }
 
 struct ModelCase {
@@ -277,7 +234,7 @@ TEST_P(CudnnMixedTest, AccumulateAddsSecondPass) {
   for (auto& t : doubled) {
     for (float& v : t) v *= 2;
   }
-  const Errors e = Compare(*twice, doubled);
+  const GradErrors e = CompareGradients(*twice, doubled);
   for (size_t p = 0; p < e.per_tensor.size(); ++p) {
     // Convolution algorithms may sum in a different order from one pass to the next.
     EXPECT_LE(e.per_tensor[p], 1e-3) << g.params()[p].name;
@@ -464,7 +421,7 @@ TEST(CudnnFp16Test, GradientsAreUnscaled) {
     ASSERT_TRUE(grads.ok());
     got[i] = *grads;
   }
-  const Errors e = Compare(got[1], got[0]);
+  const GradErrors e = CompareGradients(got[1], got[0]);
   EXPECT_LE(e.total, 2e-2) << "scales of 16 and 4096 should differ by rounding only";
 }
 

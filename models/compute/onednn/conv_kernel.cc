@@ -35,11 +35,9 @@ class ConvKernel final : public LayerKernel {
   WeightsIn bwd_data_weights_;
   bool bwd_data_reuses_fwd_weights_ = false;
   GradOutput in_grad_;
-  GradOutput weight_grad_;
-  GradOutput bias_grad_;
+  WeightGradients weight_grads_;
   Args fwd_args_;
   Args bwd_data_args_;
-  Args bwd_weights_args_[2];            // [accumulate]
   std::vector<Transfer> plain_copies_;  // source and output gradient, for a plain-layout kernel
 };
 
@@ -131,19 +129,8 @@ ConvKernel::ConvKernel(Net& net, int l)
                      Transfer(net, net.diff(l), bwd_diff_dst)};
   }
   bwd_weights_ = dnnl::convolution_backward_weights(bwd_pd);
-  size_t offset = 0;
-  weight_grad_ = ParamGradOutput(net, w_id, user_w_md, bwd_pd.diff_weights_desc(), &offset);
-  if (bias_) {
-    bias_grad_ =
-        ParamGradOutput(net, layer.param_ids[1], bias_md, bwd_pd.diff_bias_desc(), &offset);
-  }
-  for (int acc = 0; acc < 2; ++acc) {
-    Args& a = bwd_weights_args_[acc];
-    a = {{DNNL_ARG_SRC, bwd_src},
-         {DNNL_ARG_DIFF_DST, bwd_diff_dst},
-         {DNNL_ARG_DIFF_WEIGHTS, weight_grad_.Dest(acc == 1)}};
-    if (bias_) a[DNNL_ARG_DIFF_BIAS] = bias_grad_.Dest(acc == 1);
-  }
+  weight_grads_ = WeightGradients(net, layer, bias_, user_w_md, bwd_pd.diff_weights_desc(), bias_md,
+                                  bwd_pd.diff_bias_desc(), bwd_src, bwd_diff_dst);
 }
 
 Status ConvKernel::Forward() {
@@ -164,10 +151,7 @@ Status ConvKernel::Backward(bool accumulate) {
   for (const Transfer& copy : plain_copies_) {
     KOLO_RETURN_IF_ERROR(copy.Run(net_, context_, /*add=*/false));
   }
-  KOLO_RETURN_IF_ERROR(
-      net_.Run(context_, "backward weights", bwd_weights_, bwd_weights_args_[accumulate ? 1 : 0]));
-  KOLO_RETURN_IF_ERROR(weight_grad_.Finish(net_, context_, accumulate));
-  if (bias_) KOLO_RETURN_IF_ERROR(bias_grad_.Finish(net_, context_, accumulate));
+  KOLO_RETURN_IF_ERROR(weight_grads_.Run(net_, context_, bwd_weights_, accumulate));
   return Status::OK();
 }
 

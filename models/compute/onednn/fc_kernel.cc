@@ -33,11 +33,9 @@ class FullyConnectedKernel final : public LayerKernel {
   WeightsIn bwd_data_weights_;
   bool bwd_data_reuses_fwd_weights_ = false;
   GradOutput in_grad_;
-  GradOutput weight_grad_;
-  GradOutput bias_grad_;
+  WeightGradients weight_grads_;
   Args fwd_args_;
   Args bwd_data_args_;
-  Args bwd_weights_args_[2];  // [accumulate]
 };
 
 FullyConnectedKernel::FullyConnectedKernel(Net& net, int l)
@@ -92,19 +90,8 @@ FullyConnectedKernel::FullyConnectedKernel(Net& net, int l)
             : dnnl::inner_product_backward_weights::desc(src_md, any_w_md, dst_md);
   const dnnl::inner_product_backward_weights::primitive_desc bwd_pd(bwd_desc, eng, fwd_pd);
   bwd_weights_ = dnnl::inner_product_backward_weights(bwd_pd);
-  size_t offset = 0;
-  weight_grad_ = ParamGradOutput(net, w_id, user_w_md, bwd_pd.diff_weights_desc(), &offset);
-  if (bias_) {
-    bias_grad_ =
-        ParamGradOutput(net, layer.param_ids[1], bias_md, bwd_pd.diff_bias_desc(), &offset);
-  }
-  for (int acc = 0; acc < 2; ++acc) {
-    Args& a = bwd_weights_args_[acc];
-    a = {{DNNL_ARG_SRC, src},
-         {DNNL_ARG_DIFF_DST, diff_dst},
-         {DNNL_ARG_DIFF_WEIGHTS, weight_grad_.Dest(acc == 1)}};
-    if (bias_) a[DNNL_ARG_DIFF_BIAS] = bias_grad_.Dest(acc == 1);
-  }
+  weight_grads_ = WeightGradients(net, layer, bias_, user_w_md, bwd_pd.diff_weights_desc(), bias_md,
+                                  bwd_pd.diff_bias_desc(), src, diff_dst);
 }
 
 Status FullyConnectedKernel::Forward() {
@@ -121,10 +108,7 @@ Status FullyConnectedKernel::Backward(bool accumulate) {
     KOLO_RETURN_IF_ERROR(in_grad_.Finish(net_, context_, add_in_));
   }
   if (accumulate) net_.UseParamScratch();
-  KOLO_RETURN_IF_ERROR(
-      net_.Run(context_, "backward weights", bwd_weights_, bwd_weights_args_[accumulate ? 1 : 0]));
-  KOLO_RETURN_IF_ERROR(weight_grad_.Finish(net_, context_, accumulate));
-  if (bias_) KOLO_RETURN_IF_ERROR(bias_grad_.Finish(net_, context_, accumulate));
+  KOLO_RETURN_IF_ERROR(weight_grads_.Run(net_, context_, bwd_weights_, accumulate));
   return Status::OK();
 }
 

@@ -53,4 +53,33 @@ std::string LayerContext(const Layer& layer) {
   return fmt::format("{} '{}'", LayerKindName(layer.kind), layer.name);
 }
 
+WeightGradients::WeightGradients(Net& net, const Layer& layer, bool bias,
+                                 const dnnl::memory::desc& user_w_md,
+                                 const dnnl::memory::desc& diff_w_md,
+                                 const dnnl::memory::desc& user_bias_md,
+                                 const dnnl::memory::desc& diff_bias_md, const dnnl::memory& src,
+                                 const dnnl::memory& diff_dst)
+    : bias_(bias) {
+  size_t offset = 0;
+  weight_ = ParamGradOutput(net, layer.param_ids[0], user_w_md, diff_w_md, &offset);
+  if (bias_)
+    bias_grad_ = ParamGradOutput(net, layer.param_ids[1], user_bias_md, diff_bias_md, &offset);
+  for (int acc = 0; acc < 2; ++acc) {
+    Args& a = args_[acc];
+    a = {{DNNL_ARG_SRC, src},
+         {DNNL_ARG_DIFF_DST, diff_dst},
+         {DNNL_ARG_DIFF_WEIGHTS, weight_.Dest(acc == 1)}};
+    if (bias_) a[DNNL_ARG_DIFF_BIAS] = bias_grad_.Dest(acc == 1);
+  }
+}
+
+Status WeightGradients::Run(Net& net, const std::string& context,
+                            const dnnl::primitive& backward_weights, bool accumulate) const {
+  KOLO_RETURN_IF_ERROR(
+      net.Run(context, "backward weights", backward_weights, args_[accumulate ? 1 : 0]));
+  KOLO_RETURN_IF_ERROR(weight_.Finish(net, context, accumulate));
+  if (bias_) KOLO_RETURN_IF_ERROR(bias_grad_.Finish(net, context, accumulate));
+  return Status::OK();
+}
+
 }  // namespace kolo::models::compute::onednn

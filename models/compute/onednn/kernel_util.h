@@ -39,6 +39,27 @@ class WeightsIn {
 GradOutput ParamGradOutput(Net& net, int id, const dnnl::memory::desc& user_md,
                            const dnnl::memory::desc& natural, size_t* offset);
 
+// The weight gradient (layer.param_ids[0]) and, with `bias`, the bias gradient (param_ids[1]) of a
+// conv or fully connected layer's backward-weights primitive, staged together, with the
+// primitive's arguments for writing them and for adding to them.
+class WeightGradients {
+ public:
+  WeightGradients() = default;
+  WeightGradients(Net& net, const Layer& layer, bool bias, const dnnl::memory::desc& user_w_md,
+                  const dnnl::memory::desc& diff_w_md, const dnnl::memory::desc& user_bias_md,
+                  const dnnl::memory::desc& diff_bias_md, const dnnl::memory& src,
+                  const dnnl::memory& diff_dst);
+  // Runs `backward_weights` and delivers the gradients, added to the buffers when `accumulate`.
+  [[nodiscard]] Status Run(Net& net, const std::string& context,
+                           const dnnl::primitive& backward_weights, bool accumulate) const;
+
+ private:
+  bool bias_ = false;
+  GradOutput weight_;
+  GradOutput bias_grad_;
+  Args args_[2];  // [accumulate]
+};
+
 // The gradient layer `l` computes (`natural`) for its input `slot`, delivered to that input's
 // gradient buffer seen through `target_md` (written or added as the Net says), or dropped when the
 // input needs none.

@@ -1,14 +1,15 @@
 // One measured allreduce implementation: a row label in the table.
 //
-// The harness (sweep.h) drives each Backend through, per buffer size:
-//   Bind(buf, count)        untimed: register the buffer, build per-size state
-//   RunOnce() x (warmup + iters), each timed on its own
-//   Unbind()                untimed: drop per-size state
-// Every row reduces `buf` in place, as a trainer reduces its gradients: RunOnce replaces the
-// `count` elements in buf with `op` applied over every rank's buf. The harness restores this
-// rank's input into buf before each RunOnce (untimed), the same way for every row. Every RunOnce
-// is collective: all ranks call it for the same size in the same order. Methods are called from
-// the main thread only.
+// The harness (sweep.h) drives the Backends through, per buffer size:
+//   Bind(buf, count)        untimed, every row: register the buffer, build per-size state
+//   RunOnce(), each timed on its own: warmup + iters rounds, each round running every row once
+//   Unbind()                untimed, every row: drop per-size state
+// so every row of a size is bound at once and must leave the others' state alone. Every row
+// reduces `buf` in place, as a trainer reduces its gradients: RunOnce replaces the `count`
+// elements in buf with `op` applied over every rank's buf. The harness restores this rank's input
+// into buf before each RunOnce and passes a barrier (untimed), the same way for every row. Every
+// RunOnce is collective: all ranks call it for the same size in the same order. Methods are called
+// from the main thread only.
 #pragma once
 
 #include <cstddef>

@@ -61,11 +61,13 @@ class StepRunner {
   }
 
   // `untimed` then `timed` runs of `fn`, the timed ones appended to *times. Before each run
-  // (untimed), the gradients are restored from this rank's input.
+  // (untimed), the gradients are restored from this rank's input and the ranks pass a barrier,
+  // so that no rank's clock runs while another is still restoring.
   template <typename F>
-  Status Repeat(int untimed, int timed, F&& fn, std::vector<double>* times) {
+  Status Repeat(Control& control, int untimed, int timed, F&& fn, std::vector<double>* times) {
     for (int i = 0; i < untimed + timed; ++i) {
       std::memcpy(buf_.data(), in_.data(), buf_.size());
+      KOLO_RETURN_IF_ERROR(control.Barrier());
       const auto t0 = Clock::now();
       KOLO_RETURN_IF_ERROR(fn());
       const auto t1 = Clock::now();
@@ -86,14 +88,14 @@ class StepRunner {
     KOLO_RETURN_IF_ERROR(control.Barrier());
     // Warm-up steps first, so that the statistics cover only the timed steps.
     auto step = [&] { return Step(engine); };
-    KOLO_RETURN_IF_ERROR(Repeat(config_.warmup, 0, step, &m->step_us));
+    KOLO_RETURN_IF_ERROR(Repeat(control, config_.warmup, 0, step, &m->step_us));
     m->before = engine.stats();
     // Timed steps, with this rank's coordination time of each: the engine records a cycle's
     // agreement time before it completes the cycle's handles, so a step's share is in by the
     // time its last Wait returns.
     for (int i = 0; i < config_.iters; ++i) {
       const double coordinated = engine.stats().coordination_us;
-      KOLO_RETURN_IF_ERROR(Repeat(0, 1, step, &m->step_us));
+      KOLO_RETURN_IF_ERROR(Repeat(control, 0, 1, step, &m->step_us));
       m->coordination_us.push_back(engine.stats().coordination_us - coordinated);
     }
     m->after = engine.stats();
@@ -101,7 +103,7 @@ class StepRunner {
 
     KOLO_RETURN_IF_ERROR(control.Barrier());
     KOLO_RETURN_IF_ERROR(Repeat(
-        config_.warmup, config_.iters, [&] { return Single(engine); }, &m->single_us));
+        control, config_.warmup, config_.iters, [&] { return Single(engine); }, &m->single_us));
     Check(control.size(), &m->check);
     return Status::OK();
   }

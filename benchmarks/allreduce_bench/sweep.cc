@@ -18,57 +18,83 @@ double Median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-StatusOr<SweepRow> MeasureRow(const BenchConfig& config, Backend& backend, HostBuffer& in,
-                              HostBuffer& buf, int64_t bytes, Control& control) {
+// Measures every row at one size, iteration by iteration in turn (round i runs row 0, row 1, ...),
+// so that drifting machine load falls on every row alike and their ratios compare like with like.
+StatusOr<std::vector<SweepRow>> MeasureSize(const BenchConfig& config,
+                                            std::vector<std::unique_ptr<Backend>>& rows,
+                                            HostBuffer& in, HostBuffer& buf, int64_t bytes,
+                                            Control& control) {
   const size_t count = static_cast<size_t>(bytes) / DataTypeSize(config.dtype);
-  const std::string where = fmt::format("{} at {} bytes", backend.name(), bytes);
-  Status s = backend.Bind(buf, count);
-  if (!s.ok()) return s.WithContext(where);
+  auto where = [&](const Backend& b) { return fmt::format("{} at {} bytes", b.name(), bytes); };
+  size_t bound = 0;
+  Status s;
+  for (; s.ok() && bound < rows.size(); ++bound) {
+    s = rows[bound]->Bind(buf, count);
+    if (!s.ok()) s = s.WithContext(where(*rows[bound]));
+  }
+  if (!s.ok()) --bound;  // the row that failed to bind holds nothing
 
-  std::vector<double> times(static_cast<size_t>(config.iters));
-  s = control.Barrier();
-  for (int i = 0; s.ok() && i < config.warmup + config.iters; ++i) {
-    // Untimed: every iteration starts from this rank's input (rows reduce in place). A row that
-    // reduced nothing would leave the input, which differs from the sum at more than one rank.
-    std::memcpy(buf.data(), in.data(), static_cast<size_t>(bytes));
-    const auto t0 = Clock::now();
-    s = backend.RunOnce();
-    const auto t1 = Clock::now();
-    if (i >= config.warmup) {
-      times[static_cast<size_t>(i - config.warmup)] =
-          std::chrono::duration<double, std::micro>(t1 - t0).count();
+  const int rounds = config.warmup + config.iters;
+  std::vector<std::vector<double>> times(rows.size(),
+                                         std::vector<double>(static_cast<size_t>(config.iters)));
+  std::vector<CheckResult> checks(rows.size());
+  for (int i = 0; s.ok() && i < rounds; ++i) {
+    for (size_t r = 0; s.ok() && r < rows.size(); ++r) {
+      // Untimed: every iteration starts from this rank's input (rows reduce in place). A row that
+      // reduced nothing would leave the input, which differs from the sum at more than one rank.
+      // The barrier keeps one rank's clock from running while another is still restoring.
+      std::memcpy(buf.data(), in.data(), static_cast<size_t>(bytes));
+      s = control.Barrier();
+      if (!s.ok()) break;
+      const auto t0 = Clock::now();
+      s = rows[r]->RunOnce();
+      const auto t1 = Clock::now();
+      if (!s.ok()) {
+        s = s.WithContext(where(*rows[r]));
+        break;
+      }
+      if (i >= config.warmup) {
+        times[r][static_cast<size_t>(i - config.warmup)] =
+            std::chrono::duration<double, std::micro>(t1 - t0).count();
+      }
+      // The last round's result of each row is checked before the next row overwrites it.
+      if (i == rounds - 1 && config.check && rows[r]->reduces()) {
+        checks[r] = CheckOutput(config.dtype, buf.data(), count, control.size(), config.op);
+      }
     }
   }
-  backend.Unbind();
-  if (!s.ok()) return s.WithContext(where);
+  for (size_t r = 0; r < bound; ++r) rows[r]->Unbind();
+  if (!s.ok()) return s;
 
-  SweepRow row;
-  row.bytes = bytes;
-  row.count = static_cast<int64_t>(count);
-  row.dtype = config.dtype;
-  row.backend = backend.name();
-  row.kind = backend.kind();
-  row.checked = config.check && backend.reduces();
-  CheckResult check;
-  if (row.checked) check = CheckOutput(config.dtype, buf.data(), count, control.size(), config.op);
-
-  // One gather per row: this rank's times, then its check result.
-  std::vector<double> mine = times;
-  mine.push_back(static_cast<double>(check.wrong));
-  mine.push_back(check.max_error);
-  KOLO_ASSIGN_OR_RETURN(std::vector<double> all, control.AllgatherDoubles(mine));
-  const size_t stride = mine.size();
-  std::vector<double> per_rank_times;
-  for (int r = 0; r < control.size(); ++r) {
-    const double* base = all.data() + r * stride;
-    per_rank_times.insert(per_rank_times.end(), base, base + config.iters);
-    row.wrong += static_cast<int64_t>(base[config.iters]);
-    row.max_error = std::max(row.max_error, base[config.iters + 1]);
+  std::vector<SweepRow> out;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const Backend& backend = *rows[r];
+    SweepRow row;
+    row.bytes = bytes;
+    row.count = static_cast<int64_t>(count);
+    row.dtype = config.dtype;
+    row.backend = backend.name();
+    row.kind = backend.kind();
+    row.checked = config.check && backend.reduces();
+    // One gather per row: this rank's times, then its check result.
+    std::vector<double> mine = times[r];
+    mine.push_back(static_cast<double>(checks[r].wrong));
+    mine.push_back(checks[r].max_error);
+    KOLO_ASSIGN_OR_RETURN(std::vector<double> all, control.AllgatherDoubles(mine));
+    const size_t stride = mine.size();
+    std::vector<double> per_rank_times;
+    for (int k = 0; k < control.size(); ++k) {
+      const double* base = all.data() + k * stride;
+      per_rank_times.insert(per_rank_times.end(), base, base + config.iters);
+      row.wrong += static_cast<int64_t>(base[config.iters]);
+      row.max_error = std::max(row.max_error, base[config.iters + 1]);
+    }
+    row.time = Summarize(per_rank_times, control.size(), config.iters);
+    row.algbw_gbs = AlgBandwidth(bytes, row.time.median_us * 1e-6);
+    row.busbw_gbs = BusBandwidth(row.algbw_gbs, control.size());
+    out.push_back(std::move(row));
   }
-  row.time = Summarize(per_rank_times, control.size(), config.iters);
-  row.algbw_gbs = AlgBandwidth(bytes, row.time.median_us * 1e-6);
-  row.busbw_gbs = BusBandwidth(row.algbw_gbs, control.size());
-  return row;
+  return out;
 }
 
 // Among rows of one kind at one size (gloo's two algorithms), marks the fastest.
@@ -118,11 +144,8 @@ StatusOr<std::vector<SweepRow>> RunSweep(
     KOLO_ASSIGN_OR_RETURN(HostBuffer buf, HostBuffer::Allocate(static_cast<size_t>(bytes)));
     FillInput(config.dtype, in.data(), static_cast<size_t>(bytes) / DataTypeSize(config.dtype),
               control.rank());
-    std::vector<SweepRow> size_rows;
-    for (auto& backend : rows) {
-      KOLO_ASSIGN_OR_RETURN(SweepRow row, MeasureRow(config, *backend, in, buf, bytes, control));
-      size_rows.push_back(std::move(row));
-    }
+    KOLO_ASSIGN_OR_RETURN(std::vector<SweepRow> size_rows,
+                          MeasureSize(config, rows, in, buf, bytes, control));
     MarkBest(size_rows);
     on_size(size_rows);
     all.insert(all.end(), size_rows.begin(), size_rows.end());

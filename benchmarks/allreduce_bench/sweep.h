@@ -1,5 +1,6 @@
-// The size sweep: for each buffer size, every row in turn (interleaved, so that drifting machine
-// load hits every backend alike), with the timing and checking rules of the benchmark.
+// The size sweep: for each buffer size, the rows take turns iteration by iteration (so that
+// drifting machine load hits every backend alike), with the timing and checking rules of the
+// benchmark.
 #pragma once
 
 #include <cstdint>
@@ -43,8 +44,9 @@ double BusBandwidth(double algbw, int ranks);
 
 // Runs the sweep of `config` over `rows`. Collective. `on_size` is called on every rank after each
 // size with that size's rows (rank 0 prints them). Allocates this rank's input and the working
-// buffer once per size (pre-faulted); each row reduces the working buffer in place, restored from
-// the input before every iteration (untimed), and the last iteration's result is checked.
+// buffer once per size (pre-faulted). At each size every row is bound, then the rows take turns
+// iteration by iteration; each reduces the working buffer in place, restored from the input and
+// followed by a barrier before every iteration (untimed), and each row's last result is checked.
 StatusOr<std::vector<SweepRow>> RunSweep(
     const BenchConfig& config, std::vector<std::unique_ptr<Backend>>& rows, Control& control,
     const std::function<void(const std::vector<SweepRow>&)>& on_size);

@@ -1,8 +1,12 @@
 #include "engine/common/options.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
+
+#include <unistd.h>
 
 extern char** environ;
 
@@ -261,6 +265,39 @@ Status Options::Validate() const {
   return Status::OK();
 }
 
+int64_t AutoSocketBufferBytes(int local_size, int64_t cache_bytes) {
+  constexpr int64_t kMin = 512 << 10, kMax = 4 << 20;
+  if (cache_bytes <= 0) return 2 << 20;
+  const int64_t share = cache_bytes / (8 * static_cast<int64_t>(std::max(local_size, 1)));
+  int64_t bytes = kMin;
+  while (bytes * 2 <= std::min(share, kMax)) bytes *= 2;
+  return bytes;
+}
+
+int64_t LastLevelCacheBytes() {
+  // sysfs describes the cache a core actually shares (on AMD, its CCX's L3); glibc's sysconf may
+  // report the whole package's, which is several times more than any rank can use.
+  int best_level = 0;
+  int64_t best_bytes = 0;
+  for (int i = 0; i < 16; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i);
+    std::ifstream level_file(dir + "/level"), size_file(dir + "/size");
+    int level = 0;
+    int64_t value = 0;
+    char unit = 0;
+    if (!(level_file >> level) || !(size_file >> value) || value <= 0) continue;
+    size_file >> unit;
+    const int64_t bytes = unit == 'K' ? value << 10 : unit == 'M' ? value << 20 : value;
+    if (level > best_level) {
+      best_level = level;
+      best_bytes = bytes;
+    }
+  }
+  if (best_bytes > 0) return best_bytes;
+  const long l3 = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return l3 > 0 ? l3 : 0;
+}
+
 StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string>& env) {
   Options o;
   // Open MPI's launch environment wins over kolo's own.
@@ -291,6 +328,7 @@ StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string
   if (const std::string* v = Find(env, "KOLO_BUSY_POLL")) {
     KOLO_ASSIGN_OR_RETURN(o.busy_poll, ParseBool("KOLO_BUSY_POLL", *v));
   }
+  o.socket_buffer_bytes = AutoSocketBufferBytes(o.local_size, LastLevelCacheBytes());
   KOLO_RETURN_IF_ERROR(
       ReadInt(env, "KOLO_SOCKET_BUFFER_BYTES", 4096, 1ll << 30, &o.socket_buffer_bytes));
   KOLO_RETURN_IF_ERROR(ReadInt(env, "KOLO_RING_CHUNK_BYTES", 4096, 1ll << 30, &o.ring_chunk_bytes));

@@ -36,13 +36,15 @@ struct Options {
   // --- Network. KOLO_IFACE: the interface or IPv4 address to listen on. Empty: 127.0.0.1 when
   // every rank is on this host (local_size == size), else the address of the host name.
   std::string iface;
-  // KOLO_SOCKET_BUFFER_BYTES: SO_SNDBUF and SO_RCVBUF of every data connection. 2 MiB is far
-  // above a LAN's bandwidth-delay product, and small enough that on loopback the bytes in flight
-  // stay in cache (4 MiB was about 10% slower at 4 ranks on 2 cores).
+  // KOLO_SOCKET_BUFFER_BYTES: SO_SNDBUF and SO_RCVBUF of every data connection. Unset,
+  // OptionsFromEnvironment sizes it by AutoSocketBufferBytes: the bytes every local rank keeps in
+  // flight should stay within the shared last-level cache, so the more ranks on the host, the
+  // smaller each one's buffers (2 MiB with 2 local ranks and a 32 MiB L3, 1 MiB with 4).
   int64_t socket_buffer_bytes = 2 << 20;
   // KOLO_RING_CHUNK_BYTES: pipeline chunk of the ring collectives; a segment larger than this is
-  // sent in pieces so that sending, receiving and reducing overlap.
-  int64_t ring_chunk_bytes = 512 << 10;
+  // sent in pieces so that sending, receiving and reducing overlap. 256 KiB: a piece and the
+  // buffer bytes it is summed into fit together in a 512 KiB L2 cache.
+  int64_t ring_chunk_bytes = 256 << 10;
   // KOLO_PEER_TIMEOUT_SECONDS: longest any blocking wait on a peer may take before it fails with
   // an error naming the peer (connection set-up, a collective, a control message).
   double peer_timeout_s = 30.0;
@@ -108,6 +110,15 @@ struct Options {
 StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string>& env);
 // The same, from this process's environment.
 StatusOr<Options> OptionsFromEnvironment();
+
+// The default socket buffer for `local_size` ranks on a host whose last-level cache holds
+// `cache_bytes` (0 when unknown): cache_bytes / (8 * local_size), the power of two at or below it,
+// within [512 KiB, 4 MiB]. Each connection keeps up to about twice its buffer in flight (send and
+// receive queues), so the local ranks' bytes in flight take at most about a quarter of the cache.
+// Unknown cache: 2 MiB.
+int64_t AutoSocketBufferBytes(int local_size, int64_t cache_bytes);
+// The last-level cache the first core shares, in bytes (sysfs, else sysconf); 0 when unknown.
+int64_t LastLevelCacheBytes();
 
 // KOLO_* names in `env` that kolo does not know (likely misspellings); each is logged as a
 // warning by OptionsFromEnvironment.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <barrier>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -123,16 +124,29 @@ TEST(Engine, DifferentSubmissionOrdersComplete) {
 
 // Ranks with nothing new sleep until a peer or a submission wakes them: no cycles while idle.
 TEST(Engine, IdleRanksRunNoCycles) {
-  RunRanks(3, [](int rank, Engine& engine) {
+  // The ranks are threads of this process; `sync` keeps any rank from submitting "after" (which
+  // starts an exchange every rank joins) while another is still watching its idle count.
+  std::barrier sync(3);
+  RunRanks(3, [&](int rank, Engine& engine) {
     int32_t x = 1;
     auto warm = engine.AllreduceAsync("warm", &x, &x, DataType::kInt32, {1}, ReduceOp::kSum);
     ASSERT_TRUE(warm.ok());
     ASSERT_TRUE(engine.Wait(*warm).ok());
-    // The cycle that completed "warm" counts itself just after completing it.
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    // The cycle that completed "warm" counts itself just after completing it, and a loaded
+    // machine may deschedule a rank's thread for a while: wait (bounded) until the count has held
+    // for 100 ms. A rank that cycled while idle would never get there.
+    int64_t settled = engine.stats().cycles;
+    for (int i = 0; i < 20; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      const int64_t now = engine.stats().cycles;
+      if (now == settled) break;
+      settled = now;
+    }
+    sync.arrive_and_wait();
     const int64_t before = engine.stats().cycles;
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     EXPECT_EQ(engine.stats().cycles, before) << "rank " << rank << " ran cycles while idle";
+    sync.arrive_and_wait();
     // And it still answers at once afterwards.
     int32_t y = rank;
     auto after = engine.AllreduceAsync("after", &y, &y, DataType::kInt32, {1}, ReduceOp::kSum);

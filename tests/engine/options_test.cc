@@ -89,6 +89,28 @@ TEST(Options, MisspelledVariablesAreReported) {
   EXPECT_TRUE(OptionsFromEnvironment(env).ok());
 }
 
+TEST(Options, SocketBuffersShrinkWithTheLocalRanksSharingTheCache) {
+  constexpr int64_t kL3 = 32ll << 20;
+  EXPECT_EQ(AutoSocketBufferBytes(1, kL3), 4 << 20);
+  EXPECT_EQ(AutoSocketBufferBytes(2, kL3), 2 << 20);
+  EXPECT_EQ(AutoSocketBufferBytes(4, kL3), 1 << 20);
+  EXPECT_EQ(AutoSocketBufferBytes(8, kL3), 512 << 10);
+  EXPECT_EQ(AutoSocketBufferBytes(64, kL3), 512 << 10);  // the floor
+  EXPECT_EQ(AutoSocketBufferBytes(3, kL3), 1 << 20);     // a power of two at or below the share
+  EXPECT_EQ(AutoSocketBufferBytes(1, 256ll << 20), 4 << 20);  // the ceiling
+  EXPECT_EQ(AutoSocketBufferBytes(4, 0), 2 << 20);             // cache unknown
+  EXPECT_EQ(AutoSocketBufferBytes(0, kL3), 4 << 20);           // treated as one rank
+
+  // The environment's default follows the local rank count; the variable overrides it.
+  auto four = OptionsFromEnvironment(Env{{"KOLO_SIZE", "4"}, {"KOLO_RANK", "0"}});
+  ASSERT_TRUE(four.ok()) << four.status().ToString();
+  EXPECT_EQ(four->socket_buffer_bytes, AutoSocketBufferBytes(4, LastLevelCacheBytes()));
+  auto set = OptionsFromEnvironment(
+      Env{{"KOLO_SIZE", "4"}, {"KOLO_RANK", "0"}, {"KOLO_SOCKET_BUFFER_BYTES", "65536"}});
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_EQ(set->socket_buffer_bytes, 65536);
+}
+
 TEST(Options, ByteSizes) {
   EXPECT_EQ(*ParseByteSize("x", "64M"), 64ll << 20);
   EXPECT_EQ(*ParseByteSize("x", "8"), 8);

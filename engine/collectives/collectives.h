@@ -38,7 +38,7 @@ struct Comm {
   transport::Device* device = nullptr;
   // Pipeline chunk: a ring segment larger than this moves in pieces of about this size, so that
   // sending, receiving and reducing overlap.
-  size_t chunk_bytes = 256 << 10;
+  size_t chunk_bytes = 512 << 10;
   std::chrono::milliseconds timeout{30000};
   // Called with (phase, true) when a phase starts and (phase, false) when it ends; may be empty.
   std::function<void(Phase, bool)> on_phase;

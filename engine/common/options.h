@@ -42,9 +42,8 @@ struct Options {
   // smaller each one's buffers (2 MiB with 2 local ranks and a 32 MiB L3, 1 MiB with 4).
   int64_t socket_buffer_bytes = 2 << 20;
   // KOLO_RING_CHUNK_BYTES: pipeline chunk of the ring collectives; a segment larger than this is
-  // sent in pieces so that sending, receiving and reducing overlap. 256 KiB: a piece and the
-  // buffer bytes it is summed into fit together in a 512 KiB L2 cache.
-  int64_t ring_chunk_bytes = 256 << 10;
+  // sent in pieces so that sending, receiving and reducing overlap.
+  int64_t ring_chunk_bytes = 512 << 10;
   // KOLO_PEER_TIMEOUT_SECONDS: longest any blocking wait on a peer may take before it fails with
   // an error naming the peer (connection set-up, a collective, a control message).
   double peer_timeout_s = 30.0;

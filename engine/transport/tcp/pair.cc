@@ -157,12 +157,25 @@ Status TcpPair::ProcessRx() {
         KOLO_RETURN_IF_ERROR(StartPayload());
         break;
       case Rx::kPayload: {
-        const ssize_t n = Read(rx_dst_, rx_remaining_);
+        // The payload's remaining bytes and whatever of the next header has arrived, in one call:
+        // saves a system call per message.
+        const ssize_t n = ReadThen(rx_dst_, rx_remaining_, &rx_next_, kHeaderBytes);
         if (n < 0) return Status::OK();
         if (n == 0) return AtEndOfStream();
-        rx_dst_ += n;
-        rx_remaining_ -= static_cast<size_t>(n);
-        if (rx_remaining_ == 0) CompleteRecv();
+        const size_t got = static_cast<size_t>(n);
+        const size_t payload = std::min(got, rx_remaining_);
+        rx_dst_ += payload;
+        rx_remaining_ -= payload;
+        if (rx_remaining_ > 0) break;
+        CompleteRecv();
+        if (got > payload) {
+          rx_header_got_ = got - payload;
+          std::memcpy(&rx_header_, &rx_next_, rx_header_got_);
+          if (rx_header_got_ == kHeaderBytes) {
+            rx_header_got_ = 0;
+            KOLO_RETURN_IF_ERROR(OnHeader());
+          }
+        }
         break;
       }
       case Rx::kAbortReason: {
@@ -259,6 +272,24 @@ ssize_t TcpPair::Read(void* dst, size_t n) {
   if (!readable_ || !fd_.valid()) return -1;
   for (;;) {
     const ssize_t got = ::recv(fd_.get(), dst, n, 0);
+    if (got > 0) return got;
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      readable_ = false;
+      return -1;
+    }
+    if (got < 0) reset_ = true;
+    BeginClosing();
+    return Read(dst, n);
+  }
+}
+
+ssize_t TcpPair::ReadThen(void* dst, size_t n, void* next, size_t next_n) {
+  if (n == 0) return -1;
+  if (closing_ || !readable_ || !fd_.valid()) return Read(dst, n);
+  iovec iov[2] = {{dst, n}, {next, next_n}};
+  for (;;) {
+    const ssize_t got = ::readv(fd_.get(), iov, 2);
     if (got > 0) return got;
     if (got < 0 && errno == EINTR) continue;
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {

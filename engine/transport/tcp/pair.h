@@ -80,6 +80,9 @@ class TcpPair final : public Pair {
   // Bytes from the socket, or from tail_ once the peer has closed: > 0 read, 0 end of stream,
   // -1 nothing available now.
   ssize_t Read(void* dst, size_t n);
+  // Read, filling `dst` first and then as much of `next` as has arrived, in one call (a payload's
+  // last bytes and the following frame header). Same return values; from tail_ only `dst`.
+  ssize_t ReadThen(void* dst, size_t n, void* next, size_t next_n);
   void BeginClosing();
   void Slurp();
   Status AtEndOfStream();
@@ -98,6 +101,7 @@ class TcpPair final : public Pair {
   Rx rx_ = Rx::kHeader;
   FrameHeader rx_header_;
   size_t rx_header_got_ = 0;
+  FrameHeader rx_next_;  // the next frame's header bytes read along with a payload's last bytes
   uint8_t* rx_dst_ = nullptr;
   size_t rx_remaining_ = 0;
   std::string abort_reason_;

@@ -62,9 +62,17 @@ struct Engine::Impl {
   // whichever rank submits last starts the exchange that agrees on what every rank has.
   Status AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_point last_start);
   // Whether this rank knows something its peers need for agreement: new submissions, requests
-  // to report, a shutdown, or (rank 0) a stall check due. Sets `idle` when it has none, in the
-  // same critical section that looked at the queue, so that no submission goes unnoticed.
+  // to report, a shutdown, (rank 0) a stall check due, or a cache hit waiting past the stall
+  // time. Sets `idle` when it has none, in the same critical section that looked at the queue, so
+  // that no submission goes unnoticed.
   bool HasNews(SteadyClock::time_point now);
+  // How long a tensor may wait here as a response-cache hit before this rank hands it back to the
+  // coordinator, whose table sees stalls (the cache's bit exchange only says "not everywhere"):
+  // the stall warning time, or the shutdown time if that is shorter or the only one set.
+  // Zero when stall inspection is off.
+  SteadyClock::duration HitStallAfter() const;
+  // Recomputes hit_stall_due from the pending cache hits.
+  void UpdateHitStallDue();
   // One negotiation-and-execution cycle. Sets *stop when every rank is to stop.
   Status RunCycle(bool* stop);
   void DrainQueue();
@@ -146,6 +154,8 @@ struct Engine::Impl {
   collectives::Scratch scratch;
   collectives::Scratch message_scratch;  // comm.messages: negotiation's message staging
   SteadyClock::time_point last_stall_check;
+  // When the oldest pending cache hit will have waited HitStallAfter(); max() when none will.
+  SteadyClock::time_point hit_stall_due = SteadyClock::time_point::max();
   std::unordered_map<std::string, SteadyClock::time_point> stall_warned;  // rank 0
   std::vector<std::string> group_names;  // tensors of the collective in flight (timeline)
 

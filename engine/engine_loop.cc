@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <optional>
 
 #include "engine/collectives/reduce.h"
@@ -60,8 +61,26 @@ void Engine::Impl::Loop() {
   }
 }
 
+SteadyClock::duration Engine::Impl::HitStallAfter() const {
+  double s = options.stall_warning_s;
+  if (options.stall_shutdown_s > 0 && (s <= 0 || options.stall_shutdown_s < s)) {
+    s = options.stall_shutdown_s;
+  }
+  return std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(s));
+}
+
+void Engine::Impl::UpdateHitStallDue() {
+  hit_stall_due = SteadyClock::time_point::max();
+  const auto after = HitStallAfter();
+  if (after <= SteadyClock::duration::zero()) return;
+  for (const auto& [name, entry] : pending) {
+    if (entry.cache_bit >= 0) hit_stall_due = std::min(hit_stall_due, entry.submitted + after);
+  }
+}
+
 bool Engine::Impl::HasNews(SteadyClock::time_point now) {
   if (!unreported.empty()) return true;
+  if (now >= hit_stall_due) return true;
   if (table && table->pending() > 0 && now - last_stall_check > kStallCheckEvery) return true;
   std::lock_guard<std::mutex> lock(mu);
   idle = queue.empty() && !shutdown_requested;
@@ -85,7 +104,7 @@ Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_p
     } else {
       tick.reset();
       // Idle: only a submission (Wake), a peer's exchange or rank 0's next stall check ends it.
-      until = now + kIdleWait;
+      until = std::min(now + kIdleWait, hit_stall_due);
       if (table && table->pending() > 0)
         until = std::min(until, last_stall_check + kStallCheckEvery);
     }
@@ -149,6 +168,9 @@ void Engine::Impl::DrainQueue() {
                              : coordinator::ResponseCache::Lookup::kMiss) {
       case coordinator::ResponseCache::Lookup::kHit:
         entry.cache_bit = bit;
+        if (HitStallAfter() > SteadyClock::duration::zero()) {
+          hit_stall_due = std::min(hit_stall_due, entry.submitted + HitStallAfter());
+        }
         break;
       case coordinator::ResponseCache::Lookup::kMismatch:
         // Set in this cycle's invalid vector: every rank drops the entry and renegotiates.
@@ -199,13 +221,26 @@ Status Engine::Impl::Negotiate(std::vector<Response>* responses, bool* stop) {
     return Status::OK();
   }
 
-  // One bit-vector exchange: AND of cache hits | OR of flags | OR of invalidated bits.
+  // One bit-vector exchange: AND of cache hits | OR of flags | OR of invalidated bits. A hit that
+  // has waited past the stall time is invalidated instead: every rank drops the entry, and the
+  // ranks that have the tensor report it to the coordinator, whose stall inspector then names
+  // the ranks missing it.
+  const auto hit_stall_after = HitStallAfter();
+  bool handed_back = false;
   for (const auto& [name, entry] : pending) {
-    if (entry.cache_bit >= 0) bits[entry.cache_bit / 64] |= uint64_t{1} << (entry.cache_bit % 64);
+    if (entry.cache_bit < 0) continue;
+    const uint64_t mask = uint64_t{1} << (entry.cache_bit % 64);
+    if (hit_stall_after > SteadyClock::duration::zero() &&
+        start - entry.submitted >= hit_stall_after) {
+      bits[words + 1 + entry.cache_bit / 64] |= mask;
+      handed_back = true;
+    } else {
+      bits[entry.cache_bit / 64] |= mask;
+    }
   }
   const bool rank0_round =
       table && table->pending() > 0 && start - last_stall_check > kStallCheckEvery;
-  if (!unreported.empty() || rank0_round) bits[words] |= kFlagUncached;
+  if (!unreported.empty() || rank0_round || handed_back) bits[words] |= kFlagUncached;
   if (shutdown) bits[words] |= kFlagShutdown;
   KOLO_RETURN_IF_ERROR(
       collectives::BitwiseAllreduce(comm, *bits_region, words, words + 1, scratch));
@@ -255,6 +290,7 @@ Status Engine::Impl::Negotiate(std::vector<Response>* responses, bool* stop) {
       }
     }
   }
+  UpdateHitStallDue();
   const double us = std::chrono::duration<double, std::micro>(SteadyClock::now() - start).count();
   std::lock_guard<std::mutex> lock(mu);
   stats.cache_hits += hits;
@@ -266,10 +302,16 @@ Status Engine::Impl::Negotiate(std::vector<Response>* responses, bool* stop) {
 
 Status Engine::Impl::CoordinatorRound(std::vector<Response>* responses) {
   coordinator::RequestList mine;
+  const auto sent = SteadyClock::now();
   for (const std::string& name : unreported) {
     auto it = pending.find(name);
-    if (it != pending.end() && it->second.cache_bit < 0)
+    if (it != pending.end() && it->second.cache_bit < 0) {
       mine.requests.push_back(it->second.request);
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+          sent - it->second.submitted);
+      mine.waited_ms.push_back(static_cast<uint32_t>(
+          std::clamp<int64_t>(waited.count(), 0, std::numeric_limits<uint32_t>::max())));
+    }
   }
   unreported.clear();
   KOLO_ASSIGN_OR_RETURN(auto gathered,
@@ -281,7 +323,10 @@ Status Engine::Impl::CoordinatorRound(std::vector<Response>* responses) {
     for (int r = 0; r < options.size; ++r) {
       auto parsed = coordinator::ParseRequestList(gathered[r]);
       if (!parsed.ok()) return parsed.status().WithContext(fmt::format("requests from rank {}", r));
-      for (const Request& req : parsed->requests) table->Add(r, req, now, &list.responses);
+      for (size_t i = 0; i < parsed->requests.size(); ++i) {
+        const auto since = now - std::chrono::milliseconds(parsed->waited_ms[i]);
+        table->Add(r, parsed->requests[i], since, &list.responses);
+      }
     }
     InspectStalls(&list.responses);
     answer = coordinator::Serialize(list);

@@ -147,6 +147,9 @@ std::vector<uint8_t> Serialize(const RequestList& list) {
   w.U8(list.shutdown ? 1 : 0);
   w.U32(static_cast<uint32_t>(list.requests.size()));
   for (const Request& r : list.requests) WriteRequest(w, r);
+  for (size_t i = 0; i < list.requests.size(); ++i) {
+    w.U32(i < list.waited_ms.size() ? list.waited_ms[i] : 0);
+  }
   return w.Take();
 }
 
@@ -176,6 +179,10 @@ StatusOr<RequestList> ParseRequestList(const std::vector<uint8_t>& bytes) {
   list.requests.resize(n);
   for (auto& r : list.requests) {
     if (!ReadRequest(rd, &r)) return ProtocolError("malformed request in request list");
+  }
+  list.waited_ms.resize(n);
+  for (uint32_t& ms : list.waited_ms) {
+    if (!rd.U32(&ms)) return ProtocolError("malformed waiting times in request list");
   }
   if (!rd.done()) return ProtocolError("trailing bytes after request list");
   return list;

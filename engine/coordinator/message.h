@@ -39,6 +39,10 @@ struct Request {
 
 struct RequestList {
   std::vector<Request> requests;
+  // How long each request had waited on its rank when sent, milliseconds (parallel to
+  // `requests`; missing entries are 0). The coordinator dates a tensor by its oldest report, so a
+  // tensor that waited as a response-cache hit before reaching it is not taken for a new one.
+  std::vector<uint32_t> waited_ms;
   bool shutdown = false;
 };
 

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace kolo::coordinator {
 
 std::string FormatRanks(const std::vector<int>& ranks) {
@@ -18,14 +20,16 @@ std::string FormatRanks(const std::vector<int>& ranks) {
   return out;
 }
 
-void MessageTable::Add(int rank, const Request& request, Clock::time_point now,
+void MessageTable::Add(int rank, const Request& request, Clock::time_point since,
                        std::vector<Response>* ready) {
   auto [it, inserted] = entries_.try_emplace(request.name);
   Entry& e = it->second;
   if (inserted) {
-    e.first_seen = now;
+    e.first_seen = since;
     e.reported.assign(size_, false);
     e.requests.resize(size_);
+  } else {
+    e.first_seen = std::min(e.first_seen, since);
   }
   if (e.reported[rank]) {
     if (e.error.empty()) {

@@ -35,6 +35,11 @@ TEST(Message, RoundTrips) {
   EXPECT_EQ(parsed->requests[0].shape, (Shape{64, 3, 7, 7}));
   EXPECT_EQ(parsed->requests[1].root, 3);
   EXPECT_EQ(parsed->requests[1].name, "emb \"quoted\"");
+  // Waiting times ride along; missing ones are sent as 0.
+  rl.waited_ms = {1500};
+  auto with_waits = ParseRequestList(Serialize(rl));
+  ASSERT_TRUE(with_waits.ok());
+  EXPECT_EQ(with_waits->waited_ms, (std::vector<uint32_t>{1500, 0}));
 
   ResponseList resp;
   Response r;
@@ -108,6 +113,19 @@ TEST(MessageTable, AllgatherAllowsDifferentFirstDims) {
   ASSERT_EQ(ready.size(), 1u);
   ASSERT_FALSE(ready[0].is_error()) << ready[0].error;
   EXPECT_EQ(ready[0].first_dims, (std::vector<int64_t>{3, 1}));
+}
+
+TEST(MessageTable, ATensorIsDatedByItsOldestReport) {
+  MessageTable t(3);
+  std::vector<Response> ready;
+  const auto now = MessageTable::Clock::now();
+  // Rank 1 reports now; rank 0's report says it had waited 10 s (as a cache hit) before.
+  t.Add(1, Req("s", {1}), now, &ready);
+  t.Add(0, Req("s", {1}), now - std::chrono::seconds(10), &ready);
+  auto stalled = t.FindStalled(now, std::chrono::seconds(5));
+  ASSERT_EQ(stalled.size(), 1u);
+  EXPECT_GE(stalled[0].waited_s, 10.0);
+  EXPECT_EQ(FormatRanks(stalled[0].missing_ranks), "2");
 }
 
 TEST(MessageTable, StalledListsReadyAndMissingRanks) {

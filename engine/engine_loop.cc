@@ -307,8 +307,8 @@ Status Engine::Impl::CoordinatorRound(std::vector<Response>* responses) {
     auto it = pending.find(name);
     if (it != pending.end() && it->second.cache_bit < 0) {
       mine.requests.push_back(it->second.request);
-      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
-          sent - it->second.submitted);
+      const auto waited =
+          std::chrono::duration_cast<std::chrono::milliseconds>(sent - it->second.submitted);
       mine.waited_ms.push_back(static_cast<uint32_t>(
           std::clamp<int64_t>(waited.count(), 0, std::numeric_limits<uint32_t>::max())));
     }

@@ -1,12 +1,12 @@
 #include "engine/common/options.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
-
-#include <unistd.h>
 
 extern char** environ;
 

@@ -24,8 +24,7 @@ class MessageTable {
   // from its oldest report). When this completes the tensor (every rank has reported it),
   // appends its Response — a collective, or an error naming the tensor, both values and the ranks —
   // to *ready and removes it from the table. A rank reporting a name twice is an error response.
-  void Add(int rank, const Request& request, Clock::time_point since,
-           std::vector<Response>* ready);
+  void Add(int rank, const Request& request, Clock::time_point since, std::vector<Response>* ready);
 
   struct Stalled {
     std::string name;

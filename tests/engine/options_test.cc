@@ -98,8 +98,8 @@ TEST(Options, SocketBuffersShrinkWithTheLocalRanksSharingTheCache) {
   EXPECT_EQ(AutoSocketBufferBytes(64, kL3), 512 << 10);  // the floor
   EXPECT_EQ(AutoSocketBufferBytes(3, kL3), 1 << 20);     // a power of two at or below the share
   EXPECT_EQ(AutoSocketBufferBytes(1, 256ll << 20), 4 << 20);  // the ceiling
-  EXPECT_EQ(AutoSocketBufferBytes(4, 0), 2 << 20);             // cache unknown
-  EXPECT_EQ(AutoSocketBufferBytes(0, kL3), 4 << 20);           // treated as one rank
+  EXPECT_EQ(AutoSocketBufferBytes(4, 0), 2 << 20);            // cache unknown
+  EXPECT_EQ(AutoSocketBufferBytes(0, kL3), 4 << 20);          // treated as one rank
 
   // The environment's default follows the local rank count; the variable overrides it.
   auto four = OptionsFromEnvironment(Env{{"KOLO_SIZE", "4"}, {"KOLO_RANK", "0"}});

@@ -253,7 +253,9 @@ void TcpPair::CompleteRecv() {
   rx_ = Rx::kHeader;
 }
 
-ssize_t TcpPair::Read(void* dst, size_t n) {
+ssize_t TcpPair::Read(void* dst, size_t n) { return ReadThen(dst, n, nullptr, 0); }
+
+ssize_t TcpPair::ReadThen(void* dst, size_t n, void* next, size_t next_n) {
   if (n == 0) return -1;
   if (closing_) {
     if (tail_pos_ == tail_.size() && !eof_) Slurp();
@@ -270,26 +272,9 @@ ssize_t TcpPair::Read(void* dst, size_t n) {
     return eof_ ? 0 : -1;
   }
   if (!readable_ || !fd_.valid()) return -1;
-  for (;;) {
-    const ssize_t got = ::recv(fd_.get(), dst, n, 0);
-    if (got > 0) return got;
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      readable_ = false;
-      return -1;
-    }
-    if (got < 0) reset_ = true;
-    BeginClosing();
-    return Read(dst, n);
-  }
-}
-
-ssize_t TcpPair::ReadThen(void* dst, size_t n, void* next, size_t next_n) {
-  if (n == 0) return -1;
-  if (closing_ || !readable_ || !fd_.valid()) return Read(dst, n);
   iovec iov[2] = {{dst, n}, {next, next_n}};
   for (;;) {
-    const ssize_t got = ::readv(fd_.get(), iov, 2);
+    const ssize_t got = ::readv(fd_.get(), iov, next_n > 0 ? 2 : 1);
     if (got > 0) return got;
     if (got < 0 && errno == EINTR) continue;
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
@@ -298,7 +283,7 @@ ssize_t TcpPair::ReadThen(void* dst, size_t n, void* next, size_t next_n) {
     }
     if (got < 0) reset_ = true;
     BeginClosing();
-    return Read(dst, n);
+    return ReadThen(dst, n, next, next_n);  // closing now: from tail_
   }
 }
 

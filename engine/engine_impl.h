@@ -52,7 +52,8 @@ struct HandleState {
 };
 
 struct Engine::Impl {
-  explicit Impl(const Options& o) : options(o), cache(o.cache_capacity) {}
+  explicit Impl(const Options& o)
+      : options(o), hit_stall_after(HitStallAfter(o)), cache(o.cache_capacity) {}
 
   // --- Background thread.
   void Loop();
@@ -70,8 +71,9 @@ struct Engine::Impl {
   // coordinator, whose table sees stalls (the cache's bit exchange only says "not everywhere"):
   // the stall warning time, or the shutdown time if that is shorter or the only one set.
   // Zero when stall inspection is off.
-  SteadyClock::duration HitStallAfter() const;
-  // Recomputes hit_stall_due from the pending cache hits.
+  static SteadyClock::duration HitStallAfter(const Options& o);
+  // Recomputes hit_stall_due from the pending cache hits (at the end of each negotiation, the only
+  // place hits are added or removed before the loop next waits).
   void UpdateHitStallDue();
   // One negotiation-and-execution cycle. Sets *stop when every rank is to stop.
   Status RunCycle(bool* stop);
@@ -112,6 +114,7 @@ struct Engine::Impl {
   StatusOr<HandleState> WaitState(Handle handle, std::chrono::milliseconds timeout);
 
   const Options options;
+  const SteadyClock::duration hit_stall_after;  // HitStallAfter(options)
   bootstrap::Rendezvous rendezvous;
   std::unique_ptr<transport::Device> device;
   collectives::Comm comm;

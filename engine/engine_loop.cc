@@ -61,20 +61,19 @@ void Engine::Impl::Loop() {
   }
 }
 
-SteadyClock::duration Engine::Impl::HitStallAfter() const {
-  double s = options.stall_warning_s;
-  if (options.stall_shutdown_s > 0 && (s <= 0 || options.stall_shutdown_s < s)) {
-    s = options.stall_shutdown_s;
-  }
+SteadyClock::duration Engine::Impl::HitStallAfter(const Options& o) {
+  double s = o.stall_warning_s;
+  if (o.stall_shutdown_s > 0 && (s <= 0 || o.stall_shutdown_s < s)) s = o.stall_shutdown_s;
   return std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(s));
 }
 
 void Engine::Impl::UpdateHitStallDue() {
   hit_stall_due = SteadyClock::time_point::max();
-  const auto after = HitStallAfter();
-  if (after <= SteadyClock::duration::zero()) return;
+  if (hit_stall_after <= SteadyClock::duration::zero()) return;
   for (const auto& [name, entry] : pending) {
-    if (entry.cache_bit >= 0) hit_stall_due = std::min(hit_stall_due, entry.submitted + after);
+    if (entry.cache_bit >= 0) {
+      hit_stall_due = std::min(hit_stall_due, entry.submitted + hit_stall_after);
+    }
   }
 }
 
@@ -168,9 +167,6 @@ void Engine::Impl::DrainQueue() {
                              : coordinator::ResponseCache::Lookup::kMiss) {
       case coordinator::ResponseCache::Lookup::kHit:
         entry.cache_bit = bit;
-        if (HitStallAfter() > SteadyClock::duration::zero()) {
-          hit_stall_due = std::min(hit_stall_due, entry.submitted + HitStallAfter());
-        }
         break;
       case coordinator::ResponseCache::Lookup::kMismatch:
         // Set in this cycle's invalid vector: every rank drops the entry and renegotiates.
@@ -225,7 +221,6 @@ Status Engine::Impl::Negotiate(std::vector<Response>* responses, bool* stop) {
   // has waited past the stall time is invalidated instead: every rank drops the entry, and the
   // ranks that have the tensor report it to the coordinator, whose stall inspector then names
   // the ranks missing it.
-  const auto hit_stall_after = HitStallAfter();
   bool handed_back = false;
   for (const auto& [name, entry] : pending) {
     if (entry.cache_bit < 0) continue;

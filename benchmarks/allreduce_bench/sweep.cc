@@ -26,13 +26,16 @@ StatusOr<std::vector<SweepRow>> MeasureSize(const BenchConfig& config,
                                             Control& control) {
   const size_t count = static_cast<size_t>(bytes) / DataTypeSize(config.dtype);
   auto where = [&](const Backend& b) { return fmt::format("{} at {} bytes", b.name(), bytes); };
-  size_t bound = 0;
+  size_t bound = 0;  // rows [0, bound) hold per-size state
   Status s;
-  for (; s.ok() && bound < rows.size(); ++bound) {
+  while (s.ok() && bound < rows.size()) {
     s = rows[bound]->Bind(buf, count);
-    if (!s.ok()) s = s.WithContext(where(*rows[bound]));
+    if (s.ok()) {
+      ++bound;
+    } else {
+      s = s.WithContext(where(*rows[bound]));
+    }
   }
-  if (!s.ok()) --bound;  // the row that failed to bind holds nothing
 
   const int rounds = config.warmup + config.iters;
   std::vector<std::vector<double>> times(rows.size(),

@@ -103,11 +103,10 @@ class Device {
   virtual Status WaitForArrival(std::chrono::microseconds timeout, bool* arrived) = 0;
 
   // Makes the Poll or WaitForArrival in progress on the driving thread (or, if none, the next
-  // one) return soon,
-  // possibly with no completion: a thread that queued work for the driving thread wakes it with
-  // this instead of waiting for its timeout. Thread-safe: the one method any thread may call
-  // while another drives the device. Safe default: nothing (Poll returns at its next completion
-  // or timeout).
+  // one) return soon, possibly with no completion: a thread that queued work for the driving
+  // thread wakes it with this instead of waiting for its timeout. Thread-safe: the one method any
+  // thread may call while another drives the device. Safe default: nothing (Poll returns at its
+  // next completion or timeout).
   virtual void Wake() {}
 
   // Tells every connected peer that this rank is failing with `reason`, best effort and without

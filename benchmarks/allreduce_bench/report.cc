@@ -106,8 +106,8 @@ std::string FormatHeader(const RunInfo& info) {
       o.fusion_threshold_bytes, o.cycle_time_ms, o.cache_capacity, o.ring_chunk_bytes,
       o.socket_buffer_bytes, o.iface.empty() ? "auto" : o.iface);
   s += "# time: median over iterations of the slowest rank's time; busbw = algbw * 2(n-1)/n\n";
-  s += "# every row reduces in place; the input is restored and the ranks pass a barrier (untimed) "
-       "before each iteration\n";
+  s += "# every row reduces in place; untimed around each iteration: the input is restored, the "
+       "ranks pass a barrier before it and another after it\n";
   return s;
 }
 

@@ -62,7 +62,8 @@ class StepRunner {
 
   // `untimed` then `timed` runs of `fn`, the timed ones appended to *times. Before each run
   // (untimed), the gradients are restored from this rank's input and the ranks pass a barrier,
-  // so that no rank's clock runs while another is still restoring.
+  // so that no rank's clock runs while another is still restoring; after it, another barrier, so
+  // that no rank restores for the next run while another's clock still runs.
   template <typename F>
   Status Repeat(Control& control, int untimed, int timed, F&& fn, std::vector<double>* times) {
     for (int i = 0; i < untimed + timed; ++i) {
@@ -71,6 +72,7 @@ class StepRunner {
       const auto t0 = Clock::now();
       KOLO_RETURN_IF_ERROR(fn());
       const auto t1 = Clock::now();
+      KOLO_RETURN_IF_ERROR(control.Barrier());
       if (i >= untimed)
         times->push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     }

@@ -52,6 +52,8 @@ StatusOr<std::vector<SweepRow>> MeasureSize(const BenchConfig& config,
       const auto t0 = Clock::now();
       s = rows[r]->RunOnce();
       const auto t1 = Clock::now();
+      // And no rank restores for the next round while another's clock still runs.
+      if (s.ok()) s = control.Barrier();
       if (!s.ok()) {
         s = s.WithContext(where(*rows[r]));
         break;

@@ -265,13 +265,20 @@ Status Options::Validate() const {
   return Status::OK();
 }
 
-int64_t AutoSocketBufferBytes(int local_size, int64_t cache_bytes) {
+int64_t AutoSocketBufferBytes(int local_size, int64_t cache_bytes, int cpus) {
   constexpr int64_t kMin = 512 << 10, kMax = 4 << 20;
   if (cache_bytes <= 0) return 2 << 20;
-  const int64_t share = cache_bytes / (8 * static_cast<int64_t>(std::max(local_size, 1)));
+  const int64_t ranks = std::max(local_size, 1);
+  const int64_t per_cpu = (ranks + std::max(cpus, 1) - 1) / std::max(cpus, 1);
+  const int64_t share = cache_bytes / (8 * ranks * per_cpu);
   int64_t bytes = kMin;
   while (bytes * 2 <= std::min(share, kMax)) bytes *= 2;
   return bytes;
+}
+
+int OnlineCpus() {
+  const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
 }
 
 int64_t LastLevelCacheBytes() {
@@ -328,7 +335,7 @@ StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string
   if (const std::string* v = Find(env, "KOLO_BUSY_POLL")) {
     KOLO_ASSIGN_OR_RETURN(o.busy_poll, ParseBool("KOLO_BUSY_POLL", *v));
   }
-  o.socket_buffer_bytes = AutoSocketBufferBytes(o.local_size, LastLevelCacheBytes());
+  o.socket_buffer_bytes = AutoSocketBufferBytes(o.local_size, LastLevelCacheBytes(), OnlineCpus());
   KOLO_RETURN_IF_ERROR(
       ReadInt(env, "KOLO_SOCKET_BUFFER_BYTES", 4096, 1ll << 30, &o.socket_buffer_bytes));
   KOLO_RETURN_IF_ERROR(ReadInt(env, "KOLO_RING_CHUNK_BYTES", 4096, 1ll << 30, &o.ring_chunk_bytes));

@@ -38,8 +38,9 @@ struct Options {
   std::string iface;
   // KOLO_SOCKET_BUFFER_BYTES: SO_SNDBUF and SO_RCVBUF of every data connection. Unset,
   // OptionsFromEnvironment sizes it by AutoSocketBufferBytes: the bytes every local rank keeps in
-  // flight should stay within the shared last-level cache, so the more ranks on the host, the
-  // smaller each one's buffers (2 MiB with 2 local ranks and a 32 MiB L3, 1 MiB with 4).
+  // flight should stay within the shared last-level cache, so the more ranks on the host (and per
+  // processor), the smaller each one's buffers (with a 32 MiB L3 and 2 processors: 2 MiB at 2
+  // local ranks, 512 KiB at 4).
   int64_t socket_buffer_bytes = 2 << 20;
   // KOLO_RING_CHUNK_BYTES: pipeline chunk of the ring collectives; a segment larger than this is
   // sent in pieces so that sending, receiving and reducing overlap.
@@ -110,12 +111,17 @@ StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string
 // The same, from this process's environment.
 StatusOr<Options> OptionsFromEnvironment();
 
-// The default socket buffer for `local_size` ranks on a host whose last-level cache holds
-// `cache_bytes` (0 when unknown): cache_bytes / (8 * local_size), the power of two at or below it,
-// within [512 KiB, 4 MiB]. Each connection keeps up to about twice its buffer in flight (send and
-// receive queues), so the local ranks' bytes in flight take at most about a quarter of the cache.
-// Unknown cache: 2 MiB.
-int64_t AutoSocketBufferBytes(int local_size, int64_t cache_bytes);
+// The default socket buffer for `local_size` ranks sharing `cpus` processors on a host whose
+// last-level cache holds `cache_bytes` (0 when unknown): cache_bytes / (8 * local_size *
+// ranks_per_cpu), ranks_per_cpu = ceil(local_size / cpus), the power of two at or below it, within
+// [512 KiB, 4 MiB]. Each connection keeps up to about twice its buffer in flight (send and receive
+// queues); with a processor per rank, receivers drain them promptly and a quarter of the cache
+// bounds what all local ranks hold. Ranks that share a processor are descheduled while their
+// neighbours keep sending, so their buffers stay full and the share shrinks by the ranks per
+// processor. Unknown cache: 2 MiB.
+int64_t AutoSocketBufferBytes(int local_size, int64_t cache_bytes, int cpus);
+// Processors online on this host (at least 1).
+int OnlineCpus();
 // The last-level cache the first core shares, in bytes (sysfs, else sysconf); 0 when unknown.
 int64_t LastLevelCacheBytes();
 

@@ -91,20 +91,34 @@ TEST(Options, MisspelledVariablesAreReported) {
 
 TEST(Options, SocketBuffersShrinkWithTheLocalRanksSharingTheCache) {
   constexpr int64_t kL3 = 32ll << 20;
-  EXPECT_EQ(AutoSocketBufferBytes(1, kL3), 4 << 20);
-  EXPECT_EQ(AutoSocketBufferBytes(2, kL3), 2 << 20);
-  EXPECT_EQ(AutoSocketBufferBytes(4, kL3), 1 << 20);
-  EXPECT_EQ(AutoSocketBufferBytes(8, kL3), 512 << 10);
-  EXPECT_EQ(AutoSocketBufferBytes(64, kL3), 512 << 10);  // the floor
-  EXPECT_EQ(AutoSocketBufferBytes(3, kL3), 1 << 20);     // a power of two at or below the share
-  EXPECT_EQ(AutoSocketBufferBytes(1, 256ll << 20), 4 << 20);  // the ceiling
-  EXPECT_EQ(AutoSocketBufferBytes(4, 0), 2 << 20);            // cache unknown
-  EXPECT_EQ(AutoSocketBufferBytes(0, kL3), 4 << 20);          // treated as one rank
+  constexpr int kMany = 64;  // a processor for every rank
+  EXPECT_EQ(AutoSocketBufferBytes(1, kL3, kMany), 4 << 20);
+  EXPECT_EQ(AutoSocketBufferBytes(2, kL3, kMany), 2 << 20);
+  EXPECT_EQ(AutoSocketBufferBytes(4, kL3, kMany), 1 << 20);
+  EXPECT_EQ(AutoSocketBufferBytes(8, kL3, kMany), 512 << 10);
+  EXPECT_EQ(AutoSocketBufferBytes(64, kL3, kMany), 512 << 10);  // the floor
+  EXPECT_EQ(AutoSocketBufferBytes(3, kL3, kMany), 1 << 20);  // a power of two at or below the share
+  EXPECT_EQ(AutoSocketBufferBytes(1, 256ll << 20, kMany), 4 << 20);  // the ceiling
+  EXPECT_EQ(AutoSocketBufferBytes(4, 0, kMany), 2 << 20);            // cache unknown
+  EXPECT_EQ(AutoSocketBufferBytes(0, kL3, kMany), 4 << 20);          // treated as one rank
+}
 
+TEST(Options, SocketBuffersShrinkFurtherWhenRanksShareProcessors) {
+  constexpr int64_t kL3 = 32ll << 20;
+  EXPECT_EQ(AutoSocketBufferBytes(2, kL3, 2), 2 << 20);    // one rank per processor
+  EXPECT_EQ(AutoSocketBufferBytes(4, kL3, 2), 512 << 10);  // two: 32 MiB / (8 * 4 * 2)
+  EXPECT_EQ(AutoSocketBufferBytes(3, kL3, 2), 512 << 10);  // 32 MiB / (8 * 3 * 2) = 683 KiB
+  EXPECT_EQ(AutoSocketBufferBytes(4, 128ll << 20, 2), 2 << 20);
+  EXPECT_EQ(AutoSocketBufferBytes(2, kL3, 0), 1 << 20);  // no processor count: treated as one
+  EXPECT_EQ(AutoSocketBufferBytes(4, kL3, 4), 1 << 20);  // one rank per processor again
+}
+
+TEST(Options, DefaultSocketBuffersFollowTheHost) {
   // The environment's default follows the local rank count; the variable overrides it.
   auto four = OptionsFromEnvironment(Env{{"KOLO_SIZE", "4"}, {"KOLO_RANK", "0"}});
   ASSERT_TRUE(four.ok()) << four.status().ToString();
-  EXPECT_EQ(four->socket_buffer_bytes, AutoSocketBufferBytes(4, LastLevelCacheBytes()));
+  EXPECT_EQ(four->socket_buffer_bytes,
+            AutoSocketBufferBytes(4, LastLevelCacheBytes(), OnlineCpus()));
   auto set = OptionsFromEnvironment(
       Env{{"KOLO_SIZE", "4"}, {"KOLO_RANK", "0"}, {"KOLO_SOCKET_BUFFER_BYTES", "65536"}});
   ASSERT_TRUE(set.ok()) << set.status().ToString();

@@ -1,7 +1,9 @@
 // The engine's background thread: one cycle = drain, negotiate, fuse, execute, complete.
 #include <fmt/format.h>
+#include <sched.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -40,6 +42,16 @@ std::string UpperType(CollectiveType t) {
 }  // namespace
 
 void Engine::Impl::Loop() {
+  if (EngineThreadIsBatch(options.engine_sched, options.local_size, OnlineCpus())) {
+    sched_param param{};
+    if (::sched_setscheduler(0, SCHED_BATCH, &param) != 0) {
+      KOLO_LOG(kWarning, "could not make the engine thread SCHED_BATCH ({}); it keeps the default",
+               std::strerror(errno));
+    } else {
+      KOLO_LOG(kDebug, "engine thread runs as SCHED_BATCH ({} local ranks, {} processors)",
+               options.local_size, OnlineCpus());
+    }
+  }
   const auto cycle = std::chrono::duration_cast<SteadyClock::duration>(
       std::chrono::duration<double, std::milli>(options.cycle_time_ms));
   auto last_start = SteadyClock::now() - cycle;

@@ -56,6 +56,7 @@ const char* const kKnownVariables[] = {"KOLO_RANK",
                                        "KOLO_TIMELINE",
                                        "KOLO_LOG_LEVEL",
                                        "KOLO_BUSY_POLL",
+                                       "KOLO_ENGINE_SCHED",
                                        "KOLO_SOCKET_BUFFER_BYTES",
                                        "KOLO_RING_CHUNK_BYTES",
                                        "KOLO_FUSION_THRESHOLD_BYTES",
@@ -258,6 +259,10 @@ Status Options::Validate() const {
   if (ring_chunk_bytes < 4096 || ring_chunk_bytes > (1ll << 30)) {
     return InvalidArgument("ring chunk {} bytes is outside [4096, 1 GiB]", ring_chunk_bytes);
   }
+  if (engine_sched != "auto" && engine_sched != "batch" && engine_sched != "normal") {
+    return InvalidArgument("engine scheduling '{}' is unknown: allowed are auto, batch, normal",
+                           engine_sched);
+  }
   if (!job_secret.empty() && job_secret.size() < 16) {
     return InvalidArgument("KOLO_JOB_SECRET has {} characters: at least 16 are required",
                            job_secret.size());
@@ -274,6 +279,10 @@ int64_t AutoSocketBufferBytes(int local_size, int64_t cache_bytes, int cpus) {
   int64_t bytes = kMin;
   while (bytes * 2 <= std::min(share, kMax)) bytes *= 2;
   return bytes;
+}
+
+bool EngineThreadIsBatch(const std::string& engine_sched, int local_size, int cpus) {
+  return engine_sched == "batch" || (engine_sched == "auto" && local_size > cpus);
 }
 
 int OnlineCpus() {
@@ -332,6 +341,7 @@ StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string
   if (const std::string* v = Find(env, "KOLO_LOG_LEVEL")) {
     KOLO_ASSIGN_OR_RETURN(o.log_level, ParseLogLevel(*v));
   }
+  if (const std::string* v = Find(env, "KOLO_ENGINE_SCHED")) o.engine_sched = *v;
   if (const std::string* v = Find(env, "KOLO_BUSY_POLL")) {
     KOLO_ASSIGN_OR_RETURN(o.busy_poll, ParseBool("KOLO_BUSY_POLL", *v));
   }

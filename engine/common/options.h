@@ -50,6 +50,11 @@ struct Options {
   double peer_timeout_s = 30.0;
   // KOLO_BUSY_POLL: spin on the sockets instead of sleeping in epoll (only for dedicated cores).
   bool busy_poll = false;
+  // KOLO_ENGINE_SCHED: scheduling policy of the background thread. "batch" (SCHED_BATCH: when a
+  // message wakes it, it waits for the running thread to block or use up its slice instead of
+  // preempting it), "normal" (the default policy), or "auto": batch when the local ranks
+  // outnumber the host's processors, normal otherwise. See EngineThreadIsBatch.
+  std::string engine_sched = "auto";
 
   // --- Engine.
   // KOLO_BACKEND: collective backend for fused buffers: "ring" (kolo's ring over the transport)
@@ -122,6 +127,15 @@ StatusOr<Options> OptionsFromEnvironment();
 int64_t AutoSocketBufferBytes(int local_size, int64_t cache_bytes, int cpus);
 // Processors online on this host (at least 1).
 int OnlineCpus();
+
+// Whether the background thread runs as SCHED_BATCH under `engine_sched` with `local_size` ranks on
+// `cpus` processors. Ranks that outnumber the processors take turns on them, and every message
+// of an exchange wakes a peer's thread; at the default policy the woken thread often preempts the
+// sender on the spot, which then finishes its own exchange only after the peer's turn. As batch
+// threads, woken peers wait for the sender to block, and an exchange whose messages are all
+// there completes in one go. With a processor per rank nothing waits for a turn, and the default
+// policy keeps its prompt wake-ups.
+bool EngineThreadIsBatch(const std::string& engine_sched, int local_size, int cpus);
 // The last-level cache the first core shares, in bytes (sysfs, else sysconf); 0 when unknown.
 int64_t LastLevelCacheBytes();
 

@@ -2,6 +2,7 @@
 #include "engine/engine.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <barrier>
@@ -10,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "tests/engine/engine_test_util.h"
@@ -177,6 +179,48 @@ TEST(Engine, AnIdleFoldingRankIsPulledIntoExchanges) {
         ASSERT_TRUE(s.ok()) << "rank " << rank << ": " << s.ToString();
         EXPECT_EQ(x, 1 + 2 + 3);
       });
+}
+
+// The scheduling policies (field 41 of /proc/self/task/TID/stat) of this process's threads.
+std::multiset<int> ThreadPolicies() {
+  std::multiset<int> policies;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream in(task.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t close = stat.rfind(')');  // the command name may hold spaces
+    if (close == std::string::npos) continue;
+    std::istringstream fields(stat.substr(close + 2));  // from field 3 on
+    std::string field;
+    for (int i = 3; i <= 41 && fields >> field; ++i) {
+      if (i == 41) policies.insert(std::stoi(field));
+    }
+  }
+  return policies;
+}
+
+TEST(Engine, TheBackgroundThreadRunsAsBatchWhenAsked) {
+  for (const std::string policy : {"batch", "normal"}) {
+    std::barrier sync(2);
+    std::vector<size_t> batch_threads(2);
+    RunRanks(
+        2,
+        [&](int r) {
+          Options o = RankOptions(r, 2);
+          o.engine_sched = policy;
+          return o;
+        },
+        [&](int rank, Engine& engine) {
+          int32_t x = 1;
+          auto h = engine.AllreduceAsync("x", &x, &x, DataType::kInt32, {1}, ReduceOp::kSum);
+          ASSERT_TRUE(h.ok());
+          ASSERT_TRUE(engine.Wait(*h).ok());  // both background threads have started
+          sync.arrive_and_wait();
+          batch_threads[static_cast<size_t>(rank)] = ThreadPolicies().count(SCHED_BATCH);
+          sync.arrive_and_wait();
+        });
+    // Both ranks' engine threads (and no other thread of the test) under "batch"; none otherwise.
+    for (size_t n : batch_threads) EXPECT_EQ(n, policy == "batch" ? 2u : 0u) << policy;
+  }
 }
 
 TEST(Engine, FusionWithMixedDtypesFusesAndStaysCorrect) {

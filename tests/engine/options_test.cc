@@ -76,6 +76,7 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{{{"KOLO_CACHE_CAPACITY", "lots"}}, "KOLO_CACHE_CAPACITY"},
                       BadCase{{{"KOLO_BACKEND", "nccl2"}}, "nccl2"},
                       BadCase{{{"KOLO_BUSY_POLL", "maybe"}}, "maybe"},
+                      BadCase{{{"KOLO_ENGINE_SCHED", "fifo"}}, "fifo"},
                       BadCase{{{"KOLO_LOG_LEVEL", "loud"}}, "loud"},
                       BadCase{{{"KOLO_SIZE", "2"}, {"KOLO_RANK", "2"}}, "rank=2"},
                       BadCase{{{"KOLO_SIZE", "0"}}, "KOLO_SIZE"},
@@ -111,6 +112,18 @@ TEST(Options, SocketBuffersShrinkFurtherWhenRanksShareProcessors) {
   EXPECT_EQ(AutoSocketBufferBytes(4, 128ll << 20, 2), 2 << 20);
   EXPECT_EQ(AutoSocketBufferBytes(2, kL3, 0), 1 << 20);  // no processor count: treated as one
   EXPECT_EQ(AutoSocketBufferBytes(4, kL3, 4), 1 << 20);  // one rank per processor again
+}
+
+TEST(Options, TheEngineThreadIsBatchWhenRanksOutnumberProcessors) {
+  EXPECT_TRUE(EngineThreadIsBatch("auto", 4, 2));
+  EXPECT_FALSE(EngineThreadIsBatch("auto", 2, 2));
+  EXPECT_FALSE(EngineThreadIsBatch("auto", 8, 96));
+  EXPECT_TRUE(EngineThreadIsBatch("batch", 1, 96));
+  EXPECT_FALSE(EngineThreadIsBatch("normal", 8, 2));
+  EXPECT_EQ(OptionsFromEnvironment(Env{})->engine_sched, "auto");
+  auto set = OptionsFromEnvironment(Env{{"KOLO_ENGINE_SCHED", "normal"}});
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_EQ(set->engine_sched, "normal");
 }
 
 TEST(Options, DefaultSocketBuffersFollowTheHost) {

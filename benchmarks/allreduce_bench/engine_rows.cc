@@ -58,8 +58,8 @@ class LinkRow final : public Backend {
  public:
   explicit LinkRow(BackendEnv& env)
       : env_(env),
-        batch_(EngineThreadIsBatch(env.options.engine_sched, env.options.local_size,
-                                   OnlineCpus())) {
+        batch_(
+            EngineThreadIsBatch(env.options.engine_sched, env.options.local_size, OnlineCpus())) {
     comm_.device = env.device;
     comm_.chunk_bytes = static_cast<size_t>(env.options.ring_chunk_bytes);
     comm_.timeout =
@@ -81,8 +81,8 @@ class LinkRow final : public Backend {
   Status RunOnce() override {
     sched_param param{};
     const bool switched = batch_ && ::sched_setscheduler(0, SCHED_BATCH, &param) == 0;
-    Status s = collectives::RingExchangeNoReduce(comm_, *region_, 0, count_, env_.config->dtype,
-                                                 scratch_);
+    Status s =
+        collectives::RingExchangeNoReduce(comm_, *region_, 0, count_, env_.config->dtype, scratch_);
     if (switched) ::sched_setscheduler(0, SCHED_OTHER, &param);
     return s;
   }

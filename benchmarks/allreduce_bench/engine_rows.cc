@@ -54,12 +54,17 @@ class EngineRow final : public Backend {
   std::string tensor_;
 };
 
+constexpr sched_param kNoPriority{};  // SCHED_BATCH and SCHED_OTHER take priority 0
+
 class LinkRow final : public Backend {
  public:
   explicit LinkRow(BackendEnv& env)
       : env_(env),
         batch_(
             EngineThreadIsBatch(env.options.engine_sched, env.options.local_size, OnlineCpus())) {
+    // The calling thread's own policy, restored after each exchange.
+    caller_policy_ = ::sched_getscheduler(0);
+    if (caller_policy_ < 0 || ::sched_getparam(0, &caller_param_) != 0) batch_ = false;
     comm_.device = env.device;
     comm_.chunk_bytes = static_cast<size_t>(env.options.ring_chunk_bytes);
     comm_.timeout =
@@ -79,11 +84,10 @@ class LinkRow final : public Backend {
   // The exchange runs under the scheduling policy the engine's background thread has for the
   // ring row (EngineThreadIsBatch), so that the ceiling is measured in the same conditions.
   Status RunOnce() override {
-    sched_param param{};
-    const bool switched = batch_ && ::sched_setscheduler(0, SCHED_BATCH, &param) == 0;
+    const bool switched = batch_ && ::sched_setscheduler(0, SCHED_BATCH, &kNoPriority) == 0;
     Status s =
         collectives::RingExchangeNoReduce(comm_, *region_, 0, count_, env_.config->dtype, scratch_);
-    if (switched) ::sched_setscheduler(0, SCHED_OTHER, &param);
+    if (switched) ::sched_setscheduler(0, caller_policy_, &caller_param_);
     return s;
   }
 
@@ -91,7 +95,9 @@ class LinkRow final : public Backend {
 
  private:
   BackendEnv& env_;
-  const bool batch_;
+  bool batch_;
+  int caller_policy_ = SCHED_OTHER;
+  sched_param caller_param_{};
   collectives::Comm comm_;
   collectives::Scratch scratch_;
   std::unique_ptr<transport::Region> region_;

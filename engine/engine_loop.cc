@@ -42,14 +42,15 @@ std::string UpperType(CollectiveType t) {
 }  // namespace
 
 void Engine::Impl::Loop() {
-  if (EngineThreadIsBatch(options.engine_sched, options.local_size, OnlineCpus())) {
+  const int cpus = OnlineCpus();
+  if (EngineThreadIsBatch(options.engine_sched, options.local_size, cpus)) {
     sched_param param{};
     if (::sched_setscheduler(0, SCHED_BATCH, &param) != 0) {
       KOLO_LOG(kWarning, "could not make the engine thread SCHED_BATCH ({}); it keeps the default",
                std::strerror(errno));
     } else {
       KOLO_LOG(kDebug, "engine thread runs as SCHED_BATCH ({} local ranks, {} processors)",
-               options.local_size, OnlineCpus());
+               options.local_size, cpus);
     }
   }
   const auto cycle = std::chrono::duration_cast<SteadyClock::duration>(

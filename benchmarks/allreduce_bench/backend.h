@@ -7,9 +7,9 @@
 // so every row of a size is bound at once and must leave the others' state alone. Every row
 // reduces `buf` in place, as a trainer reduces its gradients: RunOnce replaces the `count`
 // elements in buf with `op` applied over every rank's buf. The harness restores this rank's input
-// into buf before each RunOnce and passes a barrier (untimed), the same way for every row. Every
-// RunOnce is collective: all ranks call it for the same size in the same order. Methods are called
-// from the main thread only.
+// into buf before each RunOnce and passes a barrier before and after it (untimed), the same way
+// for every row. Every RunOnce is collective: all ranks call it for the same size in the same
+// order. Methods are called from the main thread only.
 #pragma once
 
 #include <cstddef>

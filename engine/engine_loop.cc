@@ -42,6 +42,7 @@ std::string UpperType(CollectiveType t) {
 }  // namespace
 
 void Engine::Impl::Loop() {
+  if (options.size > 1) SetThreadLogRank(options.rank);
   const int cpus = OnlineCpus();
   if (EngineThreadIsBatch(options.engine_sched, options.local_size, cpus)) {
     sched_param param{};

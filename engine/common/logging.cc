@@ -9,6 +9,8 @@ namespace kolo {
 namespace {
 std::atomic<int> g_level{static_cast<int>(LogLevel::kWarning)};
 std::atomic<int> g_rank{-1};
+constexpr int kNoThreadRank = -2;
+thread_local int t_rank = kNoThreadRank;
 const char* LevelTag(LogLevel l) {
   switch (l) {
     case LogLevel::kTrace:
@@ -28,7 +30,11 @@ const char* LevelTag(LogLevel l) {
 
 void SetLogLevel(LogLevel level) { g_level = static_cast<int>(level); }
 LogLevel GetLogLevel() { return static_cast<LogLevel>(g_level.load()); }
-void SetLogRank(int rank) { g_rank = rank; }
+void SetLogRank(int rank) {
+  g_rank = rank;
+  t_rank = rank;
+}
+void SetThreadLogRank(int rank) { t_rank = rank; }
 
 void LogLine(LogLevel level, const std::string& text) {
   const auto now = std::chrono::system_clock::now();
@@ -37,7 +43,7 @@ void LogLine(LogLevel level, const std::string& text) {
   localtime_r(&t, &tm);
   const int ms = static_cast<int>(
       std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000);
-  const int rank = g_rank.load();
+  const int rank = t_rank != kNoThreadRank ? t_rank : g_rank.load();
   std::string line =
       rank >= 0 ? fmt::format("[kolo {} {:02}:{:02}:{:02}.{:03} rank {}] {}\n", LevelTag(level),
                               tm.tm_hour, tm.tm_min, tm.tm_sec, ms, rank, text)

@@ -14,8 +14,11 @@ enum class LogLevel { kTrace = 0, kDebug = 1, kInfo = 2, kWarning = 3, kError = 
 
 void SetLogLevel(LogLevel level);
 LogLevel GetLogLevel();
-// Rank shown in every line; -1 (the default) shows none.
+// Rank shown in every line; -1 (the default) shows none. Sets the process's rank and the calling
+// thread's (a thread's own rank wins, so ranks run as threads in one process each log their own).
 void SetLogRank(int rank);
+// The rank shown in lines the calling thread writes, whatever the process's rank is.
+void SetThreadLogRank(int rank);
 void LogLine(LogLevel level, const std::string& text);
 
 }  // namespace kolo

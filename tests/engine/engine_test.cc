@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "engine/common/logging.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace kolo {
@@ -220,6 +221,35 @@ TEST(Engine, TheBackgroundThreadRunsAsBatchWhenAsked) {
         });
     // Both ranks' engine threads (and no other thread of the test) under "batch"; none otherwise.
     for (size_t n : batch_threads) EXPECT_EQ(n, policy == "batch" ? 2u : 0u) << policy;
+  }
+}
+
+// Ranks run as threads in one process: each engine thread's log lines name its own rank.
+TEST(Engine, EachRanksBackgroundThreadLogsItsOwnRank) {
+  const LogLevel level = GetLogLevel();
+  ::testing::internal::CaptureStderr();
+  RunRanks(
+      2,
+      [&](int r) {
+        Options o = RankOptions(r, 2);
+        o.engine_sched = "batch";  // the thread logs a debug line when it starts
+        o.log_level = LogLevel::kDebug;
+        return o;
+      },
+      [&](int /*rank*/, Engine& engine) {
+        int32_t x = 1;
+        auto h = engine.AllreduceAsync("x", &x, &x, DataType::kInt32, {1}, ReduceOp::kSum);
+        ASSERT_TRUE(h.ok());
+        ASSERT_TRUE(engine.Wait(*h).ok());
+      });
+  const std::string out = ::testing::internal::GetCapturedStderr();
+  SetLogLevel(level);
+  SetLogRank(-1);
+  for (int r : {0, 1}) {
+    EXPECT_NE(out.find(fmt::format(" rank {}] engine thread runs as SCHED_BATCH", r)),
+              std::string::npos)
+        << "rank " << r << "'s engine thread line is missing or names another rank:\n"
+        << out;
   }
 }
 

@@ -131,6 +131,7 @@ Status Worker::Shutdown() {
 }
 
 void Worker::Run() {
+  SetThreadLogRank(job_.options.rank);
   Status s = Loop();
   if (!s.ok()) {
     s = s.WithContext(fmt::format("{}: parameter-server traffic (servers are ranks {})",

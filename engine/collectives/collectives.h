@@ -49,6 +49,9 @@ struct Comm {
   // Registered staging for the variable-length messages of negotiation, reused from call to
   // call (registration is costly on RDMA). Null: each message registers a buffer of its own.
   Scratch* messages = nullptr;
+  // Up to this many ranks BitwiseAllreduce is a direct exchange (one hop); beyond, recursive
+  // doubling. Must be equal on every rank.
+  int bitwise_direct_max_ranks = 16;
 
   int rank() const { return device->rank(); }
   int size() const { return device->size(); }
@@ -92,8 +95,10 @@ Status RingAllgatherv(Comm& comm, transport::Region& buf, size_t offset_bytes,
 
 // Small allreduce for coordination: `and_words` words combined with AND followed by `or_words`
 // words combined with OR, in place on buf (registered, at least (and_words + or_words) * 8 bytes).
-// Latency-optimised (recursive doubling: log2 N rounds, plus two for a rank count that is not a
-// power of two).
+// Latency-optimised: up to comm.bitwise_direct_max_ranks ranks, every rank sends its words to
+// every other and combines what it receives (one hop: the last rank to arrive waits for nobody);
+// beyond, recursive doubling (log2 N rounds, plus two for a rank count that is not a power of
+// two), which sends log2 N messages per rank instead of N - 1.
 Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, size_t or_words,
                         Scratch& scratch);
 

@@ -243,8 +243,30 @@ Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, si
   const int n = comm.size();
   const int rank = comm.rank();
   if (n == 1 || bytes == 0) return Status::OK();
-  KOLO_ASSIGN_OR_RETURN(Region * incoming, scratch.Get(*comm.device, bytes));
   auto* words = reinterpret_cast<uint64_t*>(buf.data());
+  if (n <= comm.bitwise_direct_max_ranks) {
+    // Direct exchange: receives from every peer posted, then this rank's words sent to each. A
+    // rank idling in WaitForArrival is woken by the first peer to enter. The sends read buf, so
+    // everything completes before combining.
+    const size_t peers = static_cast<size_t>(n - 1);
+    KOLO_ASSIGN_OR_RETURN(Region * incoming, scratch.Get(*comm.device, bytes * peers));
+    const uint64_t tag = CollectiveTag(OpCode::kBitwise, sequence, 0);
+    for (int k = 1; k < n; ++k) {
+      KOLO_RETURN_IF_ERROR(comm.device->pair((rank + k) % n)
+                               .Recv(*incoming, static_cast<size_t>(k - 1) * bytes, bytes, tag));
+    }
+    for (int k = 1; k < n; ++k) {
+      KOLO_RETURN_IF_ERROR(comm.device->pair((rank + k) % n).Send(buf, 0, bytes, tag));
+    }
+    KOLO_RETURN_IF_ERROR(Await(comm, 2 * peers, "bitwise allreduce", bytes));
+    for (size_t k = 0; k < peers; ++k) {
+      const auto* theirs = reinterpret_cast<const uint64_t*>(incoming->data() + k * bytes);
+      BitAnd(words, theirs, and_words);
+      BitOr(words + and_words, theirs + and_words, or_words);
+    }
+    return Status::OK();
+  }
+  KOLO_ASSIGN_OR_RETURN(Region * incoming, scratch.Get(*comm.device, bytes));
   const auto* theirs = reinterpret_cast<const uint64_t*>(incoming->data());
   auto combine = [&] {
     BitAnd(words, theirs, and_words);

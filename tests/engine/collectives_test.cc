@@ -302,10 +302,15 @@ TEST(RingAllgatherv, UnevenBlocksIncludingEmptyOnes) {
   }
 }
 
-TEST(BitwiseAllreduce, AndThenOrWords) {
+// Both algorithms: the direct exchange (the default up to 16 ranks) and recursive doubling.
+class BitwiseAllreduceTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(BitwiseAllreduceTest, AndThenOrWords) {
+  const bool direct = GetParam();
   for (int n = 1; n <= 8; ++n) {
     Job job(n);
     ASSERT_TRUE(job.ok());
+    for (int r = 0; r < n; ++r) job.comm(r).bitwise_direct_max_ranks = direct ? n : 1;
     constexpr size_t kAnd = 3, kOr = 2;
     std::mt19937_64 rng(static_cast<uint64_t>(n));
     std::vector<std::vector<uint64_t>> words(static_cast<size_t>(n));
@@ -328,6 +333,34 @@ TEST(BitwiseAllreduce, AndThenOrWords) {
     for (int r = 0; r < n; ++r) EXPECT_EQ(words[r], want) << "rank " << r << " of " << n;
   }
 }
+
+// A rank that passes more words than its peers: every rank fails, none hangs.
+TEST_P(BitwiseAllreduceTest, MismatchedWordCountsFailOnEveryRank) {
+  const int n = 3;
+  Job job(n);
+  ASSERT_TRUE(job.ok());
+  for (int r = 0; r < n; ++r) {
+    job.comm(r).bitwise_direct_max_ranks = GetParam() ? n : 1;
+    job.comm(r).timeout = std::chrono::milliseconds(3000);
+  }
+  std::vector<std::vector<uint64_t>> words(n, std::vector<uint64_t>(4, 1));
+  words[2].push_back(1);
+  auto statuses = job.Run([&](int r) -> Status {
+    KOLO_ASSIGN_OR_RETURN(auto region,
+                          job.device(r).Register(words[r].data(), 8 * words[r].size()));
+    return BitwiseAllreduce(job.comm(r), *region, 2, words[r].size() - 2, job.scratch(r));
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_FALSE(statuses[r].ok()) << "rank " << r;
+    EXPECT_NE(statuses[r].ToString().find("bitwise allreduce"), std::string::npos)
+        << "rank " << r << ": " << statuses[r].ToString();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, BitwiseAllreduceTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "direct" : "recursive_doubling";
+                         });
 
 TEST(Messages, GatherAndBroadcastFromEveryRoot) {
   for (int n : {1, 2, 3, 5}) {

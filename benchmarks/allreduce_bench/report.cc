@@ -96,7 +96,9 @@ std::string FormatHeader(const RunInfo& info) {
                      Bytes(c.max_bytes), c.step_factor, fmt::join(info.rows, ", "));
   } else {
     s += fmt::format(
-        "# tensors {}, fusion {}; backends: {}\n", c.tensors,
+        "# tensors {}, fusion {}; backends: {}; each step and a single allreduce of the same "
+        "bytes take turns\n",
+        c.tensors,
         c.fusion == FusionMode::kBoth ? "both" : (c.fusion == FusionMode::kOn ? "on" : "off"),
         fmt::join(info.rows, ", "));
   }

@@ -19,7 +19,8 @@ struct Measured {
   std::vector<double> step_us;
   std::vector<double> single_us;
   std::vector<double> coordination_us;  // this rank's time agreeing, per timed step
-  Engine::Stats before, after;
+  // Over the timed steps (not the single allreduces between them).
+  int64_t negotiations = 0, cache_hits = 0, collectives = 0;
   CheckResult check;
 };
 
@@ -73,7 +74,7 @@ class StepRunner {
       KOLO_RETURN_IF_ERROR(fn());
       const auto t1 = Clock::now();
       KOLO_RETURN_IF_ERROR(control.Barrier());
-      if (i >= untimed)
+      if (i >= untimed && times != nullptr)
         times->push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     }
     return Status::OK();
@@ -86,27 +87,32 @@ class StepRunner {
     acc->max_error = std::max(acc->max_error, r.max_error);
   }
 
+  // Steps and single allreduces take turns, warm-up and timed alike, so that the ratio between
+  // them is taken under the same load (this host's load drifts from second to second).
   Status Measure(Engine& engine, Control& control, Measured* m) {
     KOLO_RETURN_IF_ERROR(control.Barrier());
-    // Warm-up steps first, so that the statistics cover only the timed steps.
     auto step = [&] { return Step(engine); };
-    KOLO_RETURN_IF_ERROR(Repeat(control, config_.warmup, 0, step, &m->step_us));
-    m->before = engine.stats();
-    // Timed steps, with this rank's coordination time of each: the engine records a cycle's
-    // agreement time before it completes the cycle's handles, so a step's share is in by the
-    // time its last Wait returns.
-    for (int i = 0; i < config_.iters; ++i) {
-      const double coordinated = engine.stats().coordination_us;
-      KOLO_RETURN_IF_ERROR(Repeat(control, 0, 1, step, &m->step_us));
-      m->coordination_us.push_back(engine.stats().coordination_us - coordinated);
+    auto single = [&] { return Single(engine); };
+    for (int i = 0; i < config_.warmup; ++i) {
+      KOLO_RETURN_IF_ERROR(Repeat(control, 1, 0, step, nullptr));
+      KOLO_RETURN_IF_ERROR(Repeat(control, 1, 0, single, nullptr));
     }
-    m->after = engine.stats();
-    Check(control.size(), &m->check);
-
-    KOLO_RETURN_IF_ERROR(control.Barrier());
-    KOLO_RETURN_IF_ERROR(Repeat(
-        control, config_.warmup, config_.iters, [&] { return Single(engine); }, &m->single_us));
-    Check(control.size(), &m->check);
+    for (int i = 0; i < config_.iters; ++i) {
+      const bool last = i + 1 == config_.iters;
+      // This rank's statistics around the step alone: the engine records a cycle's agreement
+      // time before it completes the cycle's handles, so a step's share is in by the time its
+      // last Wait returns.
+      const Engine::Stats before = engine.stats();
+      KOLO_RETURN_IF_ERROR(Repeat(control, 0, 1, step, &m->step_us));
+      const Engine::Stats after = engine.stats();
+      m->coordination_us.push_back(after.coordination_us - before.coordination_us);
+      m->negotiations += after.negotiations - before.negotiations;
+      m->cache_hits += after.cache_hits - before.cache_hits;
+      m->collectives += after.collectives - before.collectives;
+      if (last) Check(control.size(), &m->check);
+      KOLO_RETURN_IF_ERROR(Repeat(control, 0, 1, single, &m->single_us));
+      if (last) Check(control.size(), &m->check);
+    }
     return Status::OK();
   }
 
@@ -171,9 +177,9 @@ StatusOr<StepRow> MeasureOne(const BenchConfig& config, const TensorSet& set, Ba
   row.ratio = row.single.median_us > 0 ? row.step.median_us / row.single.median_us : 0;
   row.step_busbw_gbs =
       BusBandwidth(AlgBandwidth(row.bytes, row.step.median_us * 1e-6), control.size());
-  row.negotiations = static_cast<double>(m.after.negotiations - m.before.negotiations) / n;
-  row.cache_hits = static_cast<double>(m.after.cache_hits - m.before.cache_hits) / n;
-  row.collectives = static_cast<double>(m.after.collectives - m.before.collectives) / n;
+  row.negotiations = static_cast<double>(m.negotiations) / n;
+  row.cache_hits = static_cast<double>(m.cache_hits) / n;
+  row.collectives = static_cast<double>(m.collectives) / n;
   row.checked = config.check;
   return row;
 }

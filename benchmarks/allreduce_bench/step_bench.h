@@ -4,10 +4,11 @@
 // 64 MiB; off: threshold 0), an Engine is started and, for warmup + iters steps, every tensor of
 // the set is submitted with AllreduceAsync (in place, as a trainer reduces its gradients) in
 // backprop order, then all are waited for; the step time runs from the first submission to the
-// last completion. The gradients are restored from the rank's input before each step, untimed. Then
-// a single allreduce of the same total bytes is timed the same way, for the ratio step / single
-// (the cost of many tensors over one buffer; the project's goal for ResNet-101 with fusion is
-// <= 1.15). Engine statistics are reported per timed step.
+// last completion. The gradients are restored from the rank's input before each step, untimed.
+// Each step is followed by a single allreduce of the same total bytes, timed the same way (steps
+// and singles take turns, so both see the same load), for the ratio step / single (the cost of
+// many tensors over one buffer; the project's goal for ResNet-101 with fusion is <= 1.15).
+// Engine statistics are taken around the timed steps only and reported per step.
 #pragma once
 
 #include <cstdint>

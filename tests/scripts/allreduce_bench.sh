@@ -80,7 +80,9 @@ assert len(step["rows"]) == int(sys.argv[2]), len(step["rows"])
 for r in step["rows"]:
     assert r["wrong"] == 0, r
     assert r["step"]["median_us"] > 0 and r["single"]["median_us"] > 0 and r["ratio"] > 0, r
-    assert r["per_step"]["cache_hits"] + r["per_step"]["negotiations"] > 0, r
+    # Warmed up: every timed step agrees through the cache alone, and the single allreduce that
+    # follows each step (a 315th name) is not counted in the step's statistics.
+    assert r["per_step"]["cache_hits"] == 314 and r["per_step"]["negotiations"] == 0, r
     if not r["fusion"]:
         assert r["per_step"]["collectives"] == 314, r
 print("ok:", [(r["backend"], r["fusion"], round(r["ratio"], 3)) for r in step["rows"]])

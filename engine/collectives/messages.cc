@@ -244,6 +244,10 @@ Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, si
   const int rank = comm.rank();
   if (n == 1 || bytes == 0) return Status::OK();
   auto* words = reinterpret_cast<uint64_t*>(buf.data());
+  // Posting may already fail (a peer's message of the wrong size is waiting): name the call.
+  auto posted = [&](Status s) {
+    return s.ok() ? s : s.WithContext(fmt::format("rank {}: bitwise allreduce", rank));
+  };
   if (n <= comm.bitwise_direct_max_ranks) {
     // Direct exchange: receives from every peer posted, then this rank's words sent to each. A
     // rank idling in WaitForArrival is woken by the first peer to enter. The sends read buf, so
@@ -252,11 +256,12 @@ Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, si
     KOLO_ASSIGN_OR_RETURN(Region * incoming, scratch.Get(*comm.device, bytes * peers));
     const uint64_t tag = CollectiveTag(OpCode::kBitwise, sequence, 0);
     for (int k = 1; k < n; ++k) {
-      KOLO_RETURN_IF_ERROR(comm.device->pair((rank + k) % n)
-                               .Recv(*incoming, static_cast<size_t>(k - 1) * bytes, bytes, tag));
+      KOLO_RETURN_IF_ERROR(
+          posted(comm.device->pair((rank + k) % n)
+                     .Recv(*incoming, static_cast<size_t>(k - 1) * bytes, bytes, tag)));
     }
     for (int k = 1; k < n; ++k) {
-      KOLO_RETURN_IF_ERROR(comm.device->pair((rank + k) % n).Send(buf, 0, bytes, tag));
+      KOLO_RETURN_IF_ERROR(posted(comm.device->pair((rank + k) % n).Send(buf, 0, bytes, tag)));
     }
     KOLO_RETURN_IF_ERROR(Await(comm, 2 * peers, "bitwise allreduce", bytes));
     for (size_t k = 0; k < peers; ++k) {
@@ -287,9 +292,9 @@ Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, si
   const uint64_t kick_tag = CollectiveTag(OpCode::kBitwise, sequence, 2);
   if (rank >= p) {
     transport::Pair& pair = comm.device->pair(rank - p);
-    KOLO_RETURN_IF_ERROR(pair.Recv(*incoming, 0, 0, kick_tag));
-    KOLO_RETURN_IF_ERROR(pair.Send(buf, 0, bytes, fold_tag));
-    KOLO_RETURN_IF_ERROR(pair.Recv(buf, 0, bytes, unfold_tag));
+    KOLO_RETURN_IF_ERROR(posted(pair.Recv(*incoming, 0, 0, kick_tag)));
+    KOLO_RETURN_IF_ERROR(posted(pair.Send(buf, 0, bytes, fold_tag)));
+    KOLO_RETURN_IF_ERROR(posted(pair.Recv(buf, 0, bytes, unfold_tag)));
     // The unfold only arrives after the fold was read, so buf is not overwritten early. The kick
     // is empty (a longer message fails the receive), so only the unfold's size needs checking.
     std::vector<Completion> done;
@@ -306,22 +311,22 @@ Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, si
   }
   if (rank + p < n) {
     transport::Pair& pair = comm.device->pair(rank + p);
-    KOLO_RETURN_IF_ERROR(pair.Send(buf, 0, 0, kick_tag));
-    KOLO_RETURN_IF_ERROR(pair.Recv(*incoming, 0, bytes, fold_tag));
+    KOLO_RETURN_IF_ERROR(posted(pair.Send(buf, 0, 0, kick_tag)));
+    KOLO_RETURN_IF_ERROR(posted(pair.Recv(*incoming, 0, bytes, fold_tag)));
     KOLO_RETURN_IF_ERROR(Await(comm, 2, "bitwise allreduce (fold)", bytes));
     combine();
   }
   for (int mask = 1; mask < p; mask <<= 1) {
     const int partner = rank ^ mask;
     const uint64_t tag = CollectiveTag(OpCode::kBitwise, sequence, 2 + static_cast<uint32_t>(mask));
-    KOLO_RETURN_IF_ERROR(comm.device->pair(partner).Recv(*incoming, 0, bytes, tag));
-    KOLO_RETURN_IF_ERROR(comm.device->pair(partner).Send(buf, 0, bytes, tag));
+    KOLO_RETURN_IF_ERROR(posted(comm.device->pair(partner).Recv(*incoming, 0, bytes, tag)));
+    KOLO_RETURN_IF_ERROR(posted(comm.device->pair(partner).Send(buf, 0, bytes, tag)));
     // Both must finish before combining: the send reads buf.
     KOLO_RETURN_IF_ERROR(Await(comm, 2, "bitwise allreduce", bytes));
     combine();
   }
   if (rank + p < n) {
-    KOLO_RETURN_IF_ERROR(comm.device->pair(rank + p).Send(buf, 0, bytes, unfold_tag));
+    KOLO_RETURN_IF_ERROR(posted(comm.device->pair(rank + p).Send(buf, 0, bytes, unfold_tag)));
     return Await(comm, 1, "bitwise allreduce (unfold)");
   }
   return Status::OK();

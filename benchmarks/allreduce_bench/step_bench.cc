@@ -61,21 +61,20 @@ class StepRunner {
     return engine.Wait(h, timeout_);
   }
 
-  // `untimed` then `timed` runs of `fn`, the timed ones appended to *times. Before each run
+  // One run of `fn`, its time appended to *times (when not null: a warm-up run). Before it
   // (untimed), the gradients are restored from this rank's input and the ranks pass a barrier,
   // so that no rank's clock runs while another is still restoring; after it, another barrier, so
   // that no rank restores for the next run while another's clock still runs.
   template <typename F>
-  Status Repeat(Control& control, int untimed, int timed, F&& fn, std::vector<double>* times) {
-    for (int i = 0; i < untimed + timed; ++i) {
-      std::memcpy(buf_.data(), in_.data(), buf_.size());
-      KOLO_RETURN_IF_ERROR(control.Barrier());
-      const auto t0 = Clock::now();
-      KOLO_RETURN_IF_ERROR(fn());
-      const auto t1 = Clock::now();
-      KOLO_RETURN_IF_ERROR(control.Barrier());
-      if (i >= untimed && times != nullptr)
-        times->push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  Status RunOnce(Control& control, F&& fn, std::vector<double>* times) {
+    std::memcpy(buf_.data(), in_.data(), buf_.size());
+    KOLO_RETURN_IF_ERROR(control.Barrier());
+    const auto t0 = Clock::now();
+    KOLO_RETURN_IF_ERROR(fn());
+    const auto t1 = Clock::now();
+    KOLO_RETURN_IF_ERROR(control.Barrier());
+    if (times != nullptr) {
+      times->push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     }
     return Status::OK();
   }
@@ -94,8 +93,8 @@ class StepRunner {
     auto step = [&] { return Step(engine); };
     auto single = [&] { return Single(engine); };
     for (int i = 0; i < config_.warmup; ++i) {
-      KOLO_RETURN_IF_ERROR(Repeat(control, 1, 0, step, nullptr));
-      KOLO_RETURN_IF_ERROR(Repeat(control, 1, 0, single, nullptr));
+      KOLO_RETURN_IF_ERROR(RunOnce(control, step, nullptr));
+      KOLO_RETURN_IF_ERROR(RunOnce(control, single, nullptr));
     }
     for (int i = 0; i < config_.iters; ++i) {
       const bool last = i + 1 == config_.iters;
@@ -103,14 +102,14 @@ class StepRunner {
       // time before it completes the cycle's handles, so a step's share is in by the time its
       // last Wait returns.
       const Engine::Stats before = engine.stats();
-      KOLO_RETURN_IF_ERROR(Repeat(control, 0, 1, step, &m->step_us));
+      KOLO_RETURN_IF_ERROR(RunOnce(control, step, &m->step_us));
       const Engine::Stats after = engine.stats();
       m->coordination_us.push_back(after.coordination_us - before.coordination_us);
       m->negotiations += after.negotiations - before.negotiations;
       m->cache_hits += after.cache_hits - before.cache_hits;
       m->collectives += after.collectives - before.collectives;
       if (last) Check(control.size(), &m->check);
-      KOLO_RETURN_IF_ERROR(Repeat(control, 0, 1, single, &m->single_us));
+      KOLO_RETURN_IF_ERROR(RunOnce(control, single, &m->single_us));
       if (last) Check(control.size(), &m->check);
     }
     return Status::OK();

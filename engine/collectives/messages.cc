@@ -248,6 +248,11 @@ Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, si
   auto posted = [&](Status s) {
     return s.ok() ? s : s.WithContext(fmt::format("rank {}: bitwise allreduce", rank));
   };
+  auto combine = [&](const uint8_t* theirs_bytes) {
+    const auto* theirs = reinterpret_cast<const uint64_t*>(theirs_bytes);
+    BitAnd(words, theirs, and_words);
+    BitOr(words + and_words, theirs + and_words, or_words);
+  };
   if (n <= comm.bitwise_direct_max_ranks) {
     // Direct exchange: receives from every peer posted, then this rank's words sent to each. A
     // rank idling in WaitForArrival is woken by the first peer to enter. The sends read buf, so
@@ -264,19 +269,10 @@ Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, si
       KOLO_RETURN_IF_ERROR(posted(comm.device->pair((rank + k) % n).Send(buf, 0, bytes, tag)));
     }
     KOLO_RETURN_IF_ERROR(Await(comm, 2 * peers, "bitwise allreduce", bytes));
-    for (size_t k = 0; k < peers; ++k) {
-      const auto* theirs = reinterpret_cast<const uint64_t*>(incoming->data() + k * bytes);
-      BitAnd(words, theirs, and_words);
-      BitOr(words + and_words, theirs + and_words, or_words);
-    }
+    for (size_t k = 0; k < peers; ++k) combine(incoming->data() + k * bytes);
     return Status::OK();
   }
   KOLO_ASSIGN_OR_RETURN(Region * incoming, scratch.Get(*comm.device, bytes));
-  const auto* theirs = reinterpret_cast<const uint64_t*>(incoming->data());
-  auto combine = [&] {
-    BitAnd(words, theirs, and_words);
-    BitOr(words + and_words, theirs + and_words, or_words);
-  };
   // Recursive doubling: log2(p) rounds in which partners swap and combine at once, half the
   // sequential hops of a tree, because this exchange runs every cycle. Ranks beyond the largest
   // power of two p fold their bits into rank - p first and get the result back at the end.
@@ -314,7 +310,7 @@ Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, si
     KOLO_RETURN_IF_ERROR(posted(pair.Send(buf, 0, 0, kick_tag)));
     KOLO_RETURN_IF_ERROR(posted(pair.Recv(*incoming, 0, bytes, fold_tag)));
     KOLO_RETURN_IF_ERROR(Await(comm, 2, "bitwise allreduce (fold)", bytes));
-    combine();
+    combine(incoming->data());
   }
   for (int mask = 1; mask < p; mask <<= 1) {
     const int partner = rank ^ mask;
@@ -323,7 +319,7 @@ Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, si
     KOLO_RETURN_IF_ERROR(posted(comm.device->pair(partner).Send(buf, 0, bytes, tag)));
     // Both must finish before combining: the send reads buf.
     KOLO_RETURN_IF_ERROR(Await(comm, 2, "bitwise allreduce", bytes));
-    combine();
+    combine(incoming->data());
   }
   if (rank + p < n) {
     KOLO_RETURN_IF_ERROR(posted(comm.device->pair(rank + p).Send(buf, 0, bytes, unfold_tag)));

@@ -85,8 +85,7 @@ class LinkRow final : public Backend {
   // ring row (EngineThreadIsBatch), so that the ceiling is measured in the same conditions.
   Status RunOnce() override {
     const bool switched = batch_ && ::sched_setscheduler(0, SCHED_BATCH, &kNoPriority) == 0;
-    Status s =
-        collectives::RingExchangeNoReduce(comm_, *region_, 0, count_, env_.config->dtype, scratch_);
+    Status s = collectives::RingExchangeNoReduce(comm_, *region_, 0, count_, env_.config->dtype);
     if (switched) ::sched_setscheduler(0, caller_policy_, &caller_param_);
     return s;
   }
@@ -99,7 +98,6 @@ class LinkRow final : public Backend {
   int caller_policy_ = SCHED_OTHER;
   sched_param caller_param_{};
   collectives::Comm comm_;
-  collectives::Scratch scratch_;
   std::unique_ptr<transport::Region> region_;
   size_t count_ = 0;
 };

@@ -1,6 +1,7 @@
 // The rows measured through kolo itself: `ring` and `mpi` (kolo::Engine with that backend) and
 // `link` (collectives::RingExchangeNoReduce on the job's kolo TCP Device: the same ring moving the
-// same bytes with no reduction, the ceiling the ring's bus bandwidth is read against).
+// same bytes in the same order with no reduction, each piece received into its place in the
+// buffer, the ceiling the ring's bus bandwidth is read against).
 #pragma once
 
 #include <memory>

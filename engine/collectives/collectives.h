@@ -46,6 +46,10 @@ struct Comm {
   // tags, so that ranks calling collectives in different orders fail with a protocol error instead
   // of exchanging the wrong bytes. Must be equal on every rank (start all at 0).
   uint32_t sequence = 0;
+  // Sum reduce-scatter pieces into the buffer as their bytes arrive, where the transport can
+  // (Pair::CanAccumulate); false: receive each piece whole into scratch and sum it from there,
+  // as on a transport that cannot (kept selectable so that path stays tested and comparable).
+  bool accumulate_on_arrival = true;
   // Registered staging for the variable-length messages of negotiation, reused from call to
   // call (registration is costly on RDMA). Null: each message registers a buffer of its own.
   Scratch* messages = nullptr;
@@ -78,10 +82,13 @@ Status RingAllreduce(Comm& comm, transport::Region& buf, size_t offset_bytes, si
 Status RingAllreduce(Comm& comm, const std::vector<Extent>& extents, DataType dtype,
                      Scratch& scratch);
 
-// Moves exactly the bytes RingAllreduce moves, along the same ring, with no reduction: the link
-// ceiling the allreduce's bus bandwidth is read against.
+// Moves exactly the bytes RingAllreduce moves, along the same ring and in the same order, with no
+// reduction: every piece received is written into the buffer where it belongs (the
+// reduce-scatter's over the data there), as a send/receive test writes into its receive buffer.
+// The link ceiling the allreduce's bus bandwidth is read against; the buffer's contents after it
+// are meaningless.
 Status RingExchangeNoReduce(Comm& comm, transport::Region& buf, size_t offset_bytes, size_t count,
-                            DataType dtype, Scratch& scratch);
+                            DataType dtype);
 
 // Broadcast buf[offset, offset + nbytes) from `root` to every rank: pipelined along the ring.
 Status RingBroadcast(Comm& comm, transport::Region& buf, size_t offset_bytes, size_t nbytes,

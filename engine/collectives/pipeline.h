@@ -20,7 +20,10 @@ namespace kolo::collectives {
 struct RecvPiece {
   size_t offset;  // bytes into the buffer region where the piece belongs
   size_t nbytes;
-  bool scratch;  // arrives in scratch and is then reduced into the buffer (if reducing)
+  // A reduce-scatter piece: when reducing, summed into the buffer (as it arrives where the
+  // transport can accumulate, else from scratch once whole); otherwise written over it. Other
+  // pieces always land in the buffer as they are.
+  bool combine;
 };
 
 struct SendPiece {
@@ -73,8 +76,8 @@ struct Span {
   size_t nbytes;
 };
 
-// Lays out a forwarding ring: receive step t gets recv_steps[t] (into scratch when
-// scratch_steps[t]), send step 0 sends `own`, and send step t > 0 forwards what receive step t-1
+// Lays out a forwarding ring: receive step t gets recv_steps[t] (combined when
+// combine_steps[t]), send step 0 sends `own`, and send step t > 0 forwards what receive step t-1
 // got. Every span is cut into `piece_bytes` pieces. Pieces of consecutive steps are interleaved
 // (piece c of step t goes at about c + t * lag, lag = kForwardLagBytes / piece_bytes, at least 2),
 // so a piece is forwarded soon after it arrives, while it is still in cache, instead of a whole
@@ -82,7 +85,7 @@ struct Span {
 // of the left neighbour, so the ring cannot deadlock.
 // Pieces are also cut where an extent of `map` ends (none when map is null), so that no piece
 // straddles two extents.
-void LayOutRing(const std::vector<Span>& recv_steps, const std::vector<bool>& scratch_steps,
+void LayOutRing(const std::vector<Span>& recv_steps, const std::vector<bool>& combine_steps,
                 Span own, size_t piece_bytes, RingPlan* plan, const ExtentMap* map = nullptr);
 
 // A non-owning reference to a callable returning the name of a call for error messages, so the
@@ -101,9 +104,11 @@ class DescribeFn {
   std::string (*call_)(const void*);
 };
 
-// Runs `plan` on buf. When `reduce` is true, scratch pieces are summed (ReduceSum, `dtype`) into
-// the buffer; otherwise they are received and dropped. `what()` names the call in errors; it is
-// invoked only on error.
+// Runs `plan` on buf. When `reduce` is true, the combine pieces are summed (`dtype`) into the
+// buffer: as their bytes arrive (Pair::RecvAccumulate) when comm.accumulate_on_arrival and the
+// transport allow, else received whole into scratch (kRecvDepth piece-sized slots) and summed
+// from there. When `reduce` is false every piece is received into place, overwriting the buffer.
+// `what()` names the call in errors; it is invoked only on error.
 Status RunRing(Comm& comm, const ExtentMap& buf, const RingPlan& plan, OpCode op, uint32_t sequence,
                DataType dtype, bool reduce, Scratch& scratch, DescribeFn what);
 

@@ -38,16 +38,16 @@ RingPlan AllreducePlan(int rank, int n, size_t offset, size_t count, size_t elem
   plan.first = Phase::kReduceScatter;
   plan.second = Phase::kAllgather;
   std::vector<Span> steps;
-  std::vector<bool> scratch;
+  std::vector<bool> combine;
   for (int t = 0; t < 2 * (n - 1); ++t) {
     const bool scatter = t < n - 1;
     steps.push_back(segment(scatter ? rank - 1 - t : rank - (t - n + 1)));
-    scratch.push_back(scatter);
+    combine.push_back(scatter);
   }
-  LayOutRing(steps, scratch, segment(rank), piece, &plan, &map);
+  LayOutRing(steps, combine, segment(rank), piece, &plan, &map);
   // The steps overlap; the reduce-scatter phase ends with its last piece.
   for (size_t i = 0; i < plan.recvs.size(); ++i) {
-    if (plan.recvs[i].scratch) plan.split = i + 1;
+    if (plan.recvs[i].combine) plan.split = i + 1;
   }
   return plan;
 }
@@ -98,8 +98,9 @@ Status RingAllreduce(Comm& comm, const std::vector<Extent>& extents, DataType dt
 }
 
 Status RingExchangeNoReduce(Comm& comm, transport::Region& buf, size_t offset_bytes, size_t count,
-                            DataType dtype, Scratch& scratch) {
-  return Allreduce(comm, ExtentMap(buf), offset_bytes, count, dtype, scratch, /*reduce=*/false);
+                            DataType dtype) {
+  Scratch unused;  // every piece lands in place
+  return Allreduce(comm, ExtentMap(buf), offset_bytes, count, dtype, unused, /*reduce=*/false);
 }
 
 Status RingBroadcast(Comm& comm, transport::Region& buf, size_t offset_bytes, size_t nbytes,

@@ -56,6 +56,15 @@ struct Completion {
   size_t nbytes = 0;  // bytes sent, or bytes actually received (<= the posted capacity)
 };
 
+// Combines arriving bytes into memory that already holds data, for a receive that reduces as it
+// goes (Pair::RecvAccumulate). `add(dst, src, nbytes, arg)` folds nbytes at src into dst; it is
+// only ever called with a multiple of `unit` bytes.
+struct Accumulator {
+  void (*add)(uint8_t* dst, const uint8_t* src, size_t nbytes, uintptr_t arg) = nullptr;
+  uintptr_t arg = 0;
+  size_t unit = 1;
+};
+
 class Pair {
  public:
   virtual ~Pair() = default;
@@ -70,6 +79,25 @@ class Pair {
   // message longer than `capacity` or with another tag is a protocol error.
   // REQUIRES: offset + capacity <= region.size().
   virtual Status Recv(Region& region, size_t offset, size_t capacity, uint64_t tag) = 0;
+
+  // Whether RecvAccumulate is available: a transport that copies arriving bytes itself (TCP) can
+  // fold them in on the way; one that places them in memory directly (verbs) cannot.
+  virtual bool CanAccumulate() const { return false; }
+
+  // Like Recv, but the message is combined into region[offset, offset + capacity) with `acc` as
+  // its bytes arrive, staged through a small buffer that stays in cache, instead of being written
+  // there: the reduction reads the bytes while they are hot and needs no message-sized scratch.
+  // Parts of the destination may be combined before the completion; it must not be read or
+  // written by anything else until then. A message whose length is not a multiple of acc.unit is
+  // a protocol error. REQUIRES: CanAccumulate(), offset + capacity <= region.size(),
+  // 1 <= acc.unit <= kMaxAccumulateUnit.
+  static constexpr size_t kMaxAccumulateUnit = 16;
+  virtual Status RecvAccumulate(Region& region, size_t offset, size_t capacity, uint64_t tag,
+                                const Accumulator& acc) {
+    (void)region, (void)offset, (void)capacity, (void)tag, (void)acc;
+    return FailedPrecondition("the connection to rank {} cannot combine bytes as they arrive",
+                              peer());
+  }
 };
 
 class Device {

@@ -20,7 +20,9 @@
 #include <vector>
 
 #include "engine/bootstrap/store.h"
+#include "engine/transport/tcp/accumulation.h"
 #include "engine/transport/tcp/device.h"
+#include "engine/transport/tcp/pair.h"
 #include "engine/transport/tcp/sha256.h"
 #include "engine/transport/tcp/socket.h"
 #include "tests/engine/rank_threads.h"
@@ -543,6 +545,173 @@ TEST(TcpTransport, ArgumentErrors) {
   EXPECT_STREQ(d[0]->name(), "tcp");
   EXPECT_EQ(d[1]->rank(), 1);
   EXPECT_EQ(d[1]->size(), 2);
+}
+
+// An Accumulator over int64 elements; counts calls that were not whole, aligned units.
+struct Int64Sum {
+  static void Add(uint8_t* dst, const uint8_t* src, size_t nbytes, uintptr_t arg) {
+    auto* self = reinterpret_cast<Int64Sum*>(arg);
+    if (nbytes % 8 != 0 || (dst - self->base) % 8 != 0) ++self->misaligned;
+    ++self->calls;
+    for (size_t k = 0; k < nbytes; k += 8) {
+      int64_t a, b;
+      std::memcpy(&a, dst + k, 8);
+      std::memcpy(&b, src + k, 8);
+      a += b;
+      std::memcpy(dst + k, &a, 8);
+    }
+  }
+  Accumulator accumulator() { return Accumulator{&Add, reinterpret_cast<uintptr_t>(this), 8}; }
+  const uint8_t* base = nullptr;
+  int misaligned = 0;
+  int calls = 0;
+};
+
+std::vector<int64_t> Int64s(size_t n, int64_t seed) {
+  std::vector<int64_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<int64_t>(i * 2654435761u % 1000003) * seed - 7;
+  return v;
+}
+
+// The carry between reads, against a reference, for reads of every length from 1 byte up: the
+// combiner only ever sees whole units, in order, and the result is the elementwise sum.
+TEST(TcpAccumulation, ReadsOfAnyLengthCombineWholeUnits) {
+  std::mt19937 rng(3);
+  for (size_t unit : {size_t{1}, size_t{2}, size_t{4}, size_t{8}, size_t{16}}) {
+    const size_t bytes = unit * 5003;
+    const std::vector<uint8_t> message = Pattern(bytes, static_cast<uint32_t>(unit));
+    std::vector<uint8_t> dst = Pattern(bytes, 99), want = dst;
+    for (size_t i = 0; i < bytes; ++i) want[i] = static_cast<uint8_t>(want[i] + message[i]);
+    struct Seen {
+      const uint8_t* base;
+      size_t unit;
+      size_t next = 0;  // where the next call must start
+      int bad = 0;
+    } seen{dst.data(), unit};
+    Accumulator acc{[](uint8_t* d, const uint8_t* src, size_t n, uintptr_t arg) {
+                      auto* s = reinterpret_cast<Seen*>(arg);
+                      if (n % s->unit != 0 || static_cast<size_t>(d - s->base) != s->next) ++s->bad;
+                      s->next += n;
+                      for (size_t k = 0; k < n; ++k) d[k] = static_cast<uint8_t>(d[k] + src[k]);
+                    },
+                    reinterpret_cast<uintptr_t>(&seen), unit};
+    Accumulation a(dst.data(), acc);
+    ASSERT_TRUE(a.active());
+    std::vector<uint8_t> staging(64);
+    size_t done = 0;
+    while (done < bytes) {
+      size_t room = 0;
+      uint8_t* into = a.Prepare(staging.data(), staging.size(), &room);
+      const size_t got = std::min({room, bytes - done, size_t{1} + rng() % 40});
+      std::fill(staging.begin() + static_cast<std::ptrdiff_t>(a.carry_bytes()), staging.end(),
+                0xcc);  // what a read did not write must not matter
+      std::memcpy(into, message.data() + done, got);
+      a.Consume(staging.data(), got);
+      // Another receive may use the staging buffer between two reads of this one.
+      std::fill(staging.begin(), staging.end(), 0xdd);
+      done += got;
+    }
+    EXPECT_EQ(a.carry_bytes(), 0u) << "unit " << unit;
+    EXPECT_EQ(seen.bad, 0) << "unit " << unit;
+    EXPECT_EQ(dst, want) << "unit " << unit;
+  }
+  EXPECT_FALSE(Accumulation().active());
+}
+
+// Accumulating receives over real sockets, mixed with plain ones on the same pair: sizes from
+// empty to many times the staging buffer, taken as they arrive (the receiver is already waiting),
+// so reads end wherever the kernel's segments do, mid-element included.
+TEST(TcpTransport, RecvAccumulateSumsIntoPlaceAsBytesArrive) {
+  bootstrap::InMemoryStore store;
+  Devices d = ConnectAll(2, store);
+  const std::vector<size_t> counts = {0, 1, 3, 4096, 131075, 1 << 20};
+  constexpr size_t kGuardWords = 2;
+  std::vector<std::vector<int64_t>> sent, dst, want;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    sent.push_back(Int64s(counts[i], static_cast<int64_t>(i) + 2));
+    dst.push_back(Int64s(counts[i] + 2 * kGuardWords, -3));
+    want.push_back(dst.back());
+    for (size_t k = 0; k < counts[i]; ++k) want.back()[k + kGuardWords] += sent.back()[k];
+  }
+  std::vector<uint64_t> plain_in(counts.size(), 0), plain_out(counts.size());
+  for (size_t i = 0; i < counts.size(); ++i) plain_out[i] = 1000 + i;
+  std::vector<Int64Sum> sums(counts.size());
+  auto statuses = kolo::testing::RunRankThreads(2, [&](int r) -> Status {
+    Device& dev = *d[r];
+    std::vector<std::unique_ptr<Region>> regions;
+    std::vector<Completion> done;
+    for (size_t i = 0; i < counts.size(); ++i) {
+      const size_t bytes = counts[i] * 8;
+      const uint64_t tag = 100 + i;
+      if (r == 0) {
+        KOLO_ASSIGN_OR_RETURN(auto a, dev.Register(sent[i].data(), bytes));
+        KOLO_ASSIGN_OR_RETURN(auto b, dev.Register(&plain_out[i], 8));
+        KOLO_RETURN_IF_ERROR(dev.pair(1).Send(*a, 0, bytes, tag));
+        KOLO_RETURN_IF_ERROR(dev.pair(1).Send(*b, 0, 8, tag + 50));
+        regions.push_back(std::move(a));
+        regions.push_back(std::move(b));
+      } else {
+        KOLO_ASSIGN_OR_RETURN(auto a, dev.Register(dst[i].data(), dst[i].size() * 8));
+        KOLO_ASSIGN_OR_RETURN(auto b, dev.Register(&plain_in[i], 8));
+        sums[i].base = a->data() + kGuardWords * 8;
+        if (!dev.pair(0).CanAccumulate()) return Internal("the TCP pair cannot accumulate");
+        KOLO_RETURN_IF_ERROR(dev.pair(0).RecvAccumulate(
+            *a, kGuardWords * 8, bytes + kGuardWords * 8, tag, sums[i].accumulator()));
+        KOLO_RETURN_IF_ERROR(dev.pair(0).Recv(*b, 0, 8, tag + 50));
+        regions.push_back(std::move(a));
+        regions.push_back(std::move(b));
+      }
+    }
+    KOLO_RETURN_IF_ERROR(WaitFor(dev, 2 * counts.size(), &done, milliseconds(20000)));
+    if (r == 1) {
+      for (size_t i = 0; i < counts.size(); ++i) {
+        const Completion& c = done[2 * i];
+        if (c.kind != OpKind::kRecv || c.tag != 100 + i || c.nbytes != counts[i] * 8) {
+          return Internal("completion {}: tag {:#x}, {} bytes", 2 * i, c.tag, c.nbytes);
+        }
+      }
+    }
+    return Status::OK();
+  });
+  EXPECT_TRUE(statuses[1].ok()) << statuses[1].ToString();
+  ASSERT_TRUE(statuses[0].ok()) << statuses[0].ToString();
+  ASSERT_TRUE(statuses[1].ok());
+  for (size_t i = 0; i < counts.size(); ++i) {
+    EXPECT_EQ(dst[i], want[i]) << counts[i] << " elements";
+    EXPECT_EQ(sums[i].misaligned, 0) << counts[i] << " elements";
+    EXPECT_EQ(plain_in[i], 1000 + i);
+  }
+  // A message of many staging buffers is combined in many runs, not at its end.
+  EXPECT_GE(sums.back().calls, static_cast<int>((8u << 20) / DeviceState::kStagingBytes));
+  EXPECT_EQ(d[1]->bytes_received(), d[0]->bytes_sent());
+}
+
+TEST(TcpTransport, RecvAccumulateRejectsPartialElementsAndBadArguments) {
+  bootstrap::InMemoryStore store;
+  Devices d = ConnectAll(2, store);
+  std::vector<uint8_t> out(12, 1), in(16, 0);
+  auto o = d[0]->Register(out.data(), out.size());
+  auto i = d[1]->Register(in.data(), in.size());
+  ASSERT_TRUE(o.ok() && i.ok());
+  Int64Sum sum;
+  sum.base = in.data();
+  Accumulator none{};
+  EXPECT_EQ(d[1]->pair(0).RecvAccumulate(**i, 0, 16, 1, none).code(), StatusCode::kInvalidArgument);
+  Accumulator wide = sum.accumulator();
+  wide.unit = Pair::kMaxAccumulateUnit + 1;
+  EXPECT_EQ(d[1]->pair(0).RecvAccumulate(**i, 0, 16, 1, wide).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(d[1]->pair(0).RecvAccumulate(**i, 8, 16, 1, sum.accumulator()).code(),
+            StatusCode::kInvalidArgument);  // past the region
+  // 12 bytes cannot be combined as 8-byte elements.
+  ASSERT_TRUE(d[0]->pair(1).Send(**o, 0, 12, 0x33).ok());
+  std::vector<Completion> done;
+  Status s = d[1]->pair(0).RecvAccumulate(**i, 0, 16, 0x33, sum.accumulator());
+  if (s.ok()) s = WaitFor(*d[1], 1, &done, milliseconds(5000));
+  EXPECT_EQ(s.code(), StatusCode::kProtocol) << s.ToString();
+  EXPECT_NE(s.message().find("12-byte message"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("8-byte elements"), std::string::npos) << s.message();
+  EXPECT_EQ(sum.calls, 0);
+  EXPECT_EQ(in, std::vector<uint8_t>(16, 0));
 }
 
 }  // namespace

@@ -45,13 +45,30 @@ Status TcpPair::Send(const Region& region, size_t offset, size_t nbytes, uint64_
 }
 
 Status TcpPair::Recv(Region& region, size_t offset, size_t capacity, uint64_t tag) {
+  return PostRecv(region, offset, capacity, tag, Accumulator{});
+}
+
+Status TcpPair::RecvAccumulate(Region& region, size_t offset, size_t capacity, uint64_t tag,
+                               const Accumulator& acc) {
+  if (acc.add == nullptr || acc.unit == 0 || acc.unit > kMaxAccumulateUnit) {
+    return InvalidArgument(
+        "accumulating receive from rank {} (tag {:#x}): needs a combiner and a unit of 1 to {} "
+        "bytes (got {})",
+        peer_, tag, kMaxAccumulateUnit, acc.unit);
+  }
+  if (!state_.staging) state_.staging = std::make_unique<uint8_t[]>(DeviceState::kStagingBytes);
+  return PostRecv(region, offset, capacity, tag, acc);
+}
+
+Status TcpPair::PostRecv(Region& region, size_t offset, size_t capacity, uint64_t tag,
+                         const Accumulator& acc) {
   if (!state_.error.ok()) return state_.error;
   if (offset > region.size() || capacity > region.size() - offset) {
     return InvalidArgument(
         "receive from rank {} (tag {:#x}): bytes [{}, {}) exceed the {}-byte region", peer_, tag,
         offset, offset + capacity, region.size());
   }
-  recvs_.push_back(RecvOp{region.data() + offset, capacity, tag});
+  recvs_.push_back(RecvOp{region.data() + offset, capacity, tag, acc});
   // Read at once if bytes may be waiting: saves a trip through epoll.
   if (rx_ == Rx::kHeaderReady || readable_ || closing_) {
     Status s = ProcessRx();
@@ -157,14 +174,29 @@ Status TcpPair::ProcessRx() {
         KOLO_RETURN_IF_ERROR(StartPayload());
         break;
       case Rx::kPayload: {
+        // An accumulating receive reads into the staging buffer (behind a partial unit left by
+        // the last read) and combines from there; a plain one reads into place.
+        uint8_t* dst = rx_dst_;
+        size_t want = rx_remaining_;
+        if (rx_acc_.active()) {
+          size_t room = 0;
+          dst = rx_acc_.Prepare(state_.staging.get(), DeviceState::kStagingBytes, &room);
+          want = std::min(want, room);
+        }
         // The payload's remaining bytes and whatever of the next header has arrived, in one call:
         // saves a system call per message.
-        const ssize_t n = ReadThen(rx_dst_, rx_remaining_, &rx_next_, kHeaderBytes);
+        const bool last = want == rx_remaining_;
+        const ssize_t n =
+            ReadThen(dst, want, last ? &rx_next_ : nullptr, last ? kHeaderBytes : size_t{0});
         if (n < 0) return Status::OK();
         if (n == 0) return AtEndOfStream();
         const size_t got = static_cast<size_t>(n);
-        const size_t payload = std::min(got, rx_remaining_);
-        rx_dst_ += payload;
+        const size_t payload = std::min(got, want);
+        if (rx_acc_.active()) {
+          rx_acc_.Consume(state_.staging.get(), payload);
+        } else {
+          rx_dst_ += payload;
+        }
         rx_remaining_ -= payload;
         if (rx_remaining_ > 0) break;
         CompleteRecv();
@@ -239,8 +271,15 @@ Status TcpPair::StartPayload() {
         "rank {} sent a {}-byte message with tag {:#x} but the posted receive holds {} bytes",
         peer_, rx_header_.length, r.tag, r.capacity);
   }
+  if (r.acc.add != nullptr && rx_header_.length % r.acc.unit != 0) {
+    return ProtocolError(
+        "rank {} sent a {}-byte message with tag {:#x} to be combined in {}-byte elements: not a "
+        "whole number of them",
+        peer_, rx_header_.length, r.tag, r.acc.unit);
+  }
   rx_dst_ = r.data;
   rx_remaining_ = rx_header_.length;
+  rx_acc_ = r.acc.add != nullptr ? Accumulation(r.data, r.acc) : Accumulation();
   rx_ = Rx::kPayload;
   if (rx_remaining_ == 0) CompleteRecv();
   return Status::OK();

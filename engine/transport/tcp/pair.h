@@ -4,10 +4,12 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/common/status.h"
+#include "engine/transport/tcp/accumulation.h"
 #include "engine/transport/tcp/frame.h"
 #include "engine/transport/tcp/socket.h"
 #include "engine/transport/transport.h"
@@ -17,11 +19,19 @@ namespace kolo::transport::tcp {
 // What the pairs of one device share: finished operations not yet returned by Poll, byte counters
 // and the device's first error (sticky). Owned by the device; single-threaded like the device.
 struct DeviceState {
+  // Bytes an accumulating receive reads at a time: small enough to stay in the core's cache
+  // between the kernel's copy into it and the combine that reads it (at 4 ranks on 2 cores, 64,
+  // 128, 256 and 512 KiB measured alike; all well ahead of message-sized scratch).
+  static constexpr size_t kStagingBytes = 128 << 10;
+
   int rank = 0;
   std::vector<Completion> completions;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   Status error;
+  // Staging for accumulating receives; shared by the pairs (one reads at a time), allocated on
+  // first use.
+  std::unique_ptr<uint8_t[]> staging;
 
   // Records `s` as the device error if there is none yet; returns the device error.
   Status Fail(const Status& s) {
@@ -37,6 +47,9 @@ class TcpPair final : public Pair {
   int peer() const override { return peer_; }
   Status Send(const Region& region, size_t offset, size_t nbytes, uint64_t tag) override;
   Status Recv(Region& region, size_t offset, size_t capacity, uint64_t tag) override;
+  bool CanAccumulate() const override { return true; }
+  Status RecvAccumulate(Region& region, size_t offset, size_t capacity, uint64_t tag,
+                        const Accumulator& acc) override;
 
   // -1 once the connection is closed.
   int fd() const { return fd_.get(); }
@@ -69,9 +82,12 @@ class TcpPair final : public Pair {
     uint8_t* data;
     size_t capacity;
     uint64_t tag;
+    Accumulator acc;  // acc.add null: a plain receive
   };
   enum class Rx { kHeader, kHeaderReady, kPayload, kAbortReason };
 
+  Status PostRecv(Region& region, size_t offset, size_t capacity, uint64_t tag,
+                  const Accumulator& acc);
   Status FlushSends();
   Status ProcessRx();
   Status OnHeader();
@@ -104,6 +120,7 @@ class TcpPair final : public Pair {
   FrameHeader rx_next_;  // the next frame's header bytes read along with a payload's last bytes
   uint8_t* rx_dst_ = nullptr;
   size_t rx_remaining_ = 0;
+  Accumulation rx_acc_;  // active while the payload goes to an accumulating receive
   std::string abort_reason_;
 
   // Once the peer has closed (or sent ABORT/GOODBYE) every remaining byte is read into tail_ and

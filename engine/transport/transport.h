@@ -14,6 +14,10 @@
 //   equal the arriving message's tag, otherwise Poll fails with a protocol error naming both. A
 //   receiver that has not posted a receive exerts back-pressure: the sender's bytes wait (in the
 //   kernel for TCP; by credits for verbs) and nothing is buffered without bound.
+// - A receive may instead fold the message into memory that already holds data as its bytes
+//   arrive (RecvAccumulate: the ring's reduce-scatter sums that way), where the transport copies
+//   the bytes itself (TCP); verbs places them in memory directly, so the collectives receive into
+//   scratch there and sum afterwards.
 //
 // Thread-safety: a Device and its Pairs are driven by one thread at a time (the engine's
 // background thread, or a benchmark's main thread). Register may be called from that thread only.

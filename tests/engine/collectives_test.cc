@@ -81,6 +81,13 @@ class Job {
   std::vector<Scratch> scratch_;
 };
 
+std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) b = static_cast<uint8_t>(rng());
+  return v;
+}
+
 void ExpectAllOk(const std::vector<Status>& statuses) {
   for (size_t r = 0; r < statuses.size(); ++r) {
     EXPECT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r].ToString();
@@ -222,12 +229,17 @@ TEST(RingExchangeNoReduce, MovesExactlyTheAllreduceBytes) {
     ASSERT_TRUE(job.ok());
     const size_t count = 100003;  // uneven segments
     const size_t elem = 4;
-    std::vector<size_t> seg(static_cast<size_t>(n));
-    for (int s = 0; s < n; ++s) seg[s] = (count / n + (static_cast<size_t>(s) < count % n)) * elem;
+    std::vector<size_t> seg(static_cast<size_t>(n) + 1, 0);  // segment byte bounds
+    for (int s = 0; s < n; ++s) {
+      seg[s + 1] = seg[s] + (count / n + (static_cast<size_t>(s) < count % n)) * elem;
+    }
+    auto seg_bytes = [&](int s) { return seg[static_cast<size_t>(s % n) + 1] - seg[s % n]; };
     std::vector<std::vector<uint64_t>> moved(static_cast<size_t>(n));
+    std::vector<std::vector<uint8_t>> inputs, exchanged;
+    for (int r = 0; r < n; ++r)
+      inputs.push_back(RandomBytes(count * elem, static_cast<uint32_t>(r)));
     for (const bool reduce : {false, true}) {
-      std::vector<std::vector<uint8_t>> bufs(static_cast<size_t>(n),
-                                             std::vector<uint8_t>(count * elem));
+      std::vector<std::vector<uint8_t>> bufs = inputs;
       auto statuses = job.Run([&](int r) -> Status {
         Device& d = job.device(r);
         const uint64_t sent0 = d.bytes_sent(), received0 = d.bytes_received();
@@ -241,15 +253,24 @@ TEST(RingExchangeNoReduce, MovesExactlyTheAllreduceBytes) {
         return Status::OK();
       });
       ExpectAllOk(statuses);
+      if (!reduce) exchanged = bufs;
     }
     const size_t total = count * elem;
     for (int r = 0; r < n; ++r) {
       // Each rank sends every segment but r+1 (reduce-scatter) and every one but r+2 (allgather),
       // and receives every segment but r and every one but r+1.
-      const uint64_t sent = 2 * total - seg[(r + 1) % n] - seg[(r + 2) % n];
-      const uint64_t received = 2 * total - seg[r] - seg[(r + 1) % n];
+      const uint64_t sent = 2 * total - seg_bytes(r + 1) - seg_bytes(r + 2);
+      const uint64_t received = 2 * total - seg_bytes(r) - seg_bytes(r + 1);
       EXPECT_EQ(moved[r], (std::vector<uint64_t>{sent, received, sent, received}))
           << "rank " << r << " of " << n;
+      // Every piece lands in place: segment s travels from rank s all the way round, overwriting
+      // as it goes, so each rank ends with every rank's own segment.
+      for (int s = 0; s < n; ++s) {
+        EXPECT_TRUE(std::equal(inputs[s].begin() + static_cast<std::ptrdiff_t>(seg[s]),
+                               inputs[s].begin() + static_cast<std::ptrdiff_t>(seg[s + 1]),
+                               exchanged[r].begin() + static_cast<std::ptrdiff_t>(seg[s])))
+            << "segment " << s << " at rank " << r << " of " << n;
+      }
     }
   }
 }

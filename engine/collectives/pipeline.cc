@@ -144,9 +144,11 @@ Status RunRing(Comm& comm, const ExtentMap& buf, const RingPlan& plan, OpCode op
   const bool accumulate =
       reduce && left != nullptr && comm.accumulate_on_arrival && left->CanAccumulate();
   const transport::Accumulator acc{&AccumulateSum, static_cast<uintptr_t>(dtype), elem};
+  // Otherwise the pieces to sum arrive whole in scratch slots and are summed from there.
+  const bool via_scratch = reduce && !accumulate;
   size_t slot_bytes = 0;
   for (const RecvPiece& p : plan.recvs) {
-    if (p.combine && reduce && !accumulate) slot_bytes = std::max(slot_bytes, p.nbytes);
+    if (p.combine && via_scratch) slot_bytes = std::max(slot_bytes, p.nbytes);
   }
   transport::Region* slots = nullptr;
   if (slot_bytes > 0) {
@@ -161,7 +163,7 @@ Status RunRing(Comm& comm, const ExtentMap& buf, const RingPlan& plan, OpCode op
       if (p.combine && accumulate) {
         auto [region, local] = buf.Locate(p.offset);
         KOLO_RETURN_IF_ERROR(left->RecvAccumulate(*region, local, p.nbytes, tag, acc));
-      } else if (p.combine && reduce) {
+      } else if (p.combine && via_scratch) {
         KOLO_RETURN_IF_ERROR(
             left->Recv(*slots, (recvs_posted % kRecvDepth) * slot_bytes, p.nbytes, tag));
       } else {
@@ -203,7 +205,7 @@ Status RunRing(Comm& comm, const ExtentMap& buf, const RingPlan& plan, OpCode op
             plan.left, c.nbytes, recvs_done, p.nbytes);
         break;
       }
-      if (p.combine && reduce && !accumulate) {
+      if (p.combine && via_scratch) {
         auto [region, local] = buf.Locate(p.offset);
         ReduceSum(dtype, region->data() + local,
                   slots->data() + (recvs_done % kRecvDepth) * slot_bytes, p.nbytes / elem);

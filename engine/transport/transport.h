@@ -96,9 +96,8 @@ class Pair {
   // a protocol error. REQUIRES: CanAccumulate(), offset + capacity <= region.size(),
   // 1 <= acc.unit <= kMaxAccumulateUnit.
   static constexpr size_t kMaxAccumulateUnit = 16;
-  virtual Status RecvAccumulate(Region& region, size_t offset, size_t capacity, uint64_t tag,
-                                const Accumulator& acc) {
-    (void)region, (void)offset, (void)capacity, (void)tag, (void)acc;
+  virtual Status RecvAccumulate(Region& /*region*/, size_t /*offset*/, size_t /*capacity*/,
+                                uint64_t /*tag*/, const Accumulator& /*acc*/) {
     return FailedPrecondition("the connection to rank {} cannot combine bytes as they arrive",
                               peer());
   }

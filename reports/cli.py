@@ -1,6 +1,7 @@
 """Command lines behind scripts/sweep, scripts/report and scripts/check-regression.
 
-    python -m reports.cli sweep FILE --out DIR [--bin-dir DIR] [--dry-run] [--retry-failed] [--no-report]
+    python -m reports.cli sweep FILE --out DIR [--bin-dir DIR] [--only KEY=V,...]... [--dry-run]
+                                [--retry-failed] [--no-report]
     python -m reports.cli report DIR
     python -m reports.cli check-regression CSV --baseline FILE
 
@@ -36,6 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--dry-run", action="store_true", help="validate, list the points and commands, run nothing"
     )
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="KEY=V[,V...]",
+        help="run only the points whose matrix setting KEY is one of the values (repeatable: all must match)",
+    )
     p.add_argument("--retry-failed", action="store_true", help="run points again whose row says failed")
     p.add_argument("--no-report", action="store_true", help="skip the report at the end")
 
@@ -64,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
 def _sweep(args) -> int:
     try:
         sweep = sweepfile.load(args.file, ROOT)
+        if args.only:
+            sweep = sweepfile.only(sweep, args.only)
     except sweepfile.SweepError as e:
         print(f"sweep: {len(e.problems)} problem(s) in {e.path}:", file=sys.stderr)
         for problem in e.problems:

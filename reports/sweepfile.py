@@ -13,7 +13,7 @@ import json
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from reports import settings
@@ -106,6 +106,41 @@ def read_hostfile(path: str) -> list[tuple[str, int | None]]:
                 slots = int(w.split("=", 1)[1])
         hosts.append((words[0], slots))
     return hosts
+
+
+def only(sweep: Sweep, filters: list[str]) -> Sweep:
+    """The sweep cut down to the points whose matrix settings match every filter "KEY=V1,V2,..."
+    (a point matches when its KEY is one of the values, compared as written in the sweep file).
+    Raises SweepError naming the filter when KEY is not an axis of the matrix, when a value is not
+    one of the axis's values, or when the filters together leave no point."""
+    problems = []
+    wanted: dict[str, set[str]] = {}
+    for f in filters:
+        key, sep, values = f.partition("=")
+        key = key.strip()
+        if not sep or not key or not values.strip():
+            problems.append(f"--only {f!r}: expected KEY=VALUE[,VALUE...]")
+            continue
+        if key not in sweep.axes:
+            allowed = ", ".join(sweep.axes) or "none (the sweep has no [matrix])"
+            problems.append(f"--only {f!r}: {key!r} is not a matrix setting; allowed are {allowed}")
+            continue
+        present = {str(p[key]) for p in sweep.points if key in p}
+        values_set = {v.strip() for v in values.split(",") if v.strip()}
+        unknown = sorted(values_set - present)
+        if unknown:
+            problems.append(
+                f"--only {f!r}: {key} has no value {', '.join(unknown)}; "
+                f"the sweep's are {', '.join(sorted(present))}"
+            )
+            continue
+        wanted.setdefault(key, set()).update(values_set)
+    if problems:
+        raise SweepError(sweep.path, problems)
+    points = [p for p in sweep.points if all(str(p.get(k)) in vs for k, vs in wanted.items())]
+    if not points:
+        raise SweepError(sweep.path, [f"--only {' --only '.join(filters)} leaves no point to run"])
+    return replace(sweep, points=points)
 
 
 def point_id(point: dict) -> str:

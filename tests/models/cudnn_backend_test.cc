@@ -1,3 +1,4 @@
+// kolo-test-needs: CUDNN
 // The cudnn backend against the onednn backend, an independent implementation on the CPU: with the
 // same parameters and the same input batch, loss and every parameter gradient must agree.
 //

@@ -1,3 +1,4 @@
+// kolo-test-needs: CUDNN
 // Mixed precision (fp16, bf16) in the cudnn backend against the same backend in strict fp32, with
 // the same parameters and input batch, and fp16's dynamic loss scaling.
 //

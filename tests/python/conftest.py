@@ -32,6 +32,21 @@ def need_mpirun():
         pytest.skip("mpirun not found (scripts/bootstrap installs openmpi-bin)")
 
 
+def build_lacks(bin_dir, *parts: str) -> list[str]:
+    """The optional parts among PARTS (MPI, ONEDNN, ...: KOLO_HAVE_<PART>) that the build whose
+    bin directory is BIN_DIR was configured without, read from its generated kolo/config.h."""
+    config = Path(bin_dir).parent / "generated" / "kolo" / "config.h"
+    text = config.read_text() if config.exists() else ""
+    return [p for p in parts if f"#define KOLO_HAVE_{p} 1" not in text]
+
+
+def need_build(bin_dir, *parts: str):
+    """Skips, naming them, when the build at BIN_DIR lacks any of PARTS."""
+    lacking = build_lacks(bin_dir, *parts)
+    if lacking:
+        pytest.skip(f"the build in {bin_dir} has no {', '.join(lacking)} (see its configure summary)")
+
+
 def run_cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """Runs `python -m reports.cli ARGS` as scripts/* do, and returns the finished process."""
     full_env = dict(os.environ, PYTHONPATH=str(ROOT), KOLO_SKIP_BUILD="1", **(env or {}))

@@ -1,5 +1,7 @@
-"""One end-to-end sweep: two points of the real kolo-train through mpirun, then the report and the
-gate on what it measured. Skipped, saying why, when kolo-train is not built."""
+"""End-to-end sweeps of the real kolo-train: two oneDNN points through mpirun, then the report and
+the gate on what they measured; and two replay points through kolo-run, which every build can run
+(no MPI, oneDNN or CUDA). Skipped, saying why, when kolo-train or a part a test needs is not
+built."""
 
 import os
 from pathlib import Path
@@ -7,7 +9,7 @@ from pathlib import Path
 import pytest
 from reports import schema
 
-from conftest import ROOT, need_mpirun, run_cli
+from conftest import ROOT, need_build, need_mpirun, run_cli
 
 BIN_DIR = Path(os.environ.get("KOLO_BIN_DIR", ROOT / "build" / "bin"))
 
@@ -17,6 +19,7 @@ def test_two_points_through_mpirun(write_sweep, tmp_path):
     train = BIN_DIR / "kolo-train"
     if not os.access(train, os.X_OK):
         pytest.skip(f"{train} is not built (scripts/build, or set KOLO_BIN_DIR)")
+    need_build(BIN_DIR, "MPI", "ONEDNN")
     text = """
 [sweep]
 name = "e2e"
@@ -55,3 +58,36 @@ ranks = [1, 2]
     )
     gate = run_cli("check-regression", str(out / "results.csv"), "--baseline", str(baseline))
     assert gate.returncode == 0, gate.stdout + gate.stderr
+
+
+def test_replay_points_through_kolo_run(write_sweep, tmp_path):
+    train = BIN_DIR / "kolo-train"
+    if not os.access(train, os.X_OK):
+        pytest.skip(f"{train} is not built (scripts/build, or set KOLO_BIN_DIR)")
+    text = """
+[sweep]
+name = "e2e-replay"
+timeout_s = 240
+[launcher]
+kind = "local"
+[fixed]
+model = "resnet101"
+compute = "replay"
+profile = "models/profiles/resnet101-h100-b64.json"
+batch_size = 64
+num_warmup_batches = 1
+num_batches = 3
+backend = "ring"
+[matrix]
+ranks = [1, 2]
+"""
+    out = tmp_path / "out"
+    result = run_cli("sweep", write_sweep(text), "--out", str(out), "--bin-dir", str(BIN_DIR))
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = schema.read_rows(str(out / "results.csv"))
+    assert [(r["ranks"], r["status"]) for r in rows] == [("1", "ok"), ("2", "ok")], rows
+    for r in rows:
+        assert r["compute"] == "replay" and r["backend"] == "ring" and r["transport"] == "tcp"
+        assert float(r["total_images_per_sec"]) > 0
+        assert "(compute=replay)" in (out / r["log"]).read_text()
+    assert (out / "report" / "index.html").exists()

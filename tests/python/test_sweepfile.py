@@ -197,3 +197,40 @@ def test_hostfile_slots(write_sweep, tmp_path):
     text = text.replace("[2, 4, 8]", "[2, 4]")
     sweep = sweepfile.load(write_sweep(text), str(ROOT))
     assert [sweep.launcher.nodes_for(p["ranks"]) for p in sweep.points] == [1, 2]
+
+
+def test_only_keeps_the_matching_points_with_their_ids(write_sweep):
+    sweep = sweepfile.load(write_sweep(GOOD), str(ROOT))
+    ids = {(p["model"], p["ranks"]): p["point_id"] for p in sweep.points}
+    cut = sweepfile.only(sweep, ["model=vgg16"])
+    assert [(p["model"], p["ranks"]) for p in cut.points] == [("vgg16", 1), ("vgg16", 2)]
+    assert all(p["point_id"] == ids[(p["model"], p["ranks"])] for p in cut.points)
+    both = sweepfile.only(sweep, ["model=vgg16,resnet101", "ranks=2"])
+    assert sorted(p["model"] for p in both.points) == ["resnet101", "vgg16"]
+    assert {p["ranks"] for p in both.points} == {2}
+    assert len(sweep.points) == 4  # the sweep itself is untouched
+
+
+@pytest.mark.parametrize(
+    "filters, fragment",
+    [
+        (["batch_size=16"], "'batch_size' is not a matrix setting; allowed are ranks, model"),
+        (["model=alexnet"], "model has no value alexnet; the sweep's are resnet101, vgg16"),
+        (["model"], "expected KEY=VALUE"),
+        (["ranks="], "expected KEY=VALUE"),
+    ],
+)
+def test_only_names_a_bad_filter(write_sweep, filters, fragment):
+    sweep = sweepfile.load(write_sweep(GOOD), str(ROOT))
+    with pytest.raises(sweepfile.SweepError, match=fragment):
+        sweepfile.only(sweep, filters)
+
+
+def test_only_on_the_command_line(write_sweep, tmp_path):
+    path = write_sweep(GOOD)
+    result = run_cli("sweep", path, "--out", str(tmp_path / "out"), "--dry-run", "--only", "ranks=2")
+    assert result.returncode == 0, result.stderr
+    assert "2 point(s)" in result.stdout and result.stdout.count("-np 2") == 2
+    bad = run_cli("sweep", path, "--out", str(tmp_path / "out"), "--only", "ranks=3")
+    assert bad.returncode == 2 and "ranks has no value 3" in bad.stderr
+    assert not (tmp_path / "out").exists()

@@ -19,6 +19,11 @@ if ! command -v python3 >/dev/null; then
   echo "SKIP: python3 is not installed"
   exit 77
 fi
+# Losses must be real: oneDNN compute (replay has none). The replay side: train_replay.sh.
+if ! "$TRAIN" --help | grep -q 'onednn'; then
+  echo "SKIP: this build has no oneDNN backend (losses need real compute)"
+  exit 77
+fi
 
 FAILURES=0
 TMP=$(mktemp -d)

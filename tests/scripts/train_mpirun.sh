@@ -3,7 +3,8 @@
 # record, recorded profile), the same model replayed from that profile (every line and the record
 # say compute=replay), the allreduce overlap read from the replay run's timeline, and bad flags
 # (exit 2 before any work, naming the value and what is allowed).
-# Usage: train_mpirun.sh BIN_DIR. Exit 77 (skip) without kolo-train, mpirun or oneDNN.
+# Usage: train_mpirun.sh BIN_DIR. Exit 77 (skip) without kolo-train, mpirun, the build's MPI or
+# oneDNN.
 set -euo pipefail
 
 bin=${1:?usage: train_mpirun.sh BIN_DIR}
@@ -11,6 +12,8 @@ train=$bin/kolo-train
 root=$(cd "$(dirname "$0")/../.." && pwd)
 [[ -x $train ]] || { echo "skip: $train not built"; exit 77; }
 command -v mpirun >/dev/null || { echo "skip: mpirun not found"; exit 77; }
+grep -q "KOLO_HAVE_MPI 1" "$bin/../generated/kolo/config.h" 2>/dev/null ||
+  { echo "skip: this build has no MPI"; exit 77; }
 "$train" --help | grep -q 'onednn' || { echo "skip: this build has no oneDNN backend"; exit 77; }
 
 work=$(mktemp -d)

@@ -2,10 +2,10 @@
 
 #include <fmt/format.h>
 
+#include "engine/backends/ring/staged_ring.h"
 #include "engine/common/logging.h"
-#include "engine/cuda/staged_ring.h"
 #include "engine/engine_impl.h"
-#include "engine/transport/tcp/device.h"
+#include "engine/transport/registry.h"
 
 namespace kolo {
 namespace {
@@ -43,6 +43,8 @@ Status CheckAgreement(collectives::Comm& comm, const Options& o) {
 
 }  // namespace
 
+Status CheckTransportName(const std::string& name) { return transport::CheckTransport(name); }
+
 const char* ReduceOpName(ReduceOp op) { return op == ReduceOp::kSum ? "sum" : "average"; }
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -51,6 +53,7 @@ Engine::~Engine() { Shutdown().IgnoreError(); }
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const Options& options, bootstrap::Store* store) {
   KOLO_RETURN_IF_ERROR(options.Validate());
+  KOLO_RETURN_IF_ERROR(transport::CheckTransport(options.transport));
   if (options.backend == "ps") return CreateParameterServerRank(options, store);
   return CreateRank(options, store, nullptr);
 }
@@ -68,20 +71,16 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
   } else {
     KOLO_ASSIGN_OR_RETURN(e.rendezvous, bootstrap::StartRendezvous(options, store));
   }
-  transport::tcp::TcpOptions tcp;
-  tcp.listen_addr = e.rendezvous.listen_addr;
-  tcp.socket_buffer_bytes = options.socket_buffer_bytes;
-  tcp.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.peer_timeout_s * 1000));
-  tcp.secret = e.rendezvous.secret;
-  tcp.busy_poll = options.busy_poll;
+  const transport::ConnectSettings link =
+      transport::SettingsFrom(options, e.rendezvous.listen_addr, e.rendezvous.secret);
   bootstrap::Store& addresses = ps_job != nullptr ? *ps_job->worker_store : *e.rendezvous.store;
-  auto device = transport::tcp::Connect(tcp, addresses, options.rank, options.size);
+  auto device = transport::Connect(options.transport, link, addresses, options.rank, options.size);
   if (!device.ok())
     return device.status().WithContext(fmt::format("rank {}: connecting to peers", options.rank));
   e.device = std::move(device).value();
   e.comm.device = e.device.get();
   e.comm.chunk_bytes = static_cast<size_t>(options.ring_chunk_bytes);
-  e.comm.timeout = tcp.timeout;
+  e.comm.timeout = link.timeout;
   e.comm.messages = &e.message_scratch;
   KOLO_RETURN_IF_ERROR(CheckAgreement(e.comm, options));
 
@@ -100,7 +99,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
       return FailedPrecondition("rank {}: backend 'nccl' needs a CUDA device: {}", options.rank,
                                 why);
     }
-    KOLO_ASSIGN_OR_RETURN(e.gpu, cuda::CreateDeviceContext(options.local_rank % gpus, tcp.timeout));
+    KOLO_ASSIGN_OR_RETURN(e.gpu,
+                          cuda::CreateDeviceContext(options.local_rank % gpus, link.timeout));
     KOLO_ASSIGN_OR_RETURN(e.device_collectives, backends::MakeNcclCollectives(e.comm, *e.gpu));
   }
 
@@ -110,11 +110,16 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
         timeline::Timeline::Open(timeline::TimelinePathForRank(options.timeline_path, options.rank),
                                  options.rank));
   }
-  if (options.rank == 0) e.table.emplace(options.size);
-  e.bits.assign(2 * e.cache.words() + 1, 0);
-  KOLO_ASSIGN_OR_RETURN(e.bits_region,
-                        e.device->Register(e.bits.data(), e.bits.size() * sizeof(uint64_t)));
-  e.last_stall_check = SteadyClock::now();
+  coordinator::ControllerSettings negotiation;
+  negotiation.rank = options.rank;
+  negotiation.size = options.size;
+  negotiation.cache_capacity = options.cache_capacity;
+  negotiation.stall_warning_s = options.stall_warning_s;
+  negotiation.stall_shutdown_s = options.stall_shutdown_s;
+  KOLO_ASSIGN_OR_RETURN(e.peers, collectives::NegotiationPeers::Create(
+                                     &e.comm, coordinator::Controller::ExchangeWords(negotiation)));
+  e.controller =
+      std::make_unique<coordinator::Controller>(negotiation, *e.peers, coordinator::SystemClock());
   KOLO_LOG(kInfo, "engine up: rank {}/{} backend {} fusion {} bytes cycle {} ms cache {}",
            options.rank, options.size, options.backend, options.fusion_threshold_bytes,
            options.cycle_time_ms, options.cache_capacity);
@@ -181,7 +186,7 @@ Status Engine::Impl::PrepareDevice(const char* type, const std::string& name,
         std::chrono::milliseconds(static_cast<int64_t>(options.peer_timeout_s * 1000));
     auto ctx = cuda::CreateDeviceContext(place.device, timeout);
     if (!ctx.ok()) return ctx.status().WithContext(fmt::format("{} '{}'", type, name));
-    auto ring = cuda::MakeStagedRing(&comm, ctx->get());
+    auto ring = backends::MakeStagedRing(&comm, ctx->get());
     if (!ring.ok()) return ring.status().WithContext(fmt::format("{} '{}'", type, name));
     gpu = std::move(ctx).value();
     device_collectives = std::move(ring).value();

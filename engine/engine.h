@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/backends/ps/types.h"  // Role, VariableSpec, SgdSettings
 #include "engine/common/dtype.h"
 #include "engine/common/options.h"
 #include "engine/common/status.h"
@@ -44,6 +45,10 @@ class Store;
 namespace backends::ps {
 struct Job;
 }
+
+// OK when this build has the transport `name` (Options::transport: KOLO_TRANSPORT, --transport);
+// otherwise InvalidArgument naming it and the transports there are. Engine::Create checks it too.
+Status CheckTransportName(const std::string& name);
 
 enum class ReduceOp : uint8_t { kSum = 0, kAverage = 1 };
 const char* ReduceOpName(ReduceOp op);
@@ -70,29 +75,6 @@ struct GatheredTensor {
   std::vector<uint8_t> data;
   Shape shape;
   std::vector<int64_t> first_dims;  // each rank's first dimension, in rank order
-};
-
-// Parameter-server jobs (Options::backend == "ps", engine/backends/ps/): each launch rank is
-// either a worker (a data-parallel training rank) or a parameter server. Which ranks serve is
-// Options::ps_servers / ps_server_ranks (options.h explains the mapping: by default the last K).
-enum class Role : uint8_t { kWorker, kServer };
-
-// One trainable variable, as a worker registers it with the parameter servers.
-struct VariableSpec {
-  std::string name;
-  DataType dtype = DataType::kFloat32;
-  Shape shape;
-};
-
-// The update a parameter server applies to a variable: with g the average over workers of the
-// pushed gradients, g' = g * grad_scale + weight_decay * w; v = momentum * v + g';
-// w -= learning_rate * v; the momentum v starts at zero (torch.optim.SGD without dampening or
-// Nesterov; models/compute/backend.h SgdConfig with grad_scale applied first).
-struct SgdSettings {
-  double learning_rate = 0.1;
-  double momentum = 0.9;
-  double weight_decay = 1e-4;
-  double grad_scale = 1.0;
 };
 
 class Engine {

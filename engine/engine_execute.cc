@@ -6,8 +6,8 @@
 #include <cctype>
 #include <cstring>
 
-#include "engine/collectives/reduce.h"
 #include "engine/engine_impl.h"
+#include "engine/kernels/reduce.h"
 
 namespace kolo {
 namespace {
@@ -85,7 +85,7 @@ Status Engine::Impl::RunFused(const std::vector<Response>& responses, const fusi
   fusion::UnpackEntries(out_copies.data(), out_copies.size(), dtype, scale);
   if (scale != 1.0) {
     for (TensorEntry* e : in_place) {
-      collectives::Scale(dtype, e->out, bytes_of(e) / DataTypeSize(dtype), scale);
+      kernels::Scale(dtype, e->out, bytes_of(e) / DataTypeSize(dtype), scale);
     }
   }
   for (const auto& n : group_names) TimelineEnd(n, "MEMCPY_OUT_FUSION_BUFFER");
@@ -195,7 +195,7 @@ Status Engine::Impl::ExecuteAllreduce(const std::vector<Response>& responses,
     TimelineBegin(first.name, op_name);
     status = backend.Allreduce(e.out, bytes / elem, dtype);
     TimelineEnd(first.name, op_name);
-    if (status.ok() && average) collectives::Scale(dtype, e.out, bytes / elem, scale);
+    if (status.ok() && average) kernels::Scale(dtype, e.out, bytes / elem, scale);
   }
   comm.on_phase = nullptr;
   for (const auto& n : group_names) TimelineEnd(n, "ALLREDUCE");

@@ -20,9 +20,9 @@
 #include "engine/backends/ps/worker.h"
 #include "engine/bootstrap/rendezvous.h"
 #include "engine/collectives/collectives.h"
+#include "engine/collectives/negotiation_peers.h"
+#include "engine/coordinator/controller.h"
 #include "engine/coordinator/message.h"
-#include "engine/coordinator/message_table.h"
-#include "engine/coordinator/response_cache.h"
 #include "engine/cuda/device_context.h"
 #include "engine/engine.h"
 #include "engine/fusion/fusion_buffer.h"
@@ -42,7 +42,6 @@ struct TensorEntry {
   void* out = nullptr;       // allreduce output, broadcast data
   TensorPlace place;         // host, or a CUDA device with the producer's ready event
   SteadyClock::time_point submitted;
-  int cache_bit = -1;  // >= 0 while waiting as a response-cache hit
 };
 
 struct HandleState {
@@ -52,8 +51,7 @@ struct HandleState {
 };
 
 struct Engine::Impl {
-  explicit Impl(const Options& o)
-      : options(o), hit_stall_after(HitStallAfter(o)), cache(o.cache_capacity) {}
+  explicit Impl(const Options& o) : options(o) {}
 
   // --- Background thread.
   void Loop();
@@ -62,25 +60,16 @@ struct Engine::Impl {
   // cycle's exchange. A rank with nothing new waits for its peers instead of waking every cycle:
   // whichever rank submits last starts the exchange that agrees on what every rank has.
   Status AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_point last_start);
-  // Whether this rank knows something its peers need for agreement: new submissions, requests
-  // to report, a shutdown, (rank 0) a stall check due, or a cache hit waiting past the stall
-  // time. Sets `idle` when it has none, in the same critical section that looked at the queue, so
-  // that no submission goes unnoticed.
+  // Whether this rank knows something its peers need for agreement: new submissions, a shutdown,
+  // or what the controller has (Controller::HasNews). Sets `idle` when it has none, in the same
+  // critical section that looked at the queue, so that no submission goes unnoticed.
   bool HasNews(SteadyClock::time_point now);
-  // How long a tensor may wait here as a response-cache hit before this rank hands it back to the
-  // coordinator, whose table sees stalls (the cache's bit exchange only says "not everywhere"):
-  // the stall warning time, or the shutdown time if that is shorter or the only one set.
-  // Zero when stall inspection is off.
-  static SteadyClock::duration HitStallAfter(const Options& o);
-  // Recomputes hit_stall_due from the pending cache hits (at the end of each negotiation, the only
-  // place hits are added or removed before the loop next waits).
-  void UpdateHitStallDue();
   // One negotiation-and-execution cycle. Sets *stop when every rank is to stop.
   Status RunCycle(bool* stop);
+  // Moves the submission queue into `pending` and hands each request to the controller.
   void DrainQueue();
+  // The controller's agreement for this cycle, with the engine's statistics updated.
   Status Negotiate(std::vector<coordinator::Response>* responses, bool* stop);
-  Status CoordinatorRound(std::vector<coordinator::Response>* responses);
-  void InspectStalls(std::vector<coordinator::Response>* errors);
   Status Execute(const std::vector<coordinator::Response>& responses);
   Status ExecuteAllreduce(const std::vector<coordinator::Response>& responses,
                           const fusion::Group& group);
@@ -114,7 +103,6 @@ struct Engine::Impl {
   StatusOr<HandleState> WaitState(Handle handle, std::chrono::milliseconds timeout);
 
   const Options options;
-  const SteadyClock::duration hit_stall_after;  // HitStallAfter(options)
   bootstrap::Rendezvous rendezvous;
   std::unique_ptr<transport::Device> device;
   collectives::Comm comm;
@@ -146,20 +134,13 @@ struct Engine::Impl {
   Stats stats;        // GUARDED_BY(mu)
   std::thread thread;
 
-  // Background thread only.
-  coordinator::ResponseCache cache;
-  std::optional<coordinator::MessageTable> table;  // rank 0
+  // Background thread only. The controller (negotiation) talks to its peers through `peers`,
+  // declared first so that it is destroyed last.
+  std::unique_ptr<collectives::NegotiationPeers> peers;
+  std::unique_ptr<coordinator::Controller> controller;
   fusion::FusionBuffer fusion_buffer;
   std::unordered_map<std::string, TensorEntry> pending;  // drained, awaiting a response
-  std::vector<std::string> unreported;                   // to report at the next round
-  std::vector<uint64_t> bits;                            // the cycle's bit vector
-  std::unique_ptr<transport::Region> bits_region;
-  collectives::Scratch scratch;
   collectives::Scratch message_scratch;  // comm.messages: negotiation's message staging
-  SteadyClock::time_point last_stall_check;
-  // When the oldest pending cache hit will have waited HitStallAfter(); max() when none will.
-  SteadyClock::time_point hit_stall_due = SteadyClock::time_point::max();
-  std::unordered_map<std::string, SteadyClock::time_point> stall_warned;  // rank 0
   std::vector<std::string> group_names;  // tensors of the collective in flight (timeline)
 
   // Parameter-server jobs (engine_ps.cc). Set once at creation: a worker has ps_worker (its

@@ -8,10 +8,10 @@
 #include <limits>
 #include <optional>
 
-#include "engine/collectives/reduce.h"
 #include "engine/common/logging.h"
 #include "engine/engine_impl.h"
 #include "engine/fusion/planner.h"
+#include "engine/kernels/reduce.h"
 
 namespace kolo {
 namespace {
@@ -20,10 +20,6 @@ using coordinator::CollectiveType;
 using coordinator::Request;
 using coordinator::Response;
 
-constexpr uint64_t kFlagUncached = 1;  // some rank has requests for the coordinator
-constexpr uint64_t kFlagShutdown = 2;  // some rank asked to shut down
-// How often rank 0 inspects the coordinator's table for stalls while something waits there.
-constexpr auto kStallCheckEvery = std::chrono::seconds(1);
 // Longest idle wait before the loop looks again (a submission or a peer ends it sooner).
 constexpr auto kIdleWait = std::chrono::milliseconds(500);
 
@@ -75,26 +71,8 @@ void Engine::Impl::Loop() {
   }
 }
 
-SteadyClock::duration Engine::Impl::HitStallAfter(const Options& o) {
-  double s = o.stall_warning_s;
-  if (o.stall_shutdown_s > 0 && (s <= 0 || o.stall_shutdown_s < s)) s = o.stall_shutdown_s;
-  return std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(s));
-}
-
-void Engine::Impl::UpdateHitStallDue() {
-  hit_stall_due = SteadyClock::time_point::max();
-  if (hit_stall_after <= SteadyClock::duration::zero()) return;
-  for (const auto& [name, entry] : pending) {
-    if (entry.cache_bit >= 0) {
-      hit_stall_due = std::min(hit_stall_due, entry.submitted + hit_stall_after);
-    }
-  }
-}
-
 bool Engine::Impl::HasNews(SteadyClock::time_point now) {
-  if (!unreported.empty()) return true;
-  if (now >= hit_stall_due) return true;
-  if (table && table->pending() > 0 && now - last_stall_check > kStallCheckEvery) return true;
+  if (controller->HasNews(now)) return true;
   std::lock_guard<std::mutex> lock(mu);
   idle = queue.empty() && !shutdown_requested;
   return !idle;
@@ -116,10 +94,9 @@ Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_p
       until = *tick;
     } else {
       tick.reset();
-      // Idle: only a submission (Wake), a peer's exchange or rank 0's next stall check ends it.
-      until = std::min(now + kIdleWait, hit_stall_due);
-      if (table && table->pending() > 0)
-        until = std::min(until, last_stall_check + kStallCheckEvery);
+      // Idle: only a submission (Wake), a peer's exchange or what the controller has due (a
+      // cache hit's stall time, rank 0's next stall check) ends it.
+      until = std::min(now + kIdleWait, controller->NextDue());
     }
     bool arrived = false;
     KOLO_RETURN_IF_ERROR(
@@ -176,27 +153,12 @@ void Engine::Impl::DrainQueue() {
       timeline->End(name, "QUEUE");
       timeline->Begin(name, "NEGOTIATE_" + UpperType(entry.request.type));
     }
-    int bit = -1;
-    switch (options.size > 1 ? cache.Find(entry.request, options.rank, &bit)
-                             : coordinator::ResponseCache::Lookup::kMiss) {
-      case coordinator::ResponseCache::Lookup::kHit:
-        entry.cache_bit = bit;
-        break;
-      case coordinator::ResponseCache::Lookup::kMismatch:
-        // Set in this cycle's invalid vector: every rank drops the entry and renegotiates.
-        bits[cache.words() + 1 + bit / 64] |= uint64_t{1} << (bit % 64);
-        unreported.push_back(name);
-        break;
-      case coordinator::ResponseCache::Lookup::kMiss:
-        unreported.push_back(name);
-        break;
-    }
+    controller->Add(entry.request, entry.submitted);
     pending.emplace(name, std::move(entry));
   }
 }
 
 Status Engine::Impl::RunCycle(bool* stop) {
-  std::fill(bits.begin(), bits.end(), 0);
   DrainQueue();
   std::vector<Response> responses;
   KOLO_RETURN_IF_ERROR(Negotiate(&responses, stop));
@@ -208,172 +170,21 @@ Status Engine::Impl::RunCycle(bool* stop) {
 
 Status Engine::Impl::Negotiate(std::vector<Response>* responses, bool* stop) {
   const auto start = SteadyClock::now();
-  const size_t words = cache.words();
   bool shutdown;
   {
     std::lock_guard<std::mutex> lock(mu);
     shutdown = shutdown_requested;
   }
-  if (options.size == 1) {
-    // Nothing to agree on: everything drained is ready, in submission order.
-    std::vector<TensorEntry*> ready;
-    for (auto& [name, entry] : pending) ready.push_back(&entry);
-    std::sort(ready.begin(), ready.end(),
-              [](auto* a, auto* b) { return a->handle.id < b->handle.id; });
-    for (TensorEntry* e : ready) {
-      Response r;
-      r.request = e->request;
-      if (r.request.type == CollectiveType::kAllgather) r.first_dims = {e->request.shape[0]};
-      responses->push_back(std::move(r));
-    }
-    unreported.clear();
-    *stop = shutdown;
-    return Status::OK();
-  }
-
-  // One bit-vector exchange: AND of cache hits | OR of flags | OR of invalidated bits. A hit that
-  // has waited past the stall time is invalidated instead: every rank drops the entry, and the
-  // ranks that have the tensor report it to the coordinator, whose stall inspector then names
-  // the ranks missing it.
-  bool handed_back = false;
-  for (const auto& [name, entry] : pending) {
-    if (entry.cache_bit < 0) continue;
-    const uint64_t mask = uint64_t{1} << (entry.cache_bit % 64);
-    if (hit_stall_after > SteadyClock::duration::zero() &&
-        start - entry.submitted >= hit_stall_after) {
-      bits[words + 1 + entry.cache_bit / 64] |= mask;
-      handed_back = true;
-    } else {
-      bits[entry.cache_bit / 64] |= mask;
-    }
-  }
-  const bool rank0_round =
-      table && table->pending() > 0 && start - last_stall_check > kStallCheckEvery;
-  if (!unreported.empty() || rank0_round || handed_back) bits[words] |= kFlagUncached;
-  if (shutdown) bits[words] |= kFlagShutdown;
-  KOLO_RETURN_IF_ERROR(
-      collectives::BitwiseAllreduce(comm, *bits_region, words, words + 1, scratch));
-  *stop = (bits[words] & kFlagShutdown) != 0;
-
-  // Invalidated entries: every rank drops them and renegotiates any pending use.
-  for (size_t w = 0; w < words; ++w) {
-    for (uint64_t m = bits[words + 1 + w]; m != 0; m &= m - 1) {
-      const int bit = static_cast<int>(w * 64 + __builtin_ctzll(m));
-      for (auto& [name, entry] : pending) {
-        if (entry.cache_bit == bit) {
-          entry.cache_bit = -1;
-          unreported.push_back(name);
-        }
-      }
-      cache.Erase(bit);
-      bits[w] &= ~(uint64_t{1} << (bit % 64));
-    }
-  }
-  // Hits on every rank, in bit order (the same on every rank).
-  int64_t hits = 0;
-  for (size_t w = 0; w < words; ++w) {
-    for (uint64_t m = bits[w]; m != 0; m &= m - 1) {
-      const int bit = static_cast<int>(w * 64 + __builtin_ctzll(m));
-      responses->push_back(cache.Get(bit));
-      cache.Touch(bit);
-      ++hits;
-    }
-  }
-  for (const Response& r : *responses) PendingEntry(r.request.name).cache_bit = -1;
-
-  int64_t rounds = 0;
-  if (bits[words] & kFlagUncached) {
-    const size_t cached = responses->size();
-    KOLO_RETURN_IF_ERROR(CoordinatorRound(responses));
-    ++rounds;
-    // Newly agreed collectives enter the cache in list order — the same on every rank. An
-    // eviction may take the bit of a tensor still waiting as a hit: it renegotiates.
-    for (size_t i = cached; i < responses->size(); ++i) {
-      if (!(*responses)[i].is_error()) cache.Put((*responses)[i]);
-    }
-    for (auto& [name, entry] : pending) {
-      if (entry.cache_bit >= 0 &&
-          (!cache.Occupied(entry.cache_bit) || cache.Get(entry.cache_bit).request.name != name)) {
-        entry.cache_bit = -1;
-        unreported.push_back(name);
-      }
-    }
-  }
-  UpdateHitStallDue();
+  coordinator::NegotiationStats agreed;
+  KOLO_RETURN_IF_ERROR(controller->Negotiate(shutdown, responses, stop, &agreed));
   const double us = std::chrono::duration<double, std::micro>(SteadyClock::now() - start).count();
   std::lock_guard<std::mutex> lock(mu);
-  stats.cache_hits += hits;
-  stats.negotiations += rounds;
+  stats.cache_hits += agreed.cache_hits;
+  stats.negotiations += agreed.rounds;
   // Idle cycles (nothing agreed) cost no step anything; only cycles that release work count.
-  if (!responses->empty()) stats.coordination_us += us;
+  // A single rank agrees with nobody: its cycles cost no coordination.
+  if (!responses->empty() && options.size > 1) stats.coordination_us += us;
   return Status::OK();
-}
-
-Status Engine::Impl::CoordinatorRound(std::vector<Response>* responses) {
-  coordinator::RequestList mine;
-  const auto sent = SteadyClock::now();
-  for (const std::string& name : unreported) {
-    auto it = pending.find(name);
-    if (it != pending.end() && it->second.cache_bit < 0) {
-      mine.requests.push_back(it->second.request);
-      const auto waited =
-          std::chrono::duration_cast<std::chrono::milliseconds>(sent - it->second.submitted);
-      mine.waited_ms.push_back(static_cast<uint32_t>(
-          std::clamp<int64_t>(waited.count(), 0, std::numeric_limits<uint32_t>::max())));
-    }
-  }
-  unreported.clear();
-  KOLO_ASSIGN_OR_RETURN(auto gathered,
-                        collectives::GatherMessages(comm, 0, coordinator::Serialize(mine)));
-  std::vector<uint8_t> answer;
-  if (options.rank == 0) {
-    coordinator::ResponseList list;
-    const auto now = SteadyClock::now();
-    for (int r = 0; r < options.size; ++r) {
-      auto parsed = coordinator::ParseRequestList(gathered[r]);
-      if (!parsed.ok()) return parsed.status().WithContext(fmt::format("requests from rank {}", r));
-      for (size_t i = 0; i < parsed->requests.size(); ++i) {
-        const auto since = now - std::chrono::milliseconds(parsed->waited_ms[i]);
-        table->Add(r, parsed->requests[i], since, &list.responses);
-      }
-    }
-    InspectStalls(&list.responses);
-    answer = coordinator::Serialize(list);
-  }
-  KOLO_ASSIGN_OR_RETURN(answer, collectives::BroadcastMessage(comm, 0, answer));
-  KOLO_ASSIGN_OR_RETURN(auto list, coordinator::ParseResponseList(answer));
-  for (Response& r : list.responses) responses->push_back(std::move(r));
-  return Status::OK();
-}
-
-void Engine::Impl::InspectStalls(std::vector<Response>* errors) {
-  const auto now = SteadyClock::now();
-  last_stall_check = now;
-  if (options.stall_warning_s > 0) {
-    const auto warn_after = std::chrono::duration<double>(options.stall_warning_s);
-    for (const auto& s : table->FindStalled(now, warn_after)) {
-      auto& last = stall_warned[s.name];
-      if (last != SteadyClock::time_point{} && now - last < warn_after) continue;
-      last = now;
-      KOLO_LOG(kWarning,
-               "stalled: tensor '{}' has waited {:.1f} s: ready on ranks {}, missing on ranks {}. "
-               "Every rank must submit the same tensors.",
-               s.name, s.waited_s, coordinator::FormatRanks(s.ready_ranks),
-               coordinator::FormatRanks(s.missing_ranks));
-    }
-  }
-  if (options.stall_shutdown_s > 0) {
-    for (const auto& s :
-         table->FindStalled(now, std::chrono::duration<double>(options.stall_shutdown_s))) {
-      stall_warned.erase(s.name);
-      errors->push_back(table->Fail(
-          s.name, fmt::format("'{}' stalled for {:.1f} s (KOLO_STALL_SHUTDOWN_SECONDS={}): "
-                              "submitted by ranks {}, never by ranks {}",
-                              s.name, s.waited_s, options.stall_shutdown_s,
-                              coordinator::FormatRanks(s.ready_ranks),
-                              coordinator::FormatRanks(s.missing_ranks))));
-    }
-  }
 }
 
 TensorEntry& Engine::Impl::PendingEntry(const std::string& name) { return pending.at(name); }

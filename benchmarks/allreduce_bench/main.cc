@@ -18,7 +18,7 @@
 #include "engine/bootstrap/rendezvous.h"
 #include "engine/common/logging.h"
 #include "engine/common/options.h"
-#include "engine/transport/tcp/device.h"
+#include "engine/transport/registry.h"
 
 namespace kolo::bench {
 namespace {
@@ -47,6 +47,7 @@ Status Configure(const BenchConfig& config, Options* options) {
   }
   if (config.cycle_time_ms) options->cycle_time_ms = *config.cycle_time_ms;
   KOLO_RETURN_IF_ERROR(options->Validate());
+  KOLO_RETURN_IF_ERROR(transport::CheckTransport(options->transport));
   const int64_t max_count = config.max_bytes / static_cast<int64_t>(DataTypeSize(config.dtype));
   for (BackendKind kind : config.backends) {
     KOLO_RETURN_IF_ERROR(CheckBackendAvailable(kind, *options));
@@ -84,13 +85,9 @@ Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
   std::unique_ptr<transport::Device> device;
   if (need_device) {
     link_store = std::make_unique<bootstrap::PrefixStore>("bench/link/", *rv.store);
-    transport::tcp::TcpOptions tcp;
-    tcp.listen_addr = rv.listen_addr;
-    tcp.socket_buffer_bytes = options.socket_buffer_bytes;
-    tcp.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.peer_timeout_s * 1000));
-    tcp.secret = rv.secret;
-    tcp.busy_poll = options.busy_poll;
-    auto connected = transport::tcp::Connect(tcp, *link_store, options.rank, options.size);
+    auto connected = transport::Connect(options.transport,
+                                        transport::SettingsFrom(options, rv.listen_addr, rv.secret),
+                                        *link_store, options.rank, options.size);
     if (!connected.ok()) {
       return connected.status().WithContext(
           fmt::format("rank {}: connecting the benchmark's device", options.rank));

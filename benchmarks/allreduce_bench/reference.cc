@@ -118,7 +118,7 @@ CheckResult CheckOutput(DataType dtype, const void* out, size_t count, int size,
     } else {
       const int64_t wrapped = WrapToType(dtype, sum);
       e = static_cast<double>(wrapped);
-      // As collectives::Scale does it: multiply by the rounded factor in double, truncate.
+      // As kernels::Scale does it: multiply by the rounded factor in double, truncate.
       if (op == ReduceOp::kAverage) e = std::trunc(e * (1.0 / size));
     }
     expected[static_cast<size_t>(c)] = e;

@@ -5,7 +5,7 @@
 // dtype for the rank counts this harness runs (|sum| <= 4 * ranks; exact in bfloat16 up to 64
 // ranks, float16 up to 512). Beyond that, floating types are compared with a tolerance scaled by
 // the dtype's precision. Integer types are compared exactly, wrapping as the reduction does; an
-// integer average is the sum times 1/ranks in double, truncated toward zero (collectives::Scale).
+// integer average is the sum times 1/ranks in double, truncated toward zero (kernels::Scale).
 #pragma once
 
 #include <cstddef>

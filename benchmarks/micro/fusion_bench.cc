@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/collectives/reduce.h"
 #include "engine/fusion/fusion_buffer.h"
+#include "engine/kernels/reduce.h"
 
 namespace kolo {
 namespace {
@@ -161,7 +161,7 @@ void BM_Unpack(benchmark::State& state, DataType dtype, bool small_only, double 
     }
     fusion::UnpackEntries(w.unpack.data(), w.unpack.size(), dtype, 1.0);
     for (const CopyEntry& e : w.unpack) {
-      collectives::Scale(dtype, e.dst, e.bytes / DataTypeSize(dtype), scale);
+      kernels::Scale(dtype, e.dst, e.bytes / DataTypeSize(dtype), scale);
     }
   };
   std::memset(w.outputs.data(), 0xff, w.outputs.capacity());

@@ -12,14 +12,14 @@
 #include <cstring>
 #include <string>
 
-#include "engine/collectives/reduce.h"
-#include "engine/collectives/reduce_kernels.h"
 #include "engine/fusion/fusion_buffer.h"
+#include "engine/kernels/reduce.h"
+#include "engine/kernels/reduce_kernels.h"
 
 namespace kolo {
 namespace {
 
-using collectives::kernels::ReduceKernels;
+using kernels::cpu::ReduceKernels;
 
 std::atomic<int> g_failures{0};
 
@@ -148,10 +148,10 @@ __attribute__((optimize("no-tree-vectorize"))) void ScalarLoopSumFloat32(float* 
 using SumFn = void (*)(DataType, void*, const void*, size_t);
 
 void ActiveSum(DataType dt, void* dst, const void* src, size_t count) {
-  collectives::ReduceSum(dt, dst, src, count);
+  kernels::ReduceSum(dt, dst, src, count);
 }
 void BaselineSum(DataType dt, void* dst, const void* src, size_t count) {
-  collectives::kernels::Baseline().sum3(dt, dst, dst, src, count);
+  kernels::cpu::Baseline().sum3(dt, dst, dst, src, count);
 }
 void ScalarLoopSum(DataType, void* dst, const void* src, size_t count) {
   ScalarLoopSumFloat32(static_cast<float*>(dst), static_cast<const float*>(src), count);
@@ -188,7 +188,7 @@ void Register(const std::string& name, DataType dt, SumFn sum) {
 
 int main(int argc, char** argv) {
   using kolo::DataType;
-  const char* active = kolo::collectives::kernels::Active().name;
+  const char* active = kolo::kernels::cpu::Active().name;
   for (DataType dt : kolo::AllDataTypes()) {
     const std::string base = std::string("BM_ReduceSum/") + kolo::DataTypeName(dt);
     kolo::Register(base + "/active:" + active, dt, kolo::ActiveSum);

@@ -1,8 +1,8 @@
 // Collectives on tensors in CUDA device memory: what moves a device tensor (or the device fusion
 // buffer) once negotiation and fusion are done. The engine picks one by Options::backend: "nccl"
 // (NCCL on its own stream) or "ring" (kolo's ring over the transport, through pinned host
-// staging, engine/cuda/staged_ring.h). Other backends move host tensors only; a device tensor
-// submitted to them is refused.
+// staging, engine/backends/ring/staged_ring.h). Other backends move host tensors only; a device
+// tensor submitted to them is refused.
 //
 // Calls are stream-ordered on the engine's cuda::DeviceContext: a buffer's input is what the
 // context's stream holds once the work already queued on it has run, and when a call returns OK

@@ -1,7 +1,8 @@
-// The one place that knows which optional backends this build has.
+// The one place that knows which optional backends this build has: the stand-ins below fail with
+// the reason where the real one is not built.
 #include "engine/backends/backend.h"
 #include "engine/backends/device_collectives.h"
-#include "engine/cuda/staged_ring.h"
+#include "engine/backends/ring/staged_ring.h"
 #include "kolo/config.h"
 
 namespace kolo::backends {
@@ -22,28 +23,11 @@ StatusOr<std::unique_ptr<DeviceCollectives>> MakeNcclCollectives(collectives::Co
 }
 #endif
 
-}  // namespace kolo::backends
-
 #if !KOLO_HAVE_CUDA
-namespace kolo::cuda {
-
-int DeviceCount(std::string* why) {
-  if (why != nullptr) *why = "this build of kolo has no CUDA";
-  return 0;
-}
-
-StatusOr<std::unique_ptr<DeviceContext>> CreateDeviceContext(int device,
-                                                             std::chrono::milliseconds) {
-  return FailedPrecondition(
-      "CUDA device {} cannot be used: this build of kolo has no CUDA (install the CUDA toolkit and "
-      "rebuild); pass host tensors instead",
-      device);
-}
-
-StatusOr<std::unique_ptr<backends::DeviceCollectives>> MakeStagedRing(collectives::Comm*,
-                                                                      DeviceContext*) {
+StatusOr<std::unique_ptr<DeviceCollectives>> MakeStagedRing(collectives::Comm*,
+                                                            cuda::DeviceContext*) {
   return FailedPrecondition("this build of kolo has no CUDA: device tensors cannot be staged");
 }
-
-}  // namespace kolo::cuda
 #endif
+
+}  // namespace kolo::backends

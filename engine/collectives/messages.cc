@@ -6,8 +6,8 @@
 #include <memory>
 
 #include "engine/collectives/collectives.h"
-#include "engine/collectives/reduce.h"
 #include "engine/collectives/tags.h"
+#include "engine/kernels/reduce.h"
 
 namespace kolo::collectives {
 namespace {
@@ -250,8 +250,8 @@ Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, si
   };
   auto combine = [&](const uint8_t* theirs_bytes) {
     const auto* theirs = reinterpret_cast<const uint64_t*>(theirs_bytes);
-    BitAnd(words, theirs, and_words);
-    BitOr(words + and_words, theirs + and_words, or_words);
+    kernels::BitAnd(words, theirs, and_words);
+    kernels::BitOr(words + and_words, theirs + and_words, or_words);
   };
   if (n <= comm.bitwise_direct_max_ranks) {
     // Direct exchange: receives from every peer posted, then this rank's words sent to each. A

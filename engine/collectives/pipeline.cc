@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "engine/collectives/reduce.h"
+#include "engine/kernels/reduce.h"
 
 namespace kolo::collectives {
 namespace {
@@ -41,7 +41,7 @@ class PhaseScope {
 // transport::Accumulator's combiner for a sum; `arg` is the DataType.
 void AccumulateSum(uint8_t* dst, const uint8_t* src, size_t nbytes, uintptr_t arg) {
   const auto dtype = static_cast<DataType>(arg);
-  ReduceSum(dtype, dst, src, nbytes / DataTypeSize(dtype));
+  kernels::ReduceSum(dtype, dst, src, nbytes / DataTypeSize(dtype));
 }
 
 }  // namespace
@@ -207,8 +207,8 @@ Status RunRing(Comm& comm, const ExtentMap& buf, const RingPlan& plan, OpCode op
       }
       if (p.combine && via_scratch) {
         auto [region, local] = buf.Locate(p.offset);
-        ReduceSum(dtype, region->data() + local,
-                  slots->data() + (recvs_done % kRecvDepth) * slot_bytes, p.nbytes / elem);
+        kernels::ReduceSum(dtype, region->data() + local,
+                           slots->data() + (recvs_done % kRecvDepth) * slot_bytes, p.nbytes / elem);
       }
       if (++recvs_done == plan.split) phase.Switch(plan.second);
     }

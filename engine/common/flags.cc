@@ -8,6 +8,9 @@ void EngineFlags::Add(CLI::App& app) {
   const std::string g = "Engine";
   app.add_option("--backend", backend_, "collective backend: ring | mpi | ps | nccl (KOLO_BACKEND)")
       ->group(g);
+  app.add_option("--transport", transport_,
+                 "how bytes move between ranks: tcp (KOLO_TRANSPORT, default tcp)")
+      ->group(g);
   app.add_option("--fusion-threshold-mb", fusion_threshold_mb_,
                  "Tensor Fusion buffer size in MiB; 0 disables fusion (default 64)")
       ->group(g);
@@ -47,6 +50,7 @@ void EngineFlags::Add(CLI::App& app) {
 
 Status EngineFlags::Apply(Options* o) const {
   if (backend_) o->backend = *backend_;
+  if (transport_) o->transport = *transport_;
   if (timeline_) o->timeline_path = *timeline_;
   if (iface_) o->iface = *iface_;
   if (log_level_) {

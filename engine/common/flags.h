@@ -17,7 +17,8 @@ namespace kolo {
 
 class EngineFlags {
  public:
-  // Registers --backend, --fusion-threshold-mb, --cycle-time-ms, --cache-capacity, --timeline,
+  // Registers --backend, --transport, --fusion-threshold-mb, --cycle-time-ms, --cache-capacity,
+  // --timeline,
   // --stall-check-s, --stall-shutdown-s, --peer-timeout-s, --iface, --log-level,
   // --ring-chunk-kb, --socket-buffer-kb in group "Engine", and --ps-servers, --ps-server-ranks,
   // --ps-placement in group "Parameter server".
@@ -26,7 +27,7 @@ class EngineFlags {
   Status Apply(Options* options) const;
 
  private:
-  std::optional<std::string> backend_, timeline_, iface_, log_level_;
+  std::optional<std::string> backend_, transport_, timeline_, iface_, log_level_;
   std::optional<double> fusion_threshold_mb_, cycle_time_ms_, stall_check_s_, stall_shutdown_s_,
       peer_timeout_s_;
   std::optional<int> cache_capacity_;

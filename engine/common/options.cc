@@ -47,11 +47,12 @@ Status ReadDouble(const std::map<std::string, std::string>& env, const char* nam
 // Every KOLO_* variable kolo reads, in this file or in the tools' launch scripts.
 const char* const kKnownVariables[] = {
     "KOLO_RANK", "KOLO_SIZE", "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE", "KOLO_STORE_ADDR",
-    "KOLO_JOB_SECRET", "KOLO_IFACE", "KOLO_BACKEND", "KOLO_TIMELINE", "KOLO_LOG_LEVEL",
-    "KOLO_BUSY_POLL", "KOLO_ENGINE_SCHED", "KOLO_SOCKET_BUFFER_BYTES", "KOLO_RING_CHUNK_BYTES",
-    "KOLO_FUSION_THRESHOLD_BYTES", "KOLO_CACHE_CAPACITY", "KOLO_CYCLE_TIME_MS",
-    "KOLO_PEER_TIMEOUT_SECONDS", "KOLO_STALL_CHECK_SECONDS", "KOLO_STALL_SHUTDOWN_SECONDS",
-    "KOLO_SKIP_BOOTSTRAP", "KOLO_PS_SERVERS", "KOLO_PS_SERVER_RANKS", "KOLO_PS_PLACEMENT",
+    "KOLO_JOB_SECRET", "KOLO_IFACE", "KOLO_BACKEND", "KOLO_TRANSPORT", "KOLO_TIMELINE",
+    "KOLO_LOG_LEVEL", "KOLO_BUSY_POLL", "KOLO_ENGINE_SCHED", "KOLO_SOCKET_BUFFER_BYTES",
+    "KOLO_RING_CHUNK_BYTES", "KOLO_FUSION_THRESHOLD_BYTES", "KOLO_CACHE_CAPACITY",
+    "KOLO_CYCLE_TIME_MS", "KOLO_PEER_TIMEOUT_SECONDS", "KOLO_STALL_CHECK_SECONDS",
+    "KOLO_STALL_SHUTDOWN_SECONDS", "KOLO_SKIP_BOOTSTRAP", "KOLO_PS_SERVERS", "KOLO_PS_SERVER_RANKS",
+    "KOLO_PS_PLACEMENT",
     // Read by scripts/ (and exported to the ranks they start).
     "KOLO_ROOT", "KOLO_VENV", "KOLO_OUT", "KOLO_BIN_DIR", "KOLO_SKIP_BUILD", "KOLO_RECONFIGURE",
     "KOLO_MPIRUN_ARGS", "KOLO_MAIN_TIMEOUT"};
@@ -218,6 +219,9 @@ Status Options::Validate() const {
   if (backend != "ring" && backend != "mpi" && backend != "ps" && backend != "nccl") {
     return InvalidArgument("backend '{}' is unknown: allowed are ring, mpi, ps, nccl", backend);
   }
+  // Which names exist is the transport registry's to say (transport::CheckTransport), checked
+  // before the engine connects; an empty name is wrong whatever the registry holds.
+  if (transport.empty()) return InvalidArgument("transport '' is empty: name one, e.g. tcp");
   KOLO_RETURN_IF_ERROR(ValidateParameterServers(*this));
   if (backend == "mpi" && !launched_by_mpirun && size > 1) {
     return InvalidArgument("backend 'mpi' needs a launch by mpirun (OMPI_COMM_WORLD_SIZE unset)");
@@ -323,6 +327,7 @@ StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string
   if (const std::string* v = Find(env, "KOLO_JOB_SECRET")) o.job_secret = *v;
   if (const std::string* v = Find(env, "KOLO_IFACE")) o.iface = *v;
   if (const std::string* v = Find(env, "KOLO_BACKEND")) o.backend = *v;
+  if (const std::string* v = Find(env, "KOLO_TRANSPORT")) o.transport = *v;
   if (const std::string* v = Find(env, "KOLO_TIMELINE")) o.timeline_path = *v;
   if (const std::string* v = Find(env, "KOLO_LOG_LEVEL")) {
     KOLO_ASSIGN_OR_RETURN(o.log_level, ParseLogLevel(*v));

@@ -64,6 +64,9 @@ struct Options {
   // modulo the device count), host tensors through the ring. With "ring", device tensors go
   // through the ring via pinned host staging; other backends refuse device tensors.
   std::string backend = "ring";
+  // KOLO_TRANSPORT: how the ring's bytes (and negotiation's, and the parameter server's) move
+  // between ranks, by name in the transport registry (engine/transport/registry.h): "tcp".
+  std::string transport = "tcp";
   // KOLO_FUSION_THRESHOLD_BYTES: largest fusion buffer; 0 disables Tensor Fusion.
   int64_t fusion_threshold_bytes = 64ll << 20;
   // KOLO_CYCLE_TIME_MS: the background thread's cycle: a rank with new submissions starts the

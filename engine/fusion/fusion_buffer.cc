@@ -7,8 +7,8 @@
 #include <cstring>
 #include <utility>
 
-#include "engine/collectives/reduce.h"
 #include "engine/common/logging.h"
+#include "engine/kernels/reduce.h"
 
 namespace kolo::fusion {
 namespace {
@@ -77,7 +77,7 @@ void UnpackEntries(const CopyEntry* entries, size_t n, DataType dtype, double sc
   }
   const size_t elem = DataTypeSize(dtype);
   for (size_t i = 0; i < n; ++i) {
-    collectives::ScaleCopy(dtype, entries[i].dst, entries[i].src, entries[i].bytes / elem, scale);
+    kernels::ScaleCopy(dtype, entries[i].dst, entries[i].src, entries[i].bytes / elem, scale);
   }
 }
 

@@ -60,7 +60,7 @@ void PackEntries(const CopyEntry* entries, size_t n);
 // Copy-out with the average's scaling fused in, so averaging costs no extra pass over memory.
 // scale == 1.0: for each entry, a plain byte copy of `bytes` from `src` to `dst`.
 // Otherwise: dst[i] = src[i] * scale element-wise as `dtype`, with the semantics of
-// collectives::Scale (floats in their own precision, float16/bfloat16 via float32, integers in
+// kernels::Scale (floats in their own precision, float16/bfloat16 via float32, integers in
 // double truncated toward zero).
 // REQUIRES: with scale != 1.0, every entry's bytes is a multiple of DataTypeSize(dtype).
 void UnpackEntries(const CopyEntry* entries, size_t n, DataType dtype, double scale);

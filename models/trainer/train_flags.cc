@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "engine/common/flags.h"
+#include "engine/engine.h"
 #include "models/compute/replay/profile.h"
 #include "models/zoo/zoo.h"
 
@@ -31,12 +32,8 @@ Status Validate(TrainOptions& o, const std::optional<std::string>& precision_fla
     return InvalidArgument("--compute '{}' is not available in this build; allowed: {}", o.compute,
                            fmt::join(computes, ", "));
   }
-  if (o.transport == "rdma") {
-    return InvalidArgument(
-        "--transport rdma: the RDMA transport is not part of this build yet; allowed: tcp");
-  }
-  if (o.transport != "tcp") {
-    return InvalidArgument("--transport '{}' is not a transport; allowed: tcp", o.transport);
+  if (Status s = CheckTransportName(o.engine.transport); !s.ok()) {
+    return s.WithContext("--transport");
   }
   if (o.compute == "replay") {
     if (o.profile.empty()) {
@@ -111,7 +108,6 @@ ParsedFlags ParseTrainFlags(int argc, char** argv) {
   app.add_option("--profile", o.profile, "replay profile to play (--compute replay)");
   app.add_option("--record-profile", o.record_profile,
                  "write each layer's median forward/backward time to this file (rank 0)");
-  app.add_option("--transport", o.transport, "transport of the ring: tcp")->capture_default_str();
   app.add_option("--precision", precision,
                  "fp32 | tf32 | fp16 | bf16 (default: fp32; tf32 with cudnn; the profile's with "
                  "replay). fp16 and bf16 (cudnn): mixed precision with float32 master weights "

@@ -18,7 +18,6 @@ struct TrainOptions {
   std::string compute;         // default: the first of AvailableComputeBackends()
   std::string profile;         // --profile: replay's input
   std::string record_profile;  // --record-profile: written by rank 0 after the timed steps
-  std::string transport = "tcp";
   compute::Precision precision = compute::Precision::kFp32;  // cudnn defaults to tf32
   int backward_passes_per_step = 1;
   int64_t image_size = 0;  // 0: the model's default

@@ -37,7 +37,7 @@ RunSettings SettingsFrom(const TrainOptions& o) {
   s.compute = o.compute;
   s.profile = o.profile;
   s.backend = o.engine.backend;
-  s.transport = o.transport;
+  s.transport = o.engine.transport;
   s.precision = compute::PrecisionName(o.precision);
   s.fusion_threshold_mb = static_cast<double>(o.engine.fusion_threshold_bytes) / (1 << 20);
   s.cycle_time_ms = o.engine.cycle_time_ms;

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/collectives/reduce.h"
+#include "engine/kernels/reduce.h"
 
 namespace kolo::fusion {
 namespace {
@@ -161,8 +161,7 @@ TEST(FusionBufferTest, ScaledUnpackEqualsCopyThenScale) {
       UnpackEntries(unpack.data(), unpack.size(), dtype, scale);
       for (size_t i = 0; i < in.bytes.size(); ++i) {
         std::vector<uint8_t> want = in.storage[i];
-        collectives::Scale(dtype, want.data() + in.offset[i], in.bytes[i] / DataTypeSize(dtype),
-                           scale);
+        kernels::Scale(dtype, want.data() + in.offset[i], in.bytes[i] / DataTypeSize(dtype), scale);
         ASSERT_EQ(out.storage[i], want) << "tensor " << i;
         ASSERT_NE(out.storage[i], in.storage[i]) << "not scaled";
       }

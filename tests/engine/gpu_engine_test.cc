@@ -9,9 +9,9 @@
 #include <thread>
 #include <vector>
 
-#include "engine/collectives/reduce.h"
 #include "engine/cuda/device_context.h"
 #include "engine/engine.h"
+#include "engine/kernels/reduce.h"
 #include "kolo/config.h"
 #include "tests/engine/engine_test_util.h"
 #include "tests/engine/rank_threads.h"
@@ -111,7 +111,7 @@ double Expected(DataType dtype, int size, size_t i, bool average) {
   if (!average) return sum;
   uint8_t buf[8];
   StoreElement(dtype, buf, 0, sum);
-  collectives::Scale(dtype, buf, 1, 1.0 / size);
+  kernels::Scale(dtype, buf, 1, 1.0 / size);
   return LoadElement(dtype, buf, 0);
 }
 

@@ -1,5 +1,5 @@
 // Device tensors in the fusion layer: the device context's batched pack/unpack kernels against the
-// host reference (collectives::ScaleCopy), and the planner and negotiation rules that keep host
+// host reference (kernels::ScaleCopy), and the planner and negotiation rules that keep host
 // and device tensors apart. The kernel tests need a CUDA device and skip without one.
 #include <gtest/gtest.h>
 
@@ -7,10 +7,10 @@
 #include <random>
 #include <vector>
 
-#include "engine/collectives/reduce.h"
 #include "engine/coordinator/message.h"
 #include "engine/cuda/device_context.h"
 #include "engine/fusion/planner.h"
+#include "engine/kernels/reduce.h"
 #include "kolo/config.h"
 #if KOLO_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -141,7 +141,7 @@ TEST_F(DeviceKernels, PackAndScaledUnpackMatchTheHostReference) {
       ASSERT_TRUE(ctx_->Synchronize().ok());
       for (size_t k = 0; k < host.size(); ++k) {
         std::vector<uint8_t> want(host[k].size()), got(host[k].size());
-        collectives::ScaleCopy(dtype, want.data(), host[k].data(), counts[k], scale);
+        kernels::ScaleCopy(dtype, want.data(), host[k].data(), counts[k], scale);
         ASSERT_CUDA(cudaMemcpy(got.data(), out[k], got.size(), cudaMemcpyDeviceToHost));
         EXPECT_EQ(want, got) << DataTypeName(dtype) << " tensor " << k << " scale " << scale;
       }
@@ -157,7 +157,7 @@ TEST_F(DeviceKernels, ScalesInPlaceAndSaturatesIntegers) {
   ASSERT_TRUE(ctx_->Unpack(&e, 1, DataType::kInt32, 2.5).ok());
   ASSERT_TRUE(ctx_->Synchronize().ok());
   std::vector<int32_t> got(values.size()), want = values;
-  collectives::Scale(DataType::kInt32, want.data(), want.size(), 2.5);
+  kernels::Scale(DataType::kInt32, want.data(), want.size(), 2.5);
   ASSERT_CUDA(cudaMemcpy(got.data(), d, got.size() * 4, cudaMemcpyDeviceToHost));
   EXPECT_EQ(got, want);
   EXPECT_EQ(got[0], 2147483647);

@@ -1,5 +1,5 @@
 // Reduction kernels of every instruction set against a scalar reference written here.
-#include "engine/collectives/reduce.h"
+#include "engine/kernels/reduce.h"
 
 #include <gtest/gtest.h>
 
@@ -11,9 +11,9 @@
 #include <tuple>
 #include <vector>
 
-#include "engine/collectives/reduce_kernels.h"
+#include "engine/kernels/reduce_kernels.h"
 
-namespace kolo::collectives {
+namespace kolo::kernels {
 namespace {
 
 using Bytes = std::vector<uint8_t>;
@@ -172,11 +172,11 @@ Bytes RandomElements(DataType dt, size_t n, std::mt19937_64& rng) {
 }
 
 // The public API presented as a kernel table, so it runs through the same tests.
-const kernels::ReduceKernels kPublic = {"public", &ReduceSum3, &ScaleCopy, &BitAnd, &BitOr};
+const cpu::ReduceKernels kPublic = {"public", &ReduceSum3, &ScaleCopy, &BitAnd, &BitOr};
 
-const kernels::ReduceKernels* KernelsByName(const std::string& name) {
-  if (name == "baseline") return &kernels::Baseline();
-  if (name == "avx2") return kernels::Avx2();
+const cpu::ReduceKernels* KernelsByName(const std::string& name) {
+  if (name == "baseline") return &cpu::Baseline();
+  if (name == "avx2") return cpu::Avx2();
   return &kPublic;
 }
 
@@ -211,7 +211,7 @@ class ReduceTest : public ::testing::TestWithParam<std::tuple<std::string, DataT
     return ::testing::AssertionSuccess();
   }
 
-  const kernels::ReduceKernels* k_ = nullptr;
+  const cpu::ReduceKernels* k_ = nullptr;
   DataType dt_ = DataType::kFloat32;
   size_t size_ = 0;
 };
@@ -287,7 +287,7 @@ struct Case {
   uint64_t a, b, want;  // element bit patterns
 };
 
-void ExpectSums(const kernels::ReduceKernels& k, DataType dt, const std::vector<Case>& cases) {
+void ExpectSums(const cpu::ReduceKernels& k, DataType dt, const std::vector<Case>& cases) {
   const size_t size = DataTypeSize(dt);
   const size_t n = cases.size() * 7 + 3;
   Bytes a(n * size), b(n * size), want(n * size), got(n * size);
@@ -313,7 +313,7 @@ class ReduceEdgeTest : public ::testing::TestWithParam<std::string> {
     k_ = KernelsByName(GetParam());
     if (k_ == nullptr) GTEST_SKIP() << "CPU lacks AVX2 or F16C";
   }
-  const kernels::ReduceKernels* k_ = nullptr;
+  const cpu::ReduceKernels* k_ = nullptr;
 };
 
 TEST_P(ReduceEdgeTest, KnownSums) {
@@ -368,8 +368,7 @@ TEST_P(ReduceEdgeTest, KnownSums) {
 }
 
 template <typename T>
-std::vector<T> ScaleValues(const kernels::ReduceKernels& k, DataType dt, std::vector<T> v,
-                           double f) {
+std::vector<T> ScaleValues(const cpu::ReduceKernels& k, DataType dt, std::vector<T> v, double f) {
   k.scale_copy(dt, v.data(), v.data(), v.size(), f);
   return v;
 }
@@ -448,4 +447,4 @@ INSTANTIATE_TEST_SUITE_P(AllKernels, ReduceEdgeTest,
                          [](const auto& info) { return info.param; });
 
 }  // namespace
-}  // namespace kolo::collectives
+}  // namespace kolo::kernels

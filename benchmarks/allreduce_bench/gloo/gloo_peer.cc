@@ -15,7 +15,7 @@
 #include <string>
 #include <type_traits>
 
-#include "engine/collectives/reduce.h"
+#include "engine/kernels/reduce.h"
 
 namespace kolo::bench::gloo {
 namespace {
@@ -56,7 +56,7 @@ struct Shared {
 };
 
 void SumBFloat16(uint16_t* x, const uint16_t* y, size_t n) {
-  collectives::ReduceSum(DataType::kBFloat16, x, y, n);
+  kernels::ReduceSum(DataType::kBFloat16, x, y, n);
 }
 
 // Gloo's two algorithm classes, and its newer allreduce() call with the RING algorithm.
@@ -66,7 +66,7 @@ template <typename T>
 ::gloo::AllreduceOptions::Func SumFunc() {
   if constexpr (std::is_same_v<T, uint16_t>) {  // bfloat16
     return [](void* c, const void* a, const void* b, size_t n) {
-      collectives::ReduceSum3(DataType::kBFloat16, c, a, b, n);
+      kernels::ReduceSum3(DataType::kBFloat16, c, a, b, n);
     };
   } else {
     return static_cast<void (*)(void*, const void*, const void*, size_t)>(&::gloo::sum<T>);
@@ -129,7 +129,7 @@ class GlooRow final : public Backend {
       }
     }));
     if (op_ == ReduceOp::kAverage) {
-      collectives::Scale(dtype_, buf_, count_, 1.0 / shared_->context->size);
+      kernels::Scale(dtype_, buf_, count_, 1.0 / shared_->context->size);
     }
     return Status::OK();
   }

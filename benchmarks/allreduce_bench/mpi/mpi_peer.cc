@@ -6,7 +6,7 @@
 
 #include "engine/backends/mpi/mpi_types.h"
 #include "engine/bootstrap/mpi/mpi_env.h"
-#include "engine/collectives/reduce.h"
+#include "engine/kernels/reduce.h"
 
 namespace kolo::bench::mpi {
 namespace {
@@ -107,7 +107,7 @@ class MpiDirect final : public Backend {
     KOLO_MPI_CHECK(
         MPI_Allreduce(MPI_IN_PLACE, buf_, static_cast<int>(count_), type_, mpi_op_, comm_.get()));
     if (op_ == ReduceOp::kAverage) {
-      collectives::Scale(dtype_, buf_, count_, 1.0 / comm_.size());
+      kernels::Scale(dtype_, buf_, count_, 1.0 / comm_.size());
     }
     return Status::OK();
   }

@@ -1,15 +1,15 @@
 #include "engine/backends/mpi/mpi_types.h"
 
-#include "engine/collectives/reduce.h"
+#include "engine/kernels/reduce.h"
 
 namespace kolo::backends::mpi {
 namespace {
 
 void SumHalf(void* in, void* inout, int* len, MPI_Datatype*) {
-  collectives::ReduceSum(DataType::kFloat16, inout, in, static_cast<size_t>(*len));
+  kernels::ReduceSum(DataType::kFloat16, inout, in, static_cast<size_t>(*len));
 }
 void SumBFloat16(void* in, void* inout, int* len, MPI_Datatype*) {
-  collectives::ReduceSum(DataType::kBFloat16, inout, in, static_cast<size_t>(*len));
+  kernels::ReduceSum(DataType::kBFloat16, inout, in, static_cast<size_t>(*len));
 }
 
 }  // namespace

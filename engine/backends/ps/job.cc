@@ -7,7 +7,7 @@
 #include <cerrno>
 
 #include "engine/collectives/collectives.h"
-#include "engine/transport/tcp/device.h"
+#include "engine/transport/registry.h"
 
 namespace kolo::backends::ps {
 namespace {
@@ -113,20 +113,16 @@ StatusOr<Job> Join(const Options& options, bootstrap::Store* external) {
   KOLO_ASSIGN_OR_RETURN(job.policy, ParsePlacementPolicy(options.ps_placement));
   KOLO_ASSIGN_OR_RETURN(job.rendezvous, bootstrap::StartRendezvous(options, external));
 
-  transport::tcp::TcpOptions tcp;
-  tcp.listen_addr = job.rendezvous.listen_addr;
-  tcp.socket_buffer_bytes = options.socket_buffer_bytes;
-  tcp.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.peer_timeout_s * 1000));
-  tcp.secret = job.rendezvous.secret;
-  tcp.busy_poll = options.busy_poll;
+  const transport::ConnectSettings link =
+      transport::SettingsFrom(options, job.rendezvous.listen_addr, job.rendezvous.secret);
   bootstrap::PrefixStore ps_store("ps/", *job.rendezvous.store);
-  auto device = transport::tcp::Connect(tcp, ps_store, options.rank, options.size);
+  auto device = transport::Connect(options.transport, link, ps_store, options.rank, options.size);
   if (!device.ok()) {
     return device.status().WithContext(
         fmt::format("{}: connecting the parameter-server job", job.roles.Describe(options.rank)));
   }
   job.device = std::move(device).value();
-  KOLO_ASSIGN_OR_RETURN(auto hosts, AgreeAndListHosts(*job.device, options, tcp.timeout));
+  KOLO_ASSIGN_OR_RETURN(auto hosts, AgreeAndListHosts(*job.device, options, link.timeout));
 
   if (job.role == Role::kWorker) {
     Options& w = job.worker_options;

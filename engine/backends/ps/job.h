@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "engine/backends/ps/placement.h"
+#include "engine/backends/ps/types.h"
 #include "engine/bootstrap/rendezvous.h"
 #include "engine/common/options.h"
 #include "engine/common/status.h"
-#include "engine/engine.h"
 #include "engine/transport/transport.h"
 
 namespace kolo::backends::ps {

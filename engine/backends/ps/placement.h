@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/backends/ps/types.h"
 #include "engine/common/status.h"
-#include "engine/engine.h"
 
 namespace kolo::backends::ps {
 

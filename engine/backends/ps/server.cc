@@ -6,8 +6,8 @@
 #include <cstdio>
 
 #include "engine/backends/ps/sgd.h"
-#include "engine/collectives/reduce.h"
 #include "engine/common/logging.h"
+#include "engine/kernels/reduce.h"
 
 namespace kolo::backends::ps {
 namespace {
@@ -155,8 +155,8 @@ Status Server::OnCompletion(const transport::Completion& c) {
       ShardState& s = shards_[static_cast<size_t>(slot.shard)];
       const float* src =
           staging_.data() + (static_cast<size_t>(w) * 2 + slot.staging) * (chunk_bytes_ / kElem);
-      collectives::ReduceSum(DataType::kFloat32, s.sum.data() + slot.chunk * (chunk_bytes_ / kElem),
-                             src, slot.bytes / kElem);
+      kernels::ReduceSum(DataType::kFloat32, s.sum.data() + slot.chunk * (chunk_bytes_ / kElem),
+                         src, slot.bytes / kElem);
       --p.chunks_outstanding;
       if (slot.chunk + 1 == p.chunks_total) return OnPushDone(w, s);
       return PostChunks(w);

@@ -22,8 +22,8 @@
 
 #include "engine/backends/ps/job.h"
 #include "engine/backends/ps/placement.h"
+#include "engine/backends/ps/types.h"
 #include "engine/backends/ps/wire.h"
-#include "engine/engine.h"
 #include "engine/timeline/timeline.h"
 
 namespace kolo::backends::ps {

@@ -3,7 +3,7 @@
 
 #include <cstddef>
 
-#include "engine/engine.h"
+#include "engine/backends/ps/types.h"
 
 namespace kolo::backends::ps {
 

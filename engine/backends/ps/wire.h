@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "engine/backends/ps/placement.h"
+#include "engine/backends/ps/types.h"
 #include "engine/common/status.h"
-#include "engine/engine.h"
 
 namespace kolo::backends::ps {
 

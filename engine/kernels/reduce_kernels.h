@@ -11,7 +11,7 @@
 
 #include "engine/common/dtype.h"
 
-namespace kolo::collectives::kernels {
+namespace kolo::kernels::cpu {
 
 struct ReduceKernels {
   const char* name;  // "baseline" or "avx2"
@@ -30,4 +30,4 @@ const ReduceKernels* Avx2();
 // Avx2() when available, else Baseline(). Chosen on first use; thread-safe.
 const ReduceKernels& Active();
 
-}  // namespace kolo::collectives::kernels
+}  // namespace kolo::kernels::cpu

@@ -10,7 +10,7 @@
 
 #include "engine/common/dtype.h"
 
-namespace kolo::collectives {
+namespace kolo::kernels {
 
 // dst[i] = dst[i] + src[i] for i in [0, count).  dst and src must not overlap unless equal.
 void ReduceSum(DataType dtype, void* dst, const void* src, size_t count);
@@ -32,4 +32,4 @@ void ScaleCopy(DataType dtype, void* dst, const void* src, size_t count, double 
 void BitAnd(uint64_t* dst, const uint64_t* src, size_t words);
 void BitOr(uint64_t* dst, const uint64_t* src, size_t words);
 
-}  // namespace kolo::collectives
+}  // namespace kolo::kernels

@@ -13,7 +13,7 @@
 
 #include "engine/backends/device_collectives.h"
 
-namespace kolo::cuda {
+namespace kolo::backends {
 
 inline constexpr size_t kStagingChunkBytes = 4 << 20;
 inline constexpr int kStagingSlots = 3;
@@ -21,7 +21,7 @@ inline constexpr int kStagingSlots = 3;
 // Ring allreduce and broadcast of device tensors over `comm` (see DeviceCollectives). The pinned
 // slots are allocated and registered with comm->device at the first collective. `comm` and `ctx`
 // must outlive the result. Fails in a build without CUDA.
-StatusOr<std::unique_ptr<backends::DeviceCollectives>> MakeStagedRing(collectives::Comm* comm,
-                                                                      DeviceContext* ctx);
+StatusOr<std::unique_ptr<DeviceCollectives>> MakeStagedRing(collectives::Comm* comm,
+                                                            cuda::DeviceContext* ctx);
 
-}  // namespace kolo::cuda
+}  // namespace kolo::backends

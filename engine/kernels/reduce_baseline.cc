@@ -4,9 +4,9 @@
 #include <cstring>
 #include <limits>
 
-#include "engine/collectives/reduce_kernels.h"
+#include "engine/kernels/reduce_kernels.h"
 
-namespace kolo::collectives::kernels {
+namespace kolo::kernels::cpu {
 namespace {
 
 template <typename T>
@@ -157,4 +157,4 @@ constexpr ReduceKernels kBaseline = {"baseline", &Sum3, &ScaleCopy, &BitAndWords
 
 const ReduceKernels& Baseline() { return kBaseline; }
 
-}  // namespace kolo::collectives::kernels
+}  // namespace kolo::kernels::cpu

@@ -1,41 +1,41 @@
 // Dispatch of the public reduction API to the kernel table chosen for this CPU.
-#include "engine/collectives/reduce.h"
+#include "engine/kernels/reduce.h"
 
-#include "engine/collectives/reduce_kernels.h"
+#include "engine/kernels/reduce_kernels.h"
 
-namespace kolo::collectives {
+namespace kolo::kernels {
 
-namespace kernels {
+namespace cpu {
 
 const ReduceKernels& Active() {
   static const ReduceKernels& active = Avx2() != nullptr ? *Avx2() : Baseline();
   return active;
 }
 
-}  // namespace kernels
+}  // namespace cpu
 
 void ReduceSum(DataType dtype, void* dst, const void* src, size_t count) {
-  kernels::Active().sum3(dtype, dst, dst, src, count);
+  cpu::Active().sum3(dtype, dst, dst, src, count);
 }
 
 void ReduceSum3(DataType dtype, void* dst, const void* a, const void* b, size_t count) {
-  kernels::Active().sum3(dtype, dst, a, b, count);
+  cpu::Active().sum3(dtype, dst, a, b, count);
 }
 
 void Scale(DataType dtype, void* data, size_t count, double factor) {
-  kernels::Active().scale_copy(dtype, data, data, count, factor);
+  cpu::Active().scale_copy(dtype, data, data, count, factor);
 }
 
 void ScaleCopy(DataType dtype, void* dst, const void* src, size_t count, double factor) {
-  kernels::Active().scale_copy(dtype, dst, src, count, factor);
+  cpu::Active().scale_copy(dtype, dst, src, count, factor);
 }
 
 void BitAnd(uint64_t* dst, const uint64_t* src, size_t words) {
-  kernels::Active().bit_and(dst, src, words);
+  cpu::Active().bit_and(dst, src, words);
 }
 
 void BitOr(uint64_t* dst, const uint64_t* src, size_t words) {
-  kernels::Active().bit_or(dst, src, words);
+  cpu::Active().bit_or(dst, src, words);
 }
 
-}  // namespace kolo::collectives
+}  // namespace kolo::kernels

@@ -11,11 +11,11 @@
 #include <cmath>
 #include <cstring>
 
-#include "engine/collectives/reduce_kernels.h"
+#include "engine/kernels/reduce_kernels.h"
 
 #define KOLO_AVX2 __attribute__((target("avx2,f16c")))
 
-namespace kolo::collectives::kernels {
+namespace kolo::kernels::cpu {
 namespace {
 
 KOLO_AVX2 inline __m256 LoadHalf(const uint8_t* p) {
@@ -282,4 +282,4 @@ const ReduceKernels* Avx2() {
   return supported ? &kAvx2 : nullptr;
 }
 
-}  // namespace kolo::collectives::kernels
+}  // namespace kolo::kernels::cpu

@@ -1,4 +1,4 @@
-#include "engine/cuda/staged_ring.h"
+#include "engine/backends/ring/staged_ring.h"
 
 #include <algorithm>
 #include <array>
@@ -7,10 +7,14 @@
 
 #include "engine/cuda/cuda_check.h"
 
-namespace kolo::cuda {
+namespace kolo::backends {
 namespace {
 
-class StagedRing final : public backends::DeviceCollectives {
+using cuda::CurrentDeviceGuard;
+using cuda::DeviceContext;
+using cuda::WaitForEvent;
+
+class StagedRing final : public DeviceCollectives {
  public:
   StagedRing(collectives::Comm* comm, DeviceContext* ctx) : comm_(comm), ctx_(ctx) {}
 
@@ -140,9 +144,9 @@ class StagedRing final : public backends::DeviceCollectives {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<backends::DeviceCollectives>> MakeStagedRing(collectives::Comm* comm,
-                                                                      DeviceContext* ctx) {
-  return std::unique_ptr<backends::DeviceCollectives>(std::make_unique<StagedRing>(comm, ctx));
+StatusOr<std::unique_ptr<DeviceCollectives>> MakeStagedRing(collectives::Comm* comm,
+                                                            cuda::DeviceContext* ctx) {
+  return std::unique_ptr<DeviceCollectives>(std::make_unique<StagedRing>(comm, ctx));
 }
 
-}  // namespace kolo::cuda
+}  // namespace kolo::backends

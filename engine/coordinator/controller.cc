@@ -1,0 +1,267 @@
+#include "engine/coordinator/controller.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "engine/common/logging.h"
+
+namespace kolo::coordinator {
+namespace {
+
+constexpr uint64_t kFlagUncached = 1;  // some rank has requests for the coordinator
+constexpr uint64_t kFlagShutdown = 2;  // some rank asked to shut down
+
+class SteadySystemClock final : public Clock {
+ public:
+  SteadyClock::time_point Now() override { return SteadyClock::now(); }
+};
+
+SteadyClock::duration HitStallAfter(const ControllerSettings& s) {
+  double seconds = s.stall_warning_s;
+  if (s.stall_shutdown_s > 0 && (seconds <= 0 || s.stall_shutdown_s < seconds)) {
+    seconds = s.stall_shutdown_s;
+  }
+  return std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(seconds));
+}
+
+}  // namespace
+
+Clock& SystemClock() {
+  static SteadySystemClock clock;
+  return clock;
+}
+
+Controller::Controller(const ControllerSettings& settings, Peers& peers, Clock& clock)
+    : settings_(settings),
+      peers_(peers),
+      clock_(clock),
+      hit_stall_after_(HitStallAfter(settings)),
+      cache_(settings.cache_capacity),
+      bits_(2 * cache_.words() + 1, 0),
+      last_stall_check_(clock.Now()) {
+  if (settings.rank == 0) table_.emplace(settings.size);
+}
+
+size_t Controller::ExchangeWords(const ControllerSettings& settings) {
+  return 2 * ResponseCache(settings.cache_capacity).words() + 1;
+}
+
+void Controller::Add(const Request& request, SteadyClock::time_point submitted) {
+  Entry entry{request, submitted, next_order_++, -1};
+  int bit = -1;
+  const size_t words = cache_.words();
+  switch (settings_.size > 1 ? cache_.Find(request, settings_.rank, &bit)
+                             : ResponseCache::Lookup::kMiss) {
+    case ResponseCache::Lookup::kHit:
+      entry.cache_bit = bit;
+      break;
+    case ResponseCache::Lookup::kMismatch:
+      // Set in this cycle's invalid vector: every rank drops the entry and renegotiates.
+      bits_[words + 1 + static_cast<size_t>(bit) / 64] |= uint64_t{1} << (bit % 64);
+      unreported_.push_back(request.name);
+      break;
+    case ResponseCache::Lookup::kMiss:
+      unreported_.push_back(request.name);
+      break;
+  }
+  const std::string name = request.name;
+  pending_.insert_or_assign(name, std::move(entry));
+}
+
+bool Controller::HasNews(SteadyClock::time_point now) const {
+  if (!unreported_.empty()) return true;
+  if (now >= hit_stall_due_) return true;
+  return table_ && table_->pending() > 0 && now - last_stall_check_ > kStallCheckEvery;
+}
+
+SteadyClock::time_point Controller::NextDue() const {
+  SteadyClock::time_point due = hit_stall_due_;
+  if (table_ && table_->pending() > 0) due = std::min(due, last_stall_check_ + kStallCheckEvery);
+  return due;
+}
+
+void Controller::UpdateHitStallDue() {
+  hit_stall_due_ = SteadyClock::time_point::max();
+  if (hit_stall_after_ <= SteadyClock::duration::zero()) return;
+  for (const auto& [name, entry] : pending_) {
+    if (entry.cache_bit >= 0) {
+      hit_stall_due_ = std::min(hit_stall_due_, entry.submitted + hit_stall_after_);
+    }
+  }
+}
+
+void Controller::Clear() {
+  pending_.clear();
+  unreported_.clear();
+  std::fill(bits_.begin(), bits_.end(), 0);
+  hit_stall_due_ = SteadyClock::time_point::max();
+}
+
+Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bool* stop,
+                             NegotiationStats* stats) {
+  const auto start = clock_.Now();
+  const size_t words = cache_.words();
+  const size_t first_new = responses->size();
+  *stats = NegotiationStats{};
+  if (settings_.size == 1) {
+    // Nothing to agree on: everything added is ready, in the order it was added.
+    std::vector<const Entry*> ready;
+    for (const auto& [name, entry] : pending_) ready.push_back(&entry);
+    std::sort(ready.begin(), ready.end(), [](auto* a, auto* b) { return a->order < b->order; });
+    for (const Entry* e : ready) {
+      Response r;
+      r.request = e->request;
+      if (r.request.type == CollectiveType::kAllgather) r.first_dims = {e->request.shape[0]};
+      responses->push_back(std::move(r));
+    }
+    pending_.clear();
+    unreported_.clear();
+    std::fill(bits_.begin(), bits_.end(), 0);
+    *stop = shutdown;
+    return Status::OK();
+  }
+
+  // One bit-vector exchange: AND of cache hits | OR of flags | OR of invalidated bits. A hit that
+  // has waited past the stall time is invalidated instead: every rank drops the entry, and the
+  // ranks that have the tensor report it to the coordinator, whose stall inspector then names
+  // the ranks missing it.
+  bool handed_back = false;
+  for (const auto& [name, entry] : pending_) {
+    if (entry.cache_bit < 0) continue;
+    const uint64_t mask = uint64_t{1} << (entry.cache_bit % 64);
+    const size_t word = static_cast<size_t>(entry.cache_bit) / 64;
+    if (hit_stall_after_ > SteadyClock::duration::zero() &&
+        start - entry.submitted >= hit_stall_after_) {
+      bits_[words + 1 + word] |= mask;
+      handed_back = true;
+    } else {
+      bits_[word] |= mask;
+    }
+  }
+  const bool rank0_round =
+      table_ && table_->pending() > 0 && start - last_stall_check_ > kStallCheckEvery;
+  if (!unreported_.empty() || rank0_round || handed_back) bits_[words] |= kFlagUncached;
+  if (shutdown) bits_[words] |= kFlagShutdown;
+  KOLO_RETURN_IF_ERROR(peers_.BitwiseAllreduce(bits_.data(), words, words + 1));
+  *stop = (bits_[words] & kFlagShutdown) != 0;
+  const bool uncached = (bits_[words] & kFlagUncached) != 0;
+
+  // Invalidated entries: every rank drops them and renegotiates any pending use.
+  for (size_t w = 0; w < words; ++w) {
+    for (uint64_t m = bits_[words + 1 + w]; m != 0; m &= m - 1) {
+      const int bit = static_cast<int>(w * 64 + static_cast<size_t>(__builtin_ctzll(m)));
+      for (auto& [name, entry] : pending_) {
+        if (entry.cache_bit == bit) {
+          entry.cache_bit = -1;
+          unreported_.push_back(name);
+        }
+      }
+      cache_.Erase(bit);
+      bits_[w] &= ~(uint64_t{1} << (bit % 64));
+    }
+  }
+  // Hits on every rank, in bit order (the same on every rank).
+  for (size_t w = 0; w < words; ++w) {
+    for (uint64_t m = bits_[w]; m != 0; m &= m - 1) {
+      const int bit = static_cast<int>(w * 64 + static_cast<size_t>(__builtin_ctzll(m)));
+      responses->push_back(cache_.Get(bit));
+      cache_.Touch(bit);
+      ++stats->cache_hits;
+    }
+  }
+  std::fill(bits_.begin(), bits_.end(), 0);
+  for (size_t i = first_new; i < responses->size(); ++i) {
+    pending_.at((*responses)[i].request.name).cache_bit = -1;
+  }
+
+  if (uncached) {
+    const size_t cached = responses->size();
+    KOLO_RETURN_IF_ERROR(CoordinatorRound(responses));
+    ++stats->rounds;
+    // Newly agreed collectives enter the cache in list order — the same on every rank. An
+    // eviction may take the bit of a tensor still waiting as a hit: it renegotiates.
+    for (size_t i = cached; i < responses->size(); ++i) {
+      if (!(*responses)[i].is_error()) cache_.Put((*responses)[i]);
+    }
+    for (auto& [name, entry] : pending_) {
+      if (entry.cache_bit >= 0 &&
+          (!cache_.Occupied(entry.cache_bit) || cache_.Get(entry.cache_bit).request.name != name)) {
+        entry.cache_bit = -1;
+        unreported_.push_back(name);
+      }
+    }
+  }
+  // A tensor named by a response is done here (errors may name tensors this rank never added).
+  for (size_t i = first_new; i < responses->size(); ++i) {
+    pending_.erase((*responses)[i].request.name);
+  }
+  UpdateHitStallDue();
+  return Status::OK();
+}
+
+Status Controller::CoordinatorRound(std::vector<Response>* responses) {
+  RequestList mine;
+  const auto sent = clock_.Now();
+  for (const std::string& name : unreported_) {
+    auto it = pending_.find(name);
+    if (it != pending_.end() && it->second.cache_bit < 0) {
+      mine.requests.push_back(it->second.request);
+      const auto waited =
+          std::chrono::duration_cast<std::chrono::milliseconds>(sent - it->second.submitted);
+      mine.waited_ms.push_back(static_cast<uint32_t>(
+          std::clamp<int64_t>(waited.count(), 0, std::numeric_limits<uint32_t>::max())));
+    }
+  }
+  unreported_.clear();
+  KOLO_ASSIGN_OR_RETURN(auto gathered, peers_.GatherAtRoot(Serialize(mine)));
+  std::vector<uint8_t> answer;
+  if (settings_.rank == 0) {
+    ResponseList list;
+    const auto now = clock_.Now();
+    for (int r = 0; r < settings_.size; ++r) {
+      auto parsed = ParseRequestList(gathered[static_cast<size_t>(r)]);
+      if (!parsed.ok()) return parsed.status().WithContext(fmt::format("requests from rank {}", r));
+      for (size_t i = 0; i < parsed->requests.size(); ++i) {
+        const auto since = now - std::chrono::milliseconds(parsed->waited_ms[i]);
+        table_->Add(r, parsed->requests[i], since, &list.responses);
+      }
+    }
+    InspectStalls(now, &list.responses);
+    answer = Serialize(list);
+  }
+  KOLO_ASSIGN_OR_RETURN(answer, peers_.BroadcastFromRoot(answer));
+  KOLO_ASSIGN_OR_RETURN(auto list, ParseResponseList(answer));
+  for (Response& r : list.responses) responses->push_back(std::move(r));
+  return Status::OK();
+}
+
+void Controller::InspectStalls(SteadyClock::time_point now, std::vector<Response>* errors) {
+  last_stall_check_ = now;
+  if (settings_.stall_warning_s > 0) {
+    const auto warn_after = std::chrono::duration<double>(settings_.stall_warning_s);
+    for (const auto& s : table_->FindStalled(now, warn_after)) {
+      auto& last = stall_warned_[s.name];
+      if (last != SteadyClock::time_point{} && now - last < warn_after) continue;
+      last = now;
+      KOLO_LOG(kWarning,
+               "stalled: tensor '{}' has waited {:.1f} s: ready on ranks {}, missing on ranks {}. "
+               "Every rank must submit the same tensors.",
+               s.name, s.waited_s, FormatRanks(s.ready_ranks), FormatRanks(s.missing_ranks));
+    }
+  }
+  if (settings_.stall_shutdown_s > 0) {
+    for (const auto& s :
+         table_->FindStalled(now, std::chrono::duration<double>(settings_.stall_shutdown_s))) {
+      stall_warned_.erase(s.name);
+      errors->push_back(table_->Fail(
+          s.name, fmt::format("'{}' stalled for {:.1f} s (KOLO_STALL_SHUTDOWN_SECONDS={}): "
+                              "submitted by ranks {}, never by ranks {}",
+                              s.name, s.waited_s, settings_.stall_shutdown_s,
+                              FormatRanks(s.ready_ranks), FormatRanks(s.missing_ranks))));
+    }
+  }
+}
+
+}  // namespace kolo::coordinator

@@ -1,0 +1,150 @@
+// The negotiation protocol: which submitted tensors are ready on every rank, agreed in one order
+// (engine/docs/negotiation.md). One Controller per rank, driven by the engine's background thread;
+// it knows requests, the response cache and (rank 0) the coordinator's table, and nothing of
+// buffers, fusion or transports: it talks to the other ranks' controllers through Peers and reads
+// time from a Clock, so tests run it with in-memory peers and a fake clock, and a simulator can
+// link it without sockets.
+//
+// Per cycle: Add() each tensor drained from the submission queue, then Negotiate() once. In steady
+// state (every name in the response cache) Negotiate is one bit-vector allreduce: cache hits ANDed,
+// a flags word and invalidated cache bits ORed. When some rank has a tensor the cache does not
+// hold (or a hit that waited past the stall time, or rank 0 a stall check due), every rank also
+// takes part in a coordinator round: requests gathered at rank 0, whose table answers one ordered
+// list of responses (collectives ready everywhere, or errors) that every rank receives.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/common/status.h"
+#include "engine/coordinator/message.h"
+#include "engine/coordinator/message_table.h"
+#include "engine/coordinator/response_cache.h"
+
+namespace kolo::coordinator {
+
+using SteadyClock = std::chrono::steady_clock;
+
+// Where the controller reads the time: the steady clock in the engine, a hand-advanced one in
+// tests.
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual SteadyClock::time_point Now() = 0;
+};
+
+// The steady clock.
+Clock& SystemClock();
+
+// The controller's link to the other ranks' controllers. Every rank calls the same operation in
+// the same order; each returns an error naming the failed peer, within the transport's timeout.
+class Peers {
+ public:
+  virtual ~Peers() = default;
+  // In place on words[0, and_words + or_words): the first and_words ANDed over every rank, the
+  // rest ORed.
+  virtual Status BitwiseAllreduce(uint64_t* words, size_t and_words, size_t or_words) = 0;
+  // Rank 0 receives every rank's message in rank order (its own included); other ranks get none.
+  virtual StatusOr<std::vector<std::vector<uint8_t>>> GatherAtRoot(
+      const std::vector<uint8_t>& mine) = 0;
+  // Every rank receives rank 0's message (the argument on rank 0; ignored elsewhere).
+  virtual StatusOr<std::vector<uint8_t>> BroadcastFromRoot(const std::vector<uint8_t>& message) = 0;
+};
+
+struct ControllerSettings {
+  int rank = 0;
+  int size = 1;
+  int cache_capacity = 1024;  // response-cache entries; 0: no cache
+  // Rank 0 warns about a tensor some ranks submitted and others not after this long (0: never),
+  // and fails it after stall_shutdown_s (0: never). Options::stall_warning_s, stall_shutdown_s.
+  double stall_warning_s = 60.0;
+  double stall_shutdown_s = 0.0;
+};
+
+// What one Negotiate call did, for the engine's statistics.
+struct NegotiationStats {
+  int64_t cache_hits = 0;  // tensors agreed through the response cache
+  int64_t rounds = 0;      // coordinator rounds (0 or 1)
+};
+
+class Controller {
+ public:
+  // How often rank 0 inspects its table for stalls while something waits there.
+  static constexpr auto kStallCheckEvery = std::chrono::seconds(1);
+
+  // `peers` and `clock` must outlive the controller.
+  Controller(const ControllerSettings& settings, Peers& peers, Clock& clock);
+
+  // The most 64-bit words one Negotiate exchanges through Peers::BitwiseAllreduce.
+  static size_t ExchangeWords(const ControllerSettings& settings);
+
+  // A tensor drained from this rank's submission queue, submitted at `submitted`. Looks its
+  // request up in the response cache: a hit waits for the bit exchange; a miss, or an entry whose
+  // request differs (which every rank then drops from its cache), is reported to the coordinator
+  // at the next round. REQUIRES: no tensor of that name is pending here.
+  void Add(const Request& request, SteadyClock::time_point submitted);
+
+  // Whether this rank knows something its peers need for agreement (besides new submissions,
+  // which the engine sees in its queue): requests to report, a cache hit that has waited past
+  // the stall time, or (rank 0) a stall check due.
+  bool HasNews(SteadyClock::time_point now) const;
+  // While the engine is idle: the time at which HasNews will turn true by itself (a hit's stall
+  // time, rank 0's next stall check); max() when nothing is due.
+  SteadyClock::time_point NextDue() const;
+
+  // One agreement with every other rank. Appends to *responses, in the same order on every rank,
+  // the collectives ready everywhere (cache hits in bit order, then the coordinator's list) and
+  // error responses (mismatched requests, stalls past stall_shutdown_s; these may name tensors
+  // this rank never submitted). A tensor leaves this controller once a response names it. Sets
+  // *stop when some rank asked to shut down (`shutdown` is this rank's request).
+  Status Negotiate(bool shutdown, std::vector<Response>* responses, bool* stop,
+                   NegotiationStats* stats);
+
+  // Tensors added and not yet named by a response.
+  size_t pending() const { return pending_.size(); }
+  // Forgets every pending tensor (after a fatal error, the engine fails them itself).
+  void Clear();
+
+  const ResponseCache& cache() const { return cache_; }
+
+ private:
+  struct Entry {
+    Request request;
+    SteadyClock::time_point submitted;
+    int64_t order = 0;   // Add() order: a single rank's responses follow it
+    int cache_bit = -1;  // >= 0 while waiting as a response-cache hit
+  };
+
+  Status CoordinatorRound(std::vector<Response>* responses);
+  void InspectStalls(SteadyClock::time_point now, std::vector<Response>* errors);
+  // Recomputes hit_stall_due_ from the pending cache hits.
+  void UpdateHitStallDue();
+
+  const ControllerSettings settings_;
+  Peers& peers_;
+  Clock& clock_;
+  // How long a tensor may wait here as a response-cache hit before this rank hands it back to the
+  // coordinator, whose table sees stalls: the stall warning time, or the shutdown time if that is
+  // shorter or the only one set. Zero when stall inspection is off.
+  const SteadyClock::duration hit_stall_after_;
+
+  ResponseCache cache_;
+  std::optional<MessageTable> table_;  // rank 0
+  std::unordered_map<std::string, Entry> pending_;
+  int64_t next_order_ = 0;
+  std::vector<std::string> unreported_;  // to report at the next coordinator round
+  // The cycle's bit vector: cache_.words() hit words (AND), one flags word and cache_.words()
+  // invalidation words (OR).
+  std::vector<uint64_t> bits_;
+  SteadyClock::time_point last_stall_check_;
+  // When the oldest pending cache hit will have waited hit_stall_after_; max() when none will.
+  SteadyClock::time_point hit_stall_due_ = SteadyClock::time_point::max();
+  std::unordered_map<std::string, SteadyClock::time_point> stall_warned_;  // rank 0
+};
+
+}  // namespace kolo::coordinator

@@ -1,0 +1,52 @@
+// The transport registry: the one place that knows which transports exist and how each connects a
+// rank to its peers. Everything that needs connections (the engine, a parameter-server job, the
+// benchmark's link row) asks here, by the name in Options::transport (KOLO_TRANSPORT,
+// --transport). Adding a transport is its folder under engine/transport/ and one line in
+// registry.cc.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/bootstrap/store.h"
+#include "engine/common/options.h"
+#include "engine/common/status.h"
+#include "engine/transport/transport.h"
+
+namespace kolo::transport {
+
+// What every transport needs to connect one rank of a job to the others.
+struct ConnectSettings {
+  // IPv4 address to listen on (the rendezvous picks it from KOLO_IFACE, or loopback when every
+  // rank is local).
+  std::string listen_addr = "127.0.0.1";
+  // Per-job secret every connection must prove it knows.
+  std::string secret;
+  // Bound on the whole connection set-up.
+  std::chrono::milliseconds timeout{30000};
+  // Options::socket_buffer_bytes (TCP), Options::busy_poll.
+  int64_t socket_buffer_bytes = 2 << 20;
+  bool busy_poll = false;
+};
+
+// The settings an engine's options give, with the rendezvous's listen address and secret.
+ConnectSettings SettingsFrom(const Options& options, const std::string& listen_addr,
+                             const std::string& secret);
+
+// The transports this build has, by name, in the order help texts list them.
+std::vector<std::string> TransportNames();
+
+// OK when `name` is a transport of this build; otherwise InvalidArgument naming it and the
+// allowed names (and, for a transport kolo knows but this build lacks, why).
+Status CheckTransport(const std::string& name);
+
+// Connects `rank` of a job of `size` ranks to every other through the transport `name`, meeting
+// the peers through `store` (each transport publishes its addresses under its own keys). Fails as
+// CheckTransport does for an unknown name, before any connection is tried.
+StatusOr<std::unique_ptr<Device>> Connect(const std::string& name, const ConnectSettings& settings,
+                                          bootstrap::Store& store, int rank, int size);
+
+}  // namespace kolo::transport

@@ -45,8 +45,6 @@ Status CheckAgreement(collectives::Comm& comm, const Options& o) {
 
 Status CheckTransportName(const std::string& name) { return transport::CheckTransport(name); }
 
-const char* ReduceOpName(ReduceOp op) { return op == ReduceOp::kSum ? "sum" : "average"; }
-
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Engine::~Engine() { Shutdown().IgnoreError(); }
@@ -110,6 +108,12 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
         timeline::Timeline::Open(timeline::TimelinePathForRank(options.timeline_path, options.rank),
                                  options.rank));
   }
+  execution::ExecutorSettings run;
+  run.rank = options.rank;
+  run.size = options.size;
+  run.fusion_threshold_bytes = options.fusion_threshold_bytes;
+  e.executor = std::make_unique<execution::Executor>(run, &e.comm, &e.backends, e.timeline.get());
+  if (e.gpu) e.executor->SetDevice(e.gpu.get(), e.device_collectives.get());
   coordinator::ControllerSettings negotiation;
   negotiation.rank = options.rank;
   negotiation.size = options.size;
@@ -190,6 +194,7 @@ Status Engine::Impl::PrepareDevice(const char* type, const std::string& name,
     if (!ring.ok()) return ring.status().WithContext(fmt::format("{} '{}'", type, name));
     gpu = std::move(ctx).value();
     device_collectives = std::move(ring).value();
+    if (executor) executor->SetDevice(gpu.get(), device_collectives.get());
   }
   if (place.device != gpu->device()) {
     return InvalidArgument(

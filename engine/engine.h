@@ -36,6 +36,7 @@
 #include "engine/common/dtype.h"
 #include "engine/common/options.h"
 #include "engine/common/status.h"
+#include "engine/common/tensor.h"  // ReduceOp, TensorPlace, GatheredTensor
 
 namespace kolo {
 
@@ -50,31 +51,9 @@ struct Job;
 // otherwise InvalidArgument naming it and the transports there are. Engine::Create checks it too.
 Status CheckTransportName(const std::string& name);
 
-enum class ReduceOp : uint8_t { kSum = 0, kAverage = 1 };
-const char* ReduceOpName(ReduceOp op);
-
 // Identifies one submitted operation. Cheap to copy.
 struct Handle {
   int64_t id = -1;
-};
-
-// Where a tensor's memory lives and when it is ready to be read.
-struct TensorPlace {
-  // -1: host memory. >= 0: memory on this CUDA device (needs a build with CUDA and a backend that
-  // moves device tensors; otherwise submission fails naming the tensor).
-  int device = -1;
-  // For device tensors: a cudaEvent_t recorded after the producer's last write. The engine waits
-  // on this event (not on the whole device) before it reads the tensor. nullptr: ready now.
-  // The event must stay valid until the handle completes.
-  void* ready_event = nullptr;
-  bool on_device() const { return device >= 0; }
-};
-
-// The result of an allgather: the concatenation of every rank's tensor along the first dimension.
-struct GatheredTensor {
-  std::vector<uint8_t> data;
-  Shape shape;
-  std::vector<int64_t> first_dims;  // each rank's first dimension, in rank order
 };
 
 class Engine {

@@ -25,8 +25,7 @@
 #include "engine/coordinator/message.h"
 #include "engine/cuda/device_context.h"
 #include "engine/engine.h"
-#include "engine/fusion/fusion_buffer.h"
-#include "engine/fusion/planner.h"
+#include "engine/execution/executor.h"
 #include "engine/timeline/timeline.h"
 #include "engine/transport/transport.h"
 
@@ -34,13 +33,10 @@ namespace kolo {
 
 using SteadyClock = std::chrono::steady_clock;
 
-// One submitted operation, from submission until its handle completes.
-struct TensorEntry {
+// One submitted operation (what execution needs of it), from submission until its handle
+// completes.
+struct TensorEntry : execution::Operation {
   Handle handle;
-  coordinator::Request request;
-  const void* in = nullptr;  // allreduce input, allgather input
-  void* out = nullptr;       // allreduce output, broadcast data
-  TensorPlace place;         // host, or a CUDA device with the producer's ready event
   SteadyClock::time_point submitted;
 };
 
@@ -50,7 +46,10 @@ struct HandleState {
   std::unique_ptr<GatheredTensor> gathered;  // allgather results
 };
 
-struct Engine::Impl {
+// The API object's state: it wires the layers together. Its background thread drains the queue
+// into `pending`, lets the controller (coordinator/) agree with the other ranks, and hands the
+// agreed responses to the executor (execution/), which completes them through this object.
+struct Engine::Impl final : execution::Operations {
   explicit Impl(const Options& o) : options(o) {}
 
   // --- Background thread.
@@ -70,30 +69,14 @@ struct Engine::Impl {
   void DrainQueue();
   // The controller's agreement for this cycle, with the engine's statistics updated.
   Status Negotiate(std::vector<coordinator::Response>* responses, bool* stop);
-  Status Execute(const std::vector<coordinator::Response>& responses);
-  Status ExecuteAllreduce(const std::vector<coordinator::Response>& responses,
-                          const fusion::Group& group);
-  // A fused group: small tensors packed into the fusion buffer, large ones in place when the
-  // backend reduces scattered buffers, all in one collective.
-  Status RunFused(const std::vector<coordinator::Response>& responses, const fusion::Group& group,
-                  backends::Backend& backend, const std::string& op_name, double scale);
-  // A group of device tensors: packed into the device fusion buffer (or reduced in place when
-  // alone) after each tensor's ready event, reduced by device_collectives, unpacked and scaled on
-  // the context's stream; returns once the results are in the outputs.
-  Status RunDevice(const std::vector<coordinator::Response>& responses, const fusion::Group& group,
-                   const std::string& op_name, double scale);
-  Status ExecuteBroadcast(const coordinator::Response& response);
-  Status ExecuteAllgather(const coordinator::Response& response);
-  backends::Backend& BackendFor(const coordinator::Request& request);
+  // execution::Operations: the executor's view of `pending`, and the statistics it adds.
+  execution::Operation* Find(const std::string& name) override;
   void Complete(const std::string& name, const Status& status,
-                std::unique_ptr<GatheredTensor> gathered = nullptr);
+                std::unique_ptr<GatheredTensor> gathered) override;
+  void Count(const execution::ExecutionStats& delta) override;
   // Completes every pending and queued operation with `status`; a fatal one also becomes the
   // sticky error that later submissions and Shutdown return.
   void FailEverything(const Status& status, bool fatal_error);
-  TensorEntry& PendingEntry(const std::string& name);
-  void TimelineBegin(const std::string& name, const std::string& activity,
-                     const std::string& args = "");
-  void TimelineEnd(const std::string& name, const std::string& activity);
 
   // --- Submission side.
   // Checks that this rank can move a device tensor `name` at `place` and sets up the CUDA context
@@ -110,9 +93,10 @@ struct Engine::Impl {
   std::unique_ptr<timeline::Timeline> timeline;
 
   // Device tensors. gpu and device_collectives are set once, under gpu_mu (at Create for backend
-  // nccl, else when the first device tensor is submitted), before any device tensor is queued;
-  // from then on only the background thread uses them. device_collectives refers to gpu and is
-  // declared after it, so that it is destroyed first. Lock order: gpu_mu, then mu.
+  // nccl, else when the first device tensor is submitted), before any device tensor is queued,
+  // and handed to the executor; from then on only the background thread uses them.
+  // device_collectives refers to gpu and is declared after it, so that it is destroyed first (the
+  // executor, declared later still, before both). Lock order: gpu_mu, then mu.
   std::mutex gpu_mu;
   std::unique_ptr<cuda::DeviceContext> gpu;
   std::unique_ptr<backends::DeviceCollectives> device_collectives;
@@ -138,10 +122,9 @@ struct Engine::Impl {
   // declared first so that it is destroyed last.
   std::unique_ptr<collectives::NegotiationPeers> peers;
   std::unique_ptr<coordinator::Controller> controller;
-  fusion::FusionBuffer fusion_buffer;
+  std::unique_ptr<execution::Executor> executor;
   std::unordered_map<std::string, TensorEntry> pending;  // drained, awaiting a response
   collectives::Scratch message_scratch;  // comm.messages: negotiation's message staging
-  std::vector<std::string> group_names;  // tensors of the collective in flight (timeline)
 
   // Parameter-server jobs (engine_ps.cc). Set once at creation: a worker has ps_worker (its
   // thread reports completions under mu), a server has ps_server and no engine thread. Declared

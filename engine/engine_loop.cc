@@ -133,14 +133,6 @@ void Engine::Impl::FailEverything(const Status& status, bool fatal_error) {
   done_cv.notify_all();
 }
 
-void Engine::Impl::TimelineBegin(const std::string& name, const std::string& activity,
-                                 const std::string& args) {
-  if (timeline) timeline->Begin(name, activity, args);
-}
-void Engine::Impl::TimelineEnd(const std::string& name, const std::string& activity) {
-  if (timeline) timeline->End(name, activity);
-}
-
 void Engine::Impl::DrainQueue() {
   std::deque<TensorEntry> drained;
   {
@@ -162,7 +154,7 @@ Status Engine::Impl::RunCycle(bool* stop) {
   DrainQueue();
   std::vector<Response> responses;
   KOLO_RETURN_IF_ERROR(Negotiate(&responses, stop));
-  KOLO_RETURN_IF_ERROR(Execute(responses));
+  KOLO_RETURN_IF_ERROR(executor->Execute(responses, *this));
   std::lock_guard<std::mutex> lock(mu);
   ++stats.cycles;
   return Status::OK();
@@ -187,13 +179,16 @@ Status Engine::Impl::Negotiate(std::vector<Response>* responses, bool* stop) {
   return Status::OK();
 }
 
-TensorEntry& Engine::Impl::PendingEntry(const std::string& name) { return pending.at(name); }
+execution::Operation* Engine::Impl::Find(const std::string& name) {
+  auto it = pending.find(name);
+  return it == pending.end() ? nullptr : &it->second;
+}
 
-backends::Backend& Engine::Impl::BackendFor(const Request& request) {
-  for (auto& b : backends) {
-    if (b->Enabled(request.type, request.dtype)) return *b;
-  }
-  return *backends.back();
+void Engine::Impl::Count(const execution::ExecutionStats& delta) {
+  std::lock_guard<std::mutex> lock(mu);
+  stats.collectives += delta.collectives;
+  stats.fused_bytes += delta.fused_bytes;
+  stats.packed_bytes += delta.packed_bytes;
 }
 
 void Engine::Impl::Complete(const std::string& name, const Status& status,
@@ -212,40 +207,6 @@ void Engine::Impl::Complete(const std::string& name, const Status& status,
   }
   ++stats.tensors;
   done_cv.notify_all();
-}
-
-Status Engine::Impl::Execute(const std::vector<Response>& responses) {
-  // Every collective response must name a tensor this rank submitted; errors may name tensors
-  // this rank never submitted (a stall it caused), which it simply has nothing to complete for.
-  for (const Response& r : responses) {
-    if (!r.is_error() && pending.count(r.request.name) == 0) {
-      return Internal("response for '{}', which rank {} has not submitted", r.request.name,
-                      options.rank);
-    }
-    if (timeline && pending.count(r.request.name)) {
-      timeline->End(r.request.name, "NEGOTIATE_" + UpperType(r.request.type));
-    }
-  }
-  for (const fusion::Group& g :
-       fusion::PlanFusion(responses, static_cast<size_t>(options.fusion_threshold_bytes))) {
-    const Response& first = responses[g.members[0]];
-    if (first.is_error()) {
-      Complete(first.request.name, Status(StatusCode::kInvalidArgument, first.error));
-      continue;
-    }
-    switch (first.request.type) {
-      case CollectiveType::kAllreduce:
-        KOLO_RETURN_IF_ERROR(ExecuteAllreduce(responses, g));
-        break;
-      case CollectiveType::kBroadcast:
-        KOLO_RETURN_IF_ERROR(ExecuteBroadcast(first));
-        break;
-      case CollectiveType::kAllgather:
-        KOLO_RETURN_IF_ERROR(ExecuteAllgather(first));
-        break;
-    }
-  }
-  return Status::OK();
 }
 
 }  // namespace kolo

@@ -22,11 +22,11 @@ struct Request {
   std::string name;
   CollectiveType type = CollectiveType::kAllreduce;
   DataType dtype = DataType::kFloat32;
-  uint8_t reduce_op = 0;  // ReduceOp of engine.h, for allreduce
+  uint8_t reduce_op = 0;  // ReduceOp (common/tensor.h), for allreduce
   int32_t root = 0;       // for broadcast
   Shape shape;
-  // The tensor lives in CUDA device memory (engine.h TensorPlace). Every rank must agree: device
-  // and host tensors never share a fusion group, and only some backends move device tensors.
+  // The tensor lives in CUDA device memory (TensorPlace, common/tensor.h). Every rank must agree:
+  // device and host tensors never share a fusion group, and only some backends move device tensors.
   bool on_device = false;
 
   // True if `other` asks for the same collective, with the tensor in the same kind of memory: for

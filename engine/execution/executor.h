@@ -1,0 +1,114 @@
+// Execution: what happens to the responses a negotiation agreed on. The executor plans the fusion
+// groups (engine/fusion), packs small host tensors into the fusion buffer (large ones stay where
+// they are when the backend reduces scattered buffers), runs each group's collective on the first
+// backend that takes it (engine/backends), unpacks and scales for an average, records every phase
+// on the timeline, and completes each tensor through Operations. Device tensors go through the
+// device context and device collectives the engine installs.
+//
+// Driven by the engine's background thread only; every rank executes the same responses in the
+// same order.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backends/backend.h"
+#include "engine/backends/device_collectives.h"
+#include "engine/collectives/collectives.h"
+#include "engine/common/status.h"
+#include "engine/common/tensor.h"
+#include "engine/coordinator/message.h"
+#include "engine/cuda/device_context.h"
+#include "engine/fusion/fusion_buffer.h"
+#include "engine/fusion/planner.h"
+#include "engine/timeline/timeline.h"
+
+namespace kolo::execution {
+
+// One submitted operation, as the executor needs it.
+struct Operation {
+  coordinator::Request request;
+  const void* in = nullptr;  // allreduce input, allgather input
+  void* out = nullptr;       // allreduce output, broadcast data
+  TensorPlace place;         // host, or a CUDA device with the producer's ready event
+};
+
+// What execution adds to the engine's statistics.
+struct ExecutionStats {
+  int64_t collectives = 0;   // backend calls (one per fused buffer)
+  int64_t fused_bytes = 0;   // bytes of tensors reduced in fused groups
+  int64_t packed_bytes = 0;  // of those, bytes copied through the fusion buffer
+};
+
+// The engine's side: the operations this rank submitted, and where finished ones go.
+class Operations {
+ public:
+  virtual ~Operations() = default;
+  // The operation `name` this rank submitted and has not seen completed; null when none.
+  virtual Operation* Find(const std::string& name) = 0;
+  // `name` finished with `status` (and, for an allgather, its result); it is gone afterwards.
+  virtual void Complete(const std::string& name, const Status& status,
+                        std::unique_ptr<GatheredTensor> gathered) = 0;
+  // Adds to the statistics.
+  virtual void Count(const ExecutionStats& delta) = 0;
+};
+
+struct ExecutorSettings {
+  int rank = 0;
+  int size = 1;
+  int64_t fusion_threshold_bytes = 64ll << 20;  // Options::fusion_threshold_bytes
+};
+
+class Executor {
+ public:
+  // `comm` (its on_phase reports ring phases to the timeline), `backends` (ordered; the last takes
+  // everything) and `timeline` (may be null) must outlive the executor.
+  Executor(const ExecutorSettings& settings, collectives::Comm* comm,
+           const std::vector<std::unique_ptr<backends::Backend>>* backends,
+           timeline::Timeline* timeline);
+
+  // The device context and device collectives that move device tensors. Set once, before the
+  // first device tensor is queued (the engine's submission side does it, under its lock, and the
+  // queue hands the tensor to the background thread afterwards); both must outlive the executor.
+  void SetDevice(cuda::DeviceContext* context, backends::DeviceCollectives* collectives);
+
+  // Runs one negotiation's responses in order. An error response completes its tensor (if this
+  // rank has it) with the error; every other tensor completes OK once its collective is done. A
+  // failed collective returns its error, which is fatal for the job: the tensors of that group
+  // are not completed here (the engine fails everything pending). A collective response naming a
+  // tensor this rank did not submit is an Internal error.
+  Status Execute(const std::vector<coordinator::Response>& responses, Operations& ops);
+
+ private:
+  Status Allreduce(const std::vector<coordinator::Response>& responses, const fusion::Group& group,
+                   Operations& ops);
+  // A fused group of host tensors: small ones packed into the fusion buffer, large ones in place
+  // when the backend reduces scattered buffers, all in one collective.
+  Status RunFused(const std::vector<coordinator::Response>& responses, const fusion::Group& group,
+                  backends::Backend& backend, const std::string& op_name, double scale,
+                  Operations& ops);
+  // A group of device tensors: packed into the device fusion buffer (or reduced in place when
+  // alone) after each tensor's ready event, reduced by the device collectives, unpacked and
+  // scaled on the context's stream; returns once the results are in the outputs.
+  Status RunDevice(const std::vector<coordinator::Response>& responses, const fusion::Group& group,
+                   const std::string& op_name, double scale, Operations& ops);
+  Status Broadcast(const coordinator::Response& response, Operations& ops);
+  Status Allgather(const coordinator::Response& response, Operations& ops);
+  backends::Backend& BackendFor(const coordinator::Request& request);
+  Operation& Get(Operations& ops, const std::string& name);
+  void Begin(const std::string& name, const std::string& activity, const std::string& args = "");
+  void End(const std::string& name, const std::string& activity);
+
+  const ExecutorSettings settings_;
+  collectives::Comm* comm_;
+  const std::vector<std::unique_ptr<backends::Backend>>* backends_;
+  timeline::Timeline* timeline_;
+  cuda::DeviceContext* gpu_ = nullptr;
+  backends::DeviceCollectives* device_collectives_ = nullptr;
+  fusion::FusionBuffer fusion_buffer_;
+  std::vector<std::string> group_names_;  // tensors of the collective in flight (timeline)
+};
+
+}  // namespace kolo::execution

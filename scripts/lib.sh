@@ -9,9 +9,9 @@
 KOLO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 KOLO_SCRIPT=${KOLO_SCRIPT:-$(basename "$0")}
 KOLO_PRESET=${KOLO_PRESET:-default}
-if [[ ! $KOLO_PRESET =~ ^(default|debug|minimal|asan)$ ]]; then
-  printf '%s: error: KOLO_PRESET=%s is not a preset: allowed are default, debug, minimal, asan\n' \
-    "$KOLO_SCRIPT" "$KOLO_PRESET" >&2
+if [[ ! $KOLO_PRESET =~ ^(default|debug|minimal|asan|thread-safety)$ ]]; then
+  printf '%s: error: KOLO_PRESET=%s is not a preset: allowed are %s\n' "$KOLO_SCRIPT" \
+    "$KOLO_PRESET" "default, debug, minimal, asan, thread-safety" >&2
   exit 2
 fi
 if [[ $KOLO_PRESET == default ]]; then

@@ -1,6 +1,6 @@
 // The benchmark's control channel: barriers and small gathers between ranks that are not part of
 // any measurement (aligning the start of a row, collecting per-iteration times, host names, check
-// results). Under mpirun it is MPI (mpi/mpi_control.h); otherwise collectives over a kolo TCP
+// results). Under mpirun it is MPI (MakeMpiControl in mpi/mpi_peer.h); otherwise collectives over a
 // Device (device_control.h); a single rank needs none (LocalControl).
 //
 // Every method is collective: all ranks call it, in the same order, from the main thread.

@@ -2,8 +2,9 @@
 //
 // A Request says "this rank has tensor `name` ready for this collective, with these properties".
 // A Response says "every rank has these tensors ready: run the collective" — or carries an error
-// that every rank reports on the named tensors. Both serialise to a compact little-endian byte
-// format; Parse* reject truncated or malformed input with a kProtocol status.
+// that every rank reports on the named tensors. Both serialise to a compact byte format in the
+// host's byte order (every rank of a job runs on the same architecture); Parse* reject truncated or
+// malformed input with a kProtocol status.
 #pragma once
 
 #include <cstdint>

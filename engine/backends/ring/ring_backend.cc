@@ -41,8 +41,8 @@ class RingBackend final : public Backend {
   }
 
  private:
-  // A zero-byte tensor still takes part (its peers expect the exchange); register one byte of
-  // stand-in memory so that the Region is never empty.
+  // A zero-byte tensor still takes part (its peers expect the exchange); it registers an empty
+  // Region at a stand-in address, so that no null pointer reaches the transport.
   StatusOr<std::unique_ptr<transport::Region>> Register(void* buf, size_t bytes) {
     if (bytes == 0) return comm_->device->Register(&empty_, 0);
     return comm_->device->Register(buf, bytes);

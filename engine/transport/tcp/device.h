@@ -47,13 +47,15 @@ struct TcpOptions {
 
 // Connects `rank` to every other rank of a job of `size` ranks: binds a listener, publishes
 // "tcp/addr/<rank>" = "ip:port" in `store`, reads every peer's address, connects to every lower
-// rank and accepts every higher rank, and authenticates each connection (handshake.h). Connections
-// that fail the handshake (wrong magic, wrong secret, garbage, rank out of range or already
-// connected, silent for longer than min(timeout, 5 s)) are closed with a warning and set-up goes on
-// waiting for the real peers. Returns once all size-1 peers are connected; DeadlineExceeded after
-// options.timeout names the ranks still missing. After set-up the listener stays open: any later
-// connection is accepted and closed with a warning.
-// REQUIRES: 0 <= rank < size. The Device is driven by one thread at a time (transport.h).
+// rank and accepts every higher rank, and authenticates each connection (handshake.h). On the
+// accepting side, connections that fail the handshake (wrong magic, wrong secret, garbage, rank out
+// of range or already connected, silent for longer than min(timeout, 5 s)) are closed with a
+// warning and set-up goes on waiting for the real peers; on the connecting side, a peer that fails
+// the handshake (a bad challenge, the wrong rank, a rejected hello or proof) fails the set-up.
+// Returns once all size-1 peers are connected; DeadlineExceeded after options.timeout names the
+// ranks still missing. After set-up the listener stays open: any later connection is accepted and
+// closed with a warning. REQUIRES: 0 <= rank < size. The Device is driven by one thread at a time
+// (transport.h).
 StatusOr<std::unique_ptr<Device>> Connect(const TcpOptions& options, bootstrap::Store& store,
                                           int rank, int size);
 

@@ -153,7 +153,7 @@ StatusOr<Handle> Engine::Impl::Submit(TensorEntry entry) {
         "{} '{}': this rank is parameter server {}; collectives run among the workers only", type,
         name, options.rank);
   }
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(mu);
   if (!fatal.ok()) return fatal;
   if (shutdown_requested || stopped) {
     return FailedPrecondition("{} '{}': the engine has shut down", type, name);
@@ -184,7 +184,7 @@ Status Engine::Impl::PrepareDevice(const char* type, const std::string& name,
         "backend ring or nccl for device tensors, or pass a host tensor",
         type, name, place.device, options.backend);
   }
-  std::lock_guard<std::mutex> lock(gpu_mu);
+  MutexLock lock(gpu_mu);
   if (!gpu) {
     const auto timeout =
         std::chrono::milliseconds(static_cast<int64_t>(options.peer_timeout_s * 1000));
@@ -257,12 +257,13 @@ StatusOr<Handle> Engine::AllgatherAsync(const std::string& name, const void* in,
 }
 
 StatusOr<HandleState> Engine::Impl::WaitState(Handle handle, std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu);
+  MutexLock lock(mu);
   auto it = handles.find(handle.id);
   if (it == handles.end()) {
     return InvalidArgument("handle {} is unknown (never issued, or already waited on)", handle.id);
   }
-  if (!done_cv.wait_for(lock, timeout, [&] { return handles.at(handle.id).done; })) {
+  if (!done_cv.WaitFor(mu, timeout,
+                       [&]() KOLO_REQUIRES(mu) { return handles.at(handle.id).done; })) {
     return DeadlineExceeded("handle {} did not complete within {} ms", handle.id, timeout.count());
   }
   it = handles.find(handle.id);
@@ -277,7 +278,7 @@ Status Engine::Wait(Handle handle, std::chrono::milliseconds timeout) {
 }
 
 StatusOr<bool> Engine::Poll(Handle handle) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   auto it = impl_->handles.find(handle.id);
   if (it == impl_->handles.end()) {
     return InvalidArgument("handle {} is unknown (never issued, or already waited on)", handle.id);
@@ -295,7 +296,7 @@ StatusOr<GatheredTensor> Engine::TakeGathered(Handle handle) {
 Status Engine::Barrier() {
   int64_t seq;
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(impl_->mu);
     seq = impl_->barrier_seq++;
   }
   KOLO_ASSIGN_OR_RETURN(Handle h, AllreduceAsync(fmt::format("kolo.barrier.{}", seq), nullptr,
@@ -307,17 +308,17 @@ Status Engine::Shutdown() {
   // A parameter-server worker first tells the servers it is done (its errors are in fatal).
   if (impl_->ps_worker) impl_->ps_worker->Shutdown().IgnoreError();
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(impl_->mu);
     impl_->shutdown_requested = true;
   }
   if (impl_->device) impl_->device->Wake();
   if (impl_->thread.joinable()) impl_->thread.join();
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   return impl_->fatal;
 }
 
 Engine::Stats Engine::stats() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   Stats s = impl_->stats;
   impl_->AddParameterServerStats(&s);
   return s;

@@ -3,10 +3,8 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -21,6 +19,8 @@
 #include "engine/bootstrap/rendezvous.h"
 #include "engine/collectives/collectives.h"
 #include "engine/collectives/negotiation_peers.h"
+#include "engine/common/mutex.h"
+#include "engine/common/thread_annotations.h"
 #include "engine/coordinator/controller.h"
 #include "engine/coordinator/message.h"
 #include "engine/cuda/device_context.h"
@@ -53,37 +53,40 @@ struct Engine::Impl final : execution::Operations {
   explicit Impl(const Options& o) : options(o) {}
 
   // --- Background thread.
-  void Loop();
+  void Loop() KOLO_EXCLUDES(mu);
   // Blocks until this rank should run its next cycle: at its next tick (a whole number of cycles
   // after *last_start) when it has news for its peers, or at once when a peer has started the
   // cycle's exchange. A rank with nothing new waits for its peers instead of waking every cycle:
   // whichever rank submits last starts the exchange that agrees on what every rank has.
-  Status AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_point last_start);
+  Status AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_point last_start)
+      KOLO_EXCLUDES(mu);
   // Whether this rank knows something its peers need for agreement: new submissions, a shutdown,
   // or what the controller has (Controller::HasNews). Sets `idle` when it has none, in the same
   // critical section that looked at the queue, so that no submission goes unnoticed.
-  bool HasNews(SteadyClock::time_point now);
+  bool HasNews(SteadyClock::time_point now) KOLO_EXCLUDES(mu);
   // One negotiation-and-execution cycle. Sets *stop when every rank is to stop.
-  Status RunCycle(bool* stop);
+  Status RunCycle(bool* stop) KOLO_EXCLUDES(mu);
   // Moves the submission queue into `pending` and hands each request to the controller.
-  void DrainQueue();
+  void DrainQueue() KOLO_EXCLUDES(mu);
   // The controller's agreement for this cycle, with the engine's statistics updated.
-  Status Negotiate(std::vector<coordinator::Response>* responses, bool* stop);
+  Status Negotiate(std::vector<coordinator::Response>* responses, bool* stop) KOLO_EXCLUDES(mu);
   // execution::Operations: the executor's view of `pending`, and the statistics it adds.
   execution::Operation* Find(const std::string& name) override;
   void Complete(const std::string& name, const Status& status,
-                std::unique_ptr<GatheredTensor> gathered) override;
-  void Count(const execution::ExecutionStats& delta) override;
+                std::unique_ptr<GatheredTensor> gathered) override KOLO_EXCLUDES(mu);
+  void Count(const execution::ExecutionStats& delta) override KOLO_EXCLUDES(mu);
   // Completes every pending and queued operation with `status`; a fatal one also becomes the
   // sticky error that later submissions and Shutdown return.
-  void FailEverything(const Status& status, bool fatal_error);
+  void FailEverything(const Status& status, bool fatal_error) KOLO_EXCLUDES(mu);
 
   // --- Submission side.
   // Checks that this rank can move a device tensor `name` at `place` and sets up the CUDA context
   // (and the staged ring) on first use. Errors name the tensor and what is allowed.
-  Status PrepareDevice(const char* type, const std::string& name, const TensorPlace& place);
-  StatusOr<Handle> Submit(TensorEntry entry);
-  StatusOr<HandleState> WaitState(Handle handle, std::chrono::milliseconds timeout);
+  Status PrepareDevice(const char* type, const std::string& name, const TensorPlace& place)
+      KOLO_EXCLUDES(gpu_mu);
+  StatusOr<Handle> Submit(TensorEntry entry) KOLO_EXCLUDES(mu);
+  StatusOr<HandleState> WaitState(Handle handle, std::chrono::milliseconds timeout)
+      KOLO_EXCLUDES(mu);
 
   const Options options;
   bootstrap::Rendezvous rendezvous;
@@ -92,36 +95,43 @@ struct Engine::Impl final : execution::Operations {
   std::vector<std::unique_ptr<backends::Backend>> backends;  // ordered; the last accepts all
   std::unique_ptr<timeline::Timeline> timeline;
 
-  // Device tensors. gpu and device_collectives are set once, under gpu_mu (at Create for backend
-  // nccl, else when the first device tensor is submitted), before any device tensor is queued,
-  // and handed to the executor; from then on only the background thread uses them.
+  // Device tensors. gpu and device_collectives are set once, before any device tensor is queued:
+  // at Create for backend nccl (before the engine is shared, so without a lock), else by
+  // PrepareDevice under gpu_mu when the first device tensor is submitted; PrepareDevice reads them
+  // under gpu_mu. They are handed to the executor; from then on only the background thread uses
+  // them, through the executor. Not KOLO_GUARDED_BY(gpu_mu) for Create's unlocked writes.
   // device_collectives refers to gpu and is declared after it, so that it is destroyed first (the
   // executor, declared later still, before both). Lock order: gpu_mu, then mu.
-  std::mutex gpu_mu;
+  Mutex gpu_mu;
   std::unique_ptr<cuda::DeviceContext> gpu;
   std::unique_ptr<backends::DeviceCollectives> device_collectives;
 
-  // Lock order: mu is the only lock; never held across communication.
-  std::mutex mu;
-  std::condition_variable done_cv;
-  std::deque<TensorEntry> queue;                     // GUARDED_BY(mu)
-  std::unordered_set<std::string> in_flight;         // GUARDED_BY(mu)
-  std::unordered_map<int64_t, HandleState> handles;  // GUARDED_BY(mu)
-  int64_t next_handle = 0;                           // GUARDED_BY(mu)
-  int64_t barrier_seq = 0;                           // GUARDED_BY(mu)
-  Status fatal;                                      // GUARDED_BY(mu): sticky
-  bool shutdown_requested = false;                   // GUARDED_BY(mu)
-  bool stopped = false;                              // GUARDED_BY(mu)
+  // Lock order: gpu_mu, then mu (the only other lock); mu is never held across communication.
+  Mutex mu;
+  CondVar done_cv;
+  std::deque<TensorEntry> queue KOLO_GUARDED_BY(mu);
+  std::unordered_set<std::string> in_flight KOLO_GUARDED_BY(mu);
+  std::unordered_map<int64_t, HandleState> handles KOLO_GUARDED_BY(mu);
+  int64_t next_handle KOLO_GUARDED_BY(mu) = 0;
+  int64_t barrier_seq KOLO_GUARDED_BY(mu) = 0;
+  Status fatal KOLO_GUARDED_BY(mu);  // sticky
+  bool shutdown_requested KOLO_GUARDED_BY(mu) = false;
+  bool stopped KOLO_GUARDED_BY(mu) = false;
   // The background thread is about to wait with nothing new to do: the next submission wakes it
   // (and clears this), later ones need not (it starts the exchange at its tick anyway).
-  bool idle = false;  // GUARDED_BY(mu)
-  Stats stats;        // GUARDED_BY(mu)
+  bool idle KOLO_GUARDED_BY(mu) = false;
+  Stats stats KOLO_GUARDED_BY(mu);
+  // Started at the end of Create, joined by Shutdown; not guarded by mu (Shutdown joins it with
+  // mu released, so that the background thread can finish).
   std::thread thread;
 
   // Background thread only. The controller (negotiation) talks to its peers through `peers`,
   // declared first so that it is destroyed last.
   std::unique_ptr<collectives::NegotiationPeers> peers;
   std::unique_ptr<coordinator::Controller> controller;
+  // Run by the background thread; the one exception is SetDevice, which PrepareDevice calls under
+  // gpu_mu before the first device tensor is queued (Submit's mu then orders it before the
+  // background thread's first use of the device).
   std::unique_ptr<execution::Executor> executor;
   std::unordered_map<std::string, TensorEntry> pending;  // drained, awaiting a response
   collectives::Scratch message_scratch;  // comm.messages: negotiation's message staging

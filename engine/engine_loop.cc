@@ -73,7 +73,7 @@ void Engine::Impl::Loop() {
 
 bool Engine::Impl::HasNews(SteadyClock::time_point now) {
   if (controller->HasNews(now)) return true;
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(mu);
   idle = queue.empty() && !shutdown_requested;
   return !idle;
 }
@@ -108,7 +108,7 @@ Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_p
 }
 
 void Engine::Impl::FailEverything(const Status& status, bool fatal_error) {
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(mu);
   if (fatal_error && fatal.ok()) fatal = status;
   stopped = true;
   for (auto& [name, entry] : pending) {
@@ -136,7 +136,7 @@ void Engine::Impl::FailEverything(const Status& status, bool fatal_error) {
 void Engine::Impl::DrainQueue() {
   std::deque<TensorEntry> drained;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     drained.swap(queue);
   }
   for (TensorEntry& entry : drained) {
@@ -155,7 +155,7 @@ Status Engine::Impl::RunCycle(bool* stop) {
   std::vector<Response> responses;
   KOLO_RETURN_IF_ERROR(Negotiate(&responses, stop));
   KOLO_RETURN_IF_ERROR(executor->Execute(responses, *this));
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(mu);
   ++stats.cycles;
   return Status::OK();
 }
@@ -164,13 +164,13 @@ Status Engine::Impl::Negotiate(std::vector<Response>* responses, bool* stop) {
   const auto start = SteadyClock::now();
   bool shutdown;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     shutdown = shutdown_requested;
   }
   coordinator::NegotiationStats agreed;
   KOLO_RETURN_IF_ERROR(controller->Negotiate(shutdown, responses, stop, &agreed));
   const double us = std::chrono::duration<double, std::micro>(SteadyClock::now() - start).count();
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(mu);
   stats.cache_hits += agreed.cache_hits;
   stats.negotiations += agreed.rounds;
   // Idle cycles (nothing agreed) cost no step anything; only cycles that release work count.
@@ -185,7 +185,7 @@ execution::Operation* Engine::Impl::Find(const std::string& name) {
 }
 
 void Engine::Impl::Count(const execution::ExecutionStats& delta) {
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(mu);
   stats.collectives += delta.collectives;
   stats.fused_bytes += delta.fused_bytes;
   stats.packed_bytes += delta.packed_bytes;
@@ -197,7 +197,7 @@ void Engine::Impl::Complete(const std::string& name, const Status& status,
   if (it == pending.end()) return;
   const int64_t id = it->second.handle.id;
   pending.erase(it);
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(mu);
   in_flight.erase(name);
   auto h = handles.find(id);
   if (h != handles.end()) {

@@ -17,7 +17,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateParameterServerRank(const Option
     e.ps_worker = std::make_unique<backends::ps::Worker>(
         std::move(job),
         [&e](int64_t id, const Status& status) {
-          std::lock_guard<std::mutex> lock(e.mu);
+          MutexLock lock(e.mu);
           auto it = e.handles.find(id);
           if (it == e.handles.end()) return;
           it->second.done = true;
@@ -26,7 +26,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateParameterServerRank(const Option
           e.done_cv.notify_all();
         },
         [&e](const Status& status) {
-          std::lock_guard<std::mutex> lock(e.mu);
+          MutexLock lock(e.mu);
           if (e.fatal.ok()) e.fatal = status;
         },
         e.timeline.get());
@@ -91,7 +91,7 @@ StatusOr<Handle> Engine::PushPullAsync(const std::string& name, const void* grad
   }
   Handle h;
   {
-    std::lock_guard<std::mutex> lock(e.mu);
+    MutexLock lock(e.mu);
     if (!e.fatal.ok()) return e.fatal;
     if (e.shutdown_requested || e.stopped) {
       return FailedPrecondition("pushpull '{}': the engine has shut down", name);
@@ -101,7 +101,7 @@ StatusOr<Handle> Engine::PushPullAsync(const std::string& name, const void* grad
   }
   Status s = e.ps_worker->PushPull(h.id, name, grad, weights, dtype, shape, sgd);
   if (!s.ok()) {
-    std::lock_guard<std::mutex> lock(e.mu);
+    MutexLock lock(e.mu);
     e.handles.erase(h.id);
     return s;
   }

@@ -6,14 +6,14 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "engine/common/mutex.h"
 #include "engine/common/status.h"
+#include "engine/common/thread_annotations.h"
 
 namespace kolo::bootstrap {
 
@@ -30,14 +30,14 @@ class Store {
 // Thread-safe, in-process. Shared by the rank threads of one test.
 class InMemoryStore final : public Store {
  public:
-  Status Set(const std::string& key, const std::vector<uint8_t>& value) override;
+  Status Set(const std::string& key, const std::vector<uint8_t>& value) override KOLO_EXCLUDES(mu_);
   StatusOr<std::vector<uint8_t>> Get(const std::string& key,
-                                     std::chrono::milliseconds timeout) override;
+                                     std::chrono::milliseconds timeout) override KOLO_EXCLUDES(mu_);
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, std::vector<uint8_t>> data_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  std::map<std::string, std::vector<uint8_t>> data_ KOLO_GUARDED_BY(mu_);
 };
 
 // Prefixes every key, so that several jobs or phases can share one store.

@@ -19,14 +19,15 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "engine/bootstrap/socket_io.h"
 #include "engine/bootstrap/store.h"
+#include "engine/common/mutex.h"
 #include "engine/common/status.h"
+#include "engine/common/thread_annotations.h"
 
 namespace kolo::bootstrap {
 
@@ -62,7 +63,7 @@ class TcpStoreServer {
   const std::string& address() const { return address_; }
   // Closes every connection and joins the serving thread. Idempotent. Pending Gets end with the
   // connection (their clients see Unavailable).
-  void Stop();
+  void Stop() KOLO_EXCLUDES(stop_mu_);
 
   // Connections closed for a wrong secret, a protocol violation or a hello timeout.
   uint64_t rejected_connections() const { return rejected_.load(); }
@@ -76,9 +77,11 @@ class TcpStoreServer {
 
   std::string address_;
   UniqueFd wake_fd_;  // eventfd: Stop() writes it to end the serving thread's wait
+  // Set by Start before the server is returned to anyone; afterwards only Stop (under stop_mu_)
+  // touches them. Not KOLO_GUARDED_BY(stop_mu_) for Start's unlocked writes.
   std::unique_ptr<Loop> loop_;
   std::thread thread_;
-  std::mutex stop_mu_;  // serialises Stop()
+  Mutex stop_mu_;  // serialises Stop()
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> accepted_{0};
 };
@@ -94,10 +97,10 @@ class TcpStoreClient final : public Store {
       const std::string& addr, const std::string& secret,
       std::chrono::milliseconds connect_timeout = std::chrono::seconds(30));
 
-  Status Set(const std::string& key, const std::vector<uint8_t>& value) override;
+  Status Set(const std::string& key, const std::vector<uint8_t>& value) override KOLO_EXCLUDES(mu_);
   // Waits on the server; the whole call is bounded by `timeout` plus a short grace for the reply.
   StatusOr<std::vector<uint8_t>> Get(const std::string& key,
-                                     std::chrono::milliseconds timeout) override;
+                                     std::chrono::milliseconds timeout) override KOLO_EXCLUDES(mu_);
 
   const std::string& address() const { return address_; }
 
@@ -107,12 +110,12 @@ class TcpStoreClient final : public Store {
   // Sends one request and reads its reply into *payload; returns the reply code.
   StatusOr<uint8_t> Call(uint8_t op, const std::string& key, const std::vector<uint8_t>& value,
                          uint32_t timeout_ms, Clock::time_point deadline,
-                         std::vector<uint8_t>* payload);
+                         std::vector<uint8_t>* payload) KOLO_EXCLUDES(mu_);
 
   const std::string address_;
-  std::mutex mu_;
-  UniqueFd fd_;    // GUARDED_BY(mu_)
-  Status broken_;  // GUARDED_BY(mu_); sticky I/O error
+  Mutex mu_;
+  UniqueFd fd_ KOLO_GUARDED_BY(mu_);
+  Status broken_ KOLO_GUARDED_BY(mu_);  // sticky I/O error
   std::chrono::milliseconds io_timeout_;
 };
 

@@ -119,7 +119,7 @@ StatusOr<uint8_t> TcpStoreClient::Call(uint8_t op, const std::string& key,
     return InvalidArgument("value of {} bytes for store key '{}': at most {} bytes are allowed",
                            value.size(), key, kStoreMaxValueBytes);
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!broken_.ok()) return broken_;
   std::vector<uint8_t> frame(kRequestHeaderBytes + key.size() + value.size());
   frame[0] = op;

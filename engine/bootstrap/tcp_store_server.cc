@@ -128,7 +128,7 @@ StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(TcpStoreServerOp
 TcpStoreServer::~TcpStoreServer() { Stop(); }
 
 void TcpStoreServer::Stop() {
-  std::lock_guard<std::mutex> lock(stop_mu_);
+  MutexLock lock(stop_mu_);
   if (thread_.joinable()) {
     const uint64_t one = 1;
     // An eventfd write only fails when the counter would overflow, which one write cannot do.

@@ -7,8 +7,6 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string_view>
 #include <system_error>
@@ -17,6 +15,8 @@
 #include <vector>
 
 #include "engine/common/logging.h"
+#include "engine/common/mutex.h"
+#include "engine/common/thread_annotations.h"
 
 namespace kolo::timeline {
 namespace {
@@ -119,7 +119,7 @@ void AppendQuoted(std::string* out, std::string_view s) {
 }  // namespace
 
 struct Timeline::Impl {
-  // Set by Open, then read-only.
+  // Set by Open before the flusher starts, then read-only: read without a lock, not guarded.
   std::string path;
   int rank = 0;
   int fd = -1;
@@ -127,25 +127,36 @@ struct Timeline::Impl {
 
   // Lock order: write_mu, then mu. Writers of events take only mu, so they never wait for I/O
   // unless the buffer outgrows kMaxPendingBytes.
-  std::mutex write_mu;               // guards the file state below; held across every write
-  int64_t tail_offset = 0;           // where kTail starts; the next batch goes here
-  int64_t reserved_end = 0;          // file size: the tail, then spaces (see AppendPieceLocked)
-  std::string writing;               // the batch being written (swapped with pending)
-  std::vector<size_t> writing_ends;  // where each event of `writing` ends
-  std::string piece;                 // the part of `writing` that one pwrite appends
-  std::string padding;               // the spaces of the next reserve
-  Status error;                      // the first write error; nothing is written after it
+  Mutex write_mu;  // guards the file state below; held across every write
+  // Where kTail starts; the next batch goes here.
+  int64_t tail_offset KOLO_GUARDED_BY(write_mu) = 0;
+  // The file size: the tail, then spaces (see AppendPieceLocked).
+  int64_t reserved_end KOLO_GUARDED_BY(write_mu) = 0;
+  // The batch being written (swapped with pending), and where each of its events ends.
+  std::string writing KOLO_GUARDED_BY(write_mu);
+  std::vector<size_t> writing_ends KOLO_GUARDED_BY(write_mu);
+  // The part of `writing` that one pwrite appends.
+  std::string piece KOLO_GUARDED_BY(write_mu);
+  // The spaces of the next reserve.
+  std::string padding KOLO_GUARDED_BY(write_mu);
+  // The first write error; nothing is written after it.
+  Status error KOLO_GUARDED_BY(write_mu);
 
-  std::mutex mu;               // guards everything below; held while an event is formatted
-  std::condition_variable cv;  // wakes the flusher
-  std::unordered_map<std::string, int> tids;  // tensor -> track, assigned on first use
-  std::string pending;               // formatted events not yet written, each starting with a comma
-  std::vector<size_t> pending_ends;  // where each event of `pending` ends
-  std::chrono::steady_clock::time_point first_pending;  // when pending became non-empty
-  std::string last_accepted_args;  // the last args text that parsed as a JSON object
-  bool stop = false;
+  Mutex mu;    // guards the event state below; held while an event is formatted
+  CondVar cv;  // wakes the flusher
+  // Tensor -> track, assigned on first use.
+  std::unordered_map<std::string, int> tids KOLO_GUARDED_BY(mu);
+  // Formatted events not yet written, each starting with a comma, and where each of them ends.
+  std::string pending KOLO_GUARDED_BY(mu);
+  std::vector<size_t> pending_ends KOLO_GUARDED_BY(mu);
+  // When pending became non-empty.
+  std::chrono::steady_clock::time_point first_pending KOLO_GUARDED_BY(mu);
+  // The last args text that parsed as a JSON object.
+  std::string last_accepted_args KOLO_GUARDED_BY(mu);
+  bool stop KOLO_GUARDED_BY(mu) = false;
 
   std::atomic<bool> failed{false};  // error is set: events are dropped without formatting
+  // Started by Open, joined by ~Timeline; nothing else touches it.
   std::thread flusher;
 
   int64_t MicrosSinceStart(std::chrono::steady_clock::time_point t) const {
@@ -154,16 +165,16 @@ struct Timeline::Impl {
   // Writes `data` at `offset`, continuing after short writes. Returns 0 or the errno.
   int WriteAll(const std::string& data, int64_t offset) const;
   // Appends `writing` to the file in pieces (see AppendBatchLocked).
-  Status AppendBatchLocked();
+  Status AppendBatchLocked() KOLO_REQUIRES(write_mu);
   // Appends `piece` (events, each starting with a comma) and kTail over the current tail.
-  Status AppendPieceLocked();
+  Status AppendPieceLocked() KOLO_REQUIRES(write_mu);
   // Moves pending into the file. Returns the sticky error.
-  Status FlushNow();
-  void FlusherLoop();
+  Status FlushNow() KOLO_EXCLUDES(write_mu, mu);
+  void FlusherLoop() KOLO_EXCLUDES(write_mu, mu);
   // Returns the track of `tensor`, first adding its metadata events to pending.
-  int TidLocked(const std::string& tensor);
+  int TidLocked(const std::string& tensor) KOLO_REQUIRES(mu);
   void Event(char phase, const std::string& tensor, const std::string& name,
-             const std::string& args_json);
+             const std::string& args_json) KOLO_EXCLUDES(write_mu, mu);
 };
 
 int Timeline::Impl::WriteAll(const std::string& data, int64_t offset) const {
@@ -199,7 +210,7 @@ Status Timeline::Impl::AppendBatchLocked() {
   size_t next = 0;  // index into writing_ends of the first event not yet written
   while (next < writing_ends.size()) {
     int64_t limit = ((tail_offset + tail_size) / kPieceBytes + 1) * kPieceBytes;
-    auto piece_end = [&](size_t j) {
+    auto piece_end = [&](size_t j) KOLO_REQUIRES(write_mu) {
       return tail_offset + static_cast<int64_t>(writing_ends[j] - pos) + tail_size;
     };
     if (piece_end(next) > limit) limit += kPieceBytes;  // this piece passes the boundary
@@ -239,9 +250,9 @@ Status Timeline::Impl::AppendPieceLocked() {
 }
 
 Status Timeline::Impl::FlushNow() {
-  std::lock_guard<std::mutex> write_lock(write_mu);
+  MutexLock write_lock(write_mu);
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     writing.swap(pending);  // pending keeps the old batch's capacity
     writing_ends.swap(pending_ends);
     pending.clear();
@@ -264,23 +275,23 @@ Status Timeline::Impl::FlushNow() {
 // microsecond. The writer appends each batch as described above, so the file is valid JSON at
 // every moment and at most kFlushInterval behind.
 void Timeline::Impl::FlusherLoop() {
-  std::unique_lock<std::mutex> lock(mu);
+  mu.lock();
   while (!stop) {
     if (pending.empty()) {
       // Bounded only so that no wait is unbounded; an idle timeline has nothing to do.
-      cv.wait_for(lock, std::chrono::seconds(1));
+      cv.WaitFor(mu, std::chrono::seconds(1));
       continue;
     }
     const auto due = first_pending + kFlushInterval;
     if (pending.size() < kFlushBytes && std::chrono::steady_clock::now() < due) {
-      cv.wait_until(lock, due);
+      cv.WaitUntil(mu, due);
       continue;
     }
-    lock.unlock();
+    mu.unlock();
     FlushNow().IgnoreError();  // logged once by FlushNow; Flush() callers get it too
-    lock.lock();
+    mu.lock();
   }
-  lock.unlock();
+  mu.unlock();
   FlushNow().IgnoreError();
 }
 
@@ -312,7 +323,7 @@ void Timeline::Impl::Event(char phase, const std::string& tensor, const std::str
   bool wake = false;
   bool write_here = false;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     // A malformed args text would make the whole file unparsable, so it is kept as a string
     // instead. A fused group sends the same args for every tensor, so the last text that passed
     // is not parsed again.
@@ -372,28 +383,34 @@ StatusOr<std::unique_ptr<Timeline>> Timeline::Open(const std::string& path, int 
   impl->rank = rank;
   impl->fd = fd;
   impl->start = std::chrono::steady_clock::now();
-  // The header ends in the first element, so every later event starts with a comma.
-  std::string& s = impl->writing;
-  s = "{\"traceEvents\":[\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":";
-  s += std::to_string(rank);
-  s += ",\"tid\":0,\"args\":{\"name\":\"rank ";
-  s += std::to_string(rank);
-  s += "\"}},\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":";
-  s += std::to_string(rank);
-  s += ",\"tid\":0,\"args\":{\"sort_index\":";
-  s += std::to_string(rank);
-  s += "}}";
-  impl->tail_offset = static_cast<int64_t>(s.size());
-  s += kTail;
-  // The first reserve goes out with the header, in the same large write (see AppendPieceLocked).
-  s.resize(static_cast<size_t>(std::max<int64_t>(kReserveBytes, static_cast<int64_t>(s.size()))),
-           ' ');
-  if (const int err = impl->WriteAll(s, 0); err != 0) {
-    ::close(fd);
-    return ErrnoStatus(StatusCode::kInternal, "write timeline file '" + path + "'", err);
+  {
+    // No other thread can see impl yet, so the lock is uncontended: it is taken because the file
+    // state is guarded by write_mu (KOLO_GUARDED_BY) and the analysis checks this function too.
+    MutexLock write_lock(impl->write_mu);
+    // The header ends in the first element, so every later event starts with a comma.
+    std::string& s = impl->writing;
+    s = "{\"traceEvents\":[\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":";
+    s += std::to_string(rank);
+    s += ",\"tid\":0,\"args\":{\"name\":\"rank ";
+    s += std::to_string(rank);
+    s += "\"}},\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":";
+    s += std::to_string(rank);
+    s += ",\"tid\":0,\"args\":{\"sort_index\":";
+    s += std::to_string(rank);
+    s += "}}";
+    impl->tail_offset = static_cast<int64_t>(s.size());
+    s += kTail;
+    // The first reserve goes out with the header, in the same large write (see
+    // AppendPieceLocked).
+    s.resize(static_cast<size_t>(std::max<int64_t>(kReserveBytes, static_cast<int64_t>(s.size()))),
+             ' ');
+    if (const int err = impl->WriteAll(s, 0); err != 0) {
+      ::close(fd);
+      return ErrnoStatus(StatusCode::kInternal, "write timeline file '" + path + "'", err);
+    }
+    impl->reserved_end = static_cast<int64_t>(s.size());
+    s.clear();
   }
-  impl->reserved_end = static_cast<int64_t>(s.size());
-  s.clear();
   Impl* raw = impl.get();
   try {
     impl->flusher = std::thread([raw] { raw->FlusherLoop(); });
@@ -409,7 +426,7 @@ Timeline::Timeline(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Timeline::~Timeline() {
   if (!impl_) return;
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(impl_->mu);
     impl_->stop = true;
   }
   impl_->cv.notify_one();

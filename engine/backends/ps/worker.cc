@@ -44,27 +44,29 @@ Status Worker::RegisterVariables(const std::vector<VariableSpec>& vars) {
   reg.chunk_bytes = static_cast<int64_t>(chunk_bytes_);
   reg.vars = vars;
   KOLO_RETURN_IF_ERROR(ValidateRegistration(reg));
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!fatal_.ok()) return fatal_;
-  if (stop_ || stopped_) return FailedPrecondition("RegisterVariables: the engine has shut down");
-  if (registering_) {
-    return FailedPrecondition("RegisterVariables was already called: call it once per job");
+  {
+    MutexLock lock(mu_);
+    if (!fatal_.ok()) return fatal_;
+    if (stop_ || stopped_) return FailedPrecondition("RegisterVariables: the engine has shut down");
+    if (registering_) {
+      return FailedPrecondition("RegisterVariables was already called: call it once per job");
+    }
+    placement_ = Place(reg.vars, reg.servers, reg.policy, reg.split_min_bytes);
+    registration_ = std::move(reg);
+    specs_ = vars;
+    for (size_t i = 0; i < vars.size(); ++i) index_[vars[i].name] = static_cast<int>(i);
+    in_flight_.assign(vars.size(), false);
+    registering_ = true;
+    job_.device->Wake();
+    if (!cv_.WaitFor(mu_, peer_timeout_,
+                     [&]() KOLO_REQUIRES(mu_) { return registered_.has_value(); })) {
+      return DeadlineExceeded(
+          "{}: the parameter servers did not all accept the {} variables within {} s (every "
+          "worker must call RegisterVariables with the same list; KOLO_PEER_TIMEOUT_SECONDS)",
+          job_.roles.Describe(job_.options.rank), vars.size(), job_.options.peer_timeout_s);
+    }
+    KOLO_RETURN_IF_ERROR(*registered_);
   }
-  placement_ = Place(reg.vars, reg.servers, reg.policy, reg.split_min_bytes);
-  registration_ = std::move(reg);
-  specs_ = vars;
-  for (size_t i = 0; i < vars.size(); ++i) index_[vars[i].name] = static_cast<int>(i);
-  in_flight_.assign(vars.size(), false);
-  registering_ = true;
-  job_.device->Wake();
-  if (!cv_.wait_for(lock, peer_timeout_, [&] { return registered_.has_value(); })) {
-    return DeadlineExceeded(
-        "{}: the parameter servers did not all accept the {} variables within {} s (every worker "
-        "must call RegisterVariables with the same list; KOLO_PEER_TIMEOUT_SECONDS)",
-        job_.roles.Describe(job_.options.rank), vars.size(), job_.options.peer_timeout_s);
-  }
-  KOLO_RETURN_IF_ERROR(*registered_);
-  lock.unlock();
   if (job_.index == 0) {
     for (int j = 0; j < job_.roles.servers(); ++j) {
       const auto& ids = placement_.server_shards[static_cast<size_t>(j)];
@@ -85,7 +87,7 @@ Status Worker::RegisterVariables(const std::vector<VariableSpec>& vars) {
 
 Status Worker::PushPull(int64_t handle, const std::string& name, const void* grad, void* weights,
                         DataType dtype, const Shape& shape, const SgdSettings& sgd) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!fatal_.ok()) return fatal_;
   if (stop_ || stopped_) return FailedPrecondition("pushpull '{}': the engine has shut down", name);
   if (!registered_.has_value() || !registered_->ok()) {
@@ -119,14 +121,14 @@ Status Worker::PushPull(int64_t handle, const std::string& name, const void* gra
 }
 
 Status Worker::Shutdown() {
-  std::lock_guard<std::mutex> serial(shutdown_mu_);
+  MutexLock serial(shutdown_mu_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
     if (!stopped_) job_.device->Wake();
   }
   if (thread_.joinable()) thread_.join();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return fatal_;
 }
 
@@ -142,7 +144,7 @@ void Worker::Run() {
   }
   UpdateCounters();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopped_ = true;
     if (!s.ok() && fatal_.ok()) fatal_ = s;
     if (!registered_.has_value()) {
@@ -164,7 +166,7 @@ void Worker::FailInFlight(const Status& status) {
     if (v.handle >= 0) failed.emplace_back(std::exchange(v.handle, -1), v.spec.name);
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (const Request& r : queue_) {
       failed.emplace_back(r.handle, specs_[static_cast<size_t>(r.var)].name);
     }
@@ -194,7 +196,7 @@ Status Worker::Loop() {
   while (true) {
     bool stop, send_registration = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       work.swap(queue_);
       stop = stop_;
       if (registering_ && !registration_sent) send_registration = registration_sent = true;
@@ -370,7 +372,7 @@ Status Worker::OnHeader(int server) {
     case Kind::kRegistered: {
       acked_[static_cast<size_t>(server)] = true;
       if (std::all_of(acked_.begin(), acked_.end(), [](bool b) { return b; })) {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         registered_ = Status::OK();
         cv_.notify_all();
       }
@@ -409,7 +411,7 @@ void Worker::MaybeComplete(Variable& v) {
   ++v.step;
   const int64_t handle = std::exchange(v.handle, -1);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     in_flight_[static_cast<size_t>(&v - vars_.data())] = false;
   }
   ++updates_;

@@ -17,12 +17,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -33,6 +31,8 @@
 #include "engine/backends/ps/placement.h"
 #include "engine/backends/ps/types.h"
 #include "engine/backends/ps/wire.h"
+#include "engine/common/mutex.h"
+#include "engine/common/thread_annotations.h"
 #include "engine/timeline/timeline.h"
 
 namespace kolo::backends::ps {
@@ -54,15 +54,15 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   // See Engine::RegisterVariables. Waits at most the peer timeout for every server's answer.
-  Status RegisterVariables(const std::vector<VariableSpec>& vars);
+  Status RegisterVariables(const std::vector<VariableSpec>& vars) KOLO_EXCLUDES(mu_);
   // Validates and queues one PushPull (Engine::PushPullAsync) whose completion is reported with
   // `handle` through CompleteFn. Errors (nothing queued): unregistered name, dtype or shape
   // other than registered, the variable already in flight, a failed or stopped worker.
   Status PushPull(int64_t handle, const std::string& name, const void* grad, void* weights,
-                  DataType dtype, const Shape& shape, const SgdSettings& sgd);
+                  DataType dtype, const Shape& shape, const SgdSettings& sgd) KOLO_EXCLUDES(mu_);
   // Tells every server this worker is done, stops the thread and closes the device. PushPulls
   // still in flight fail with "shut down". Returns the fatal error, if any. Idempotent.
-  Status Shutdown();
+  Status Shutdown() KOLO_EXCLUDES(shutdown_mu_, mu_);
 
   // Payload bytes exchanged with the servers, and completed PushPulls.
   int64_t bytes_sent() const { return bytes_sent_.load(); }
@@ -102,15 +102,15 @@ class Worker {
     std::unique_ptr<transport::Region> grad_region, weights_region;
   };
 
-  void Run();
-  Status Loop();
+  void Run() KOLO_EXCLUDES(mu_);
+  Status Loop() KOLO_EXCLUDES(mu_);
   Status SendRegistration();
   Status StartPush(const Request& r);
   Status PostHeaderRecv(int server);
-  Status OnCompletion(const transport::Completion& c);
-  Status OnHeader(int server);
-  void MaybeComplete(Variable& v);
-  void FailInFlight(const Status& status);
+  Status OnCompletion(const transport::Completion& c) KOLO_EXCLUDES(mu_);
+  Status OnHeader(int server) KOLO_EXCLUDES(mu_);
+  void MaybeComplete(Variable& v) KOLO_EXCLUDES(mu_);
+  void FailInFlight(const Status& status) KOLO_EXCLUDES(mu_);
   void UpdateCounters();
 
   Job job_;
@@ -120,22 +120,24 @@ class Worker {
   const size_t chunk_bytes_;
   const std::chrono::milliseconds peer_timeout_;
 
-  // Lock order: mu_ is the only lock; never held across communication or callbacks.
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Request> queue_;                   // GUARDED_BY(mu_)
-  std::unordered_map<std::string, int> index_;  // GUARDED_BY(mu_): name -> variable
-  std::vector<VariableSpec> specs_;             // GUARDED_BY(mu_)
-  std::vector<bool> in_flight_;                 // GUARDED_BY(mu_)
-  bool registering_ = false;                    // GUARDED_BY(mu_): registration queued
-  std::optional<Status> registered_;            // GUARDED_BY(mu_): the servers' answer
-  bool stop_ = false;                           // GUARDED_BY(mu_)
-  bool stopped_ = false;                        // GUARDED_BY(mu_): the thread has ended
-  Status fatal_;                                // GUARDED_BY(mu_)
-  std::thread thread_;
-  std::mutex shutdown_mu_;  // serialises Shutdown callers (taken before mu_)
+  // Lock order: shutdown_mu_, then mu_. mu_ is never held across communication or callbacks.
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Request> queue_ KOLO_GUARDED_BY(mu_);
+  std::unordered_map<std::string, int> index_ KOLO_GUARDED_BY(mu_);  // name -> variable
+  std::vector<VariableSpec> specs_ KOLO_GUARDED_BY(mu_);
+  std::vector<bool> in_flight_ KOLO_GUARDED_BY(mu_);
+  bool registering_ KOLO_GUARDED_BY(mu_) = false;          // registration queued
+  std::optional<Status> registered_ KOLO_GUARDED_BY(mu_);  // the servers' answer
+  bool stop_ KOLO_GUARDED_BY(mu_) = false;
+  bool stopped_ KOLO_GUARDED_BY(mu_) = false;  // the thread has ended
+  Status fatal_ KOLO_GUARDED_BY(mu_);
+  // Started by the constructor, joined by Shutdown (the destructor's too) under shutdown_mu_.
+  std::thread thread_ KOLO_GUARDED_BY(shutdown_mu_);
+  Mutex shutdown_mu_;  // serialises Shutdown callers (taken before mu_)
 
-  // Set by RegisterVariables before the registration is queued, read-only afterwards.
+  // Set by RegisterVariables (under mu_) before the registration is queued, read-only afterwards:
+  // the thread, and RegisterVariables once registered, read them without mu_. Not guarded.
   Placement placement_;
   Registration registration_;
 

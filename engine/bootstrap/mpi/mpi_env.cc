@@ -7,12 +7,15 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "engine/common/mutex.h"
+
 static_assert(MPI_SUCCESS == 0, "KOLO_MPI_CHECK relies on MPI_SUCCESS being 0");
 
 namespace kolo::bootstrap::mpi {
 namespace {
 
-std::mutex g_mu;
+// Serialises EnsureInitialized: MPI's own initialisation state is what it guards.
+Mutex g_mu;
 std::atomic<bool> g_initialized_by_kolo{false};
 
 const char* ThreadLevelName(int level) {
@@ -57,7 +60,7 @@ Status MpiErrorStatus(const char* call, int code) {
 }
 
 Status EnsureInitialized() {
-  std::lock_guard<std::mutex> lock(g_mu);
+  MutexLock lock(g_mu);
   int finalized = 0;
   KOLO_MPI_CHECK(MPI_Finalized(&finalized));
   if (finalized) return FailedPrecondition("MPI was already finalised; it cannot be used again");

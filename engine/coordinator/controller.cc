@@ -48,8 +48,31 @@ size_t Controller::ExchangeWords(const ControllerSettings& settings) {
   return 2 * ResponseCache(settings.cache_capacity).words() + 1;
 }
 
+void Controller::Release(PendingMap::iterator it) {
+  constexpr size_t kMaxSpare = 4096;
+  if (spare_.size() < kMaxSpare) {
+    spare_.push_back(pending_.extract(it));
+  } else {
+    pending_.erase(it);
+  }
+}
+
 void Controller::Add(const Request& request, SteadyClock::time_point submitted) {
-  Entry entry{request, submitted, next_order_++, -1};
+  PendingMap::node_type node;
+  if (!spare_.empty()) {
+    node = std::move(spare_.back());
+    spare_.pop_back();
+    node.key() = request.name;
+    node.mapped().request = request;  // reuses the old request's string and shape capacity
+  } else {
+    PendingMap one;
+    one.emplace(request.name, Entry{request, {}, 0, -1});
+    node = one.extract(one.begin());
+  }
+  Entry& entry = node.mapped();
+  entry.submitted = submitted;
+  entry.order = next_order_++;
+  entry.cache_bit = -1;
   int bit = -1;
   const size_t words = cache_.words();
   switch (settings_.size > 1 ? cache_.Find(request, settings_.rank, &bit)
@@ -66,8 +89,9 @@ void Controller::Add(const Request& request, SteadyClock::time_point submitted) 
       unreported_.push_back(request.name);
       break;
   }
-  const std::string name = request.name;
-  pending_.insert_or_assign(name, std::move(entry));
+  auto existing = pending_.find(request.name);
+  if (existing != pending_.end()) Release(existing);
+  pending_.insert(std::move(node));
 }
 
 bool Controller::HasNews(SteadyClock::time_point now) const {
@@ -116,7 +140,7 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
       if (r.request.type == CollectiveType::kAllgather) r.first_dims = {e->request.shape[0]};
       responses->push_back(std::move(r));
     }
-    pending_.clear();
+    while (!pending_.empty()) Release(pending_.begin());
     unreported_.clear();
     std::fill(bits_.begin(), bits_.end(), 0);
     *stop = shutdown;
@@ -172,8 +196,10 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
     }
   }
   std::fill(bits_.begin(), bits_.end(), 0);
+  // A tensor agreed here is done (a hit is pending on every rank, this one included).
   for (size_t i = first_new; i < responses->size(); ++i) {
-    pending_.at((*responses)[i].request.name).cache_bit = -1;
+    auto it = pending_.find((*responses)[i].request.name);
+    if (it != pending_.end()) Release(it);
   }
 
   if (uncached) {
@@ -192,10 +218,12 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
         unreported_.push_back(name);
       }
     }
-  }
-  // A tensor named by a response is done here (errors may name tensors this rank never added).
-  for (size_t i = first_new; i < responses->size(); ++i) {
-    pending_.erase((*responses)[i].request.name);
+    // Tensors the coordinator agreed are done here (errors may name tensors this rank never
+    // added).
+    for (size_t i = cached; i < responses->size(); ++i) {
+      auto it = pending_.find((*responses)[i].request.name);
+      if (it != pending_.end()) Release(it);
+    }
   }
   UpdateHitStallDue();
   return Status::OK();

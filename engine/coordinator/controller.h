@@ -120,6 +120,12 @@ class Controller {
     int cache_bit = -1;  // >= 0 while waiting as a response-cache hit
   };
 
+  using PendingMap = std::unordered_map<std::string, Entry>;
+
+  // Takes `name` out of pending_, keeping its node (and the capacity of its strings) for a later
+  // Add: a steady step adds and agrees hundreds of tensors, and allocating and freeing a node and
+  // its request for each costs more than the bit exchange itself.
+  void Release(PendingMap::iterator it);
   Status CoordinatorRound(std::vector<Response>* responses);
   void InspectStalls(SteadyClock::time_point now, std::vector<Response>* errors);
   // Recomputes hit_stall_due_ from the pending cache hits.
@@ -135,7 +141,8 @@ class Controller {
 
   ResponseCache cache_;
   std::optional<MessageTable> table_;  // rank 0
-  std::unordered_map<std::string, Entry> pending_;
+  PendingMap pending_;
+  std::vector<PendingMap::node_type> spare_;  // released nodes, reused by Add
   int64_t next_order_ = 0;
   std::vector<std::string> unreported_;  // to report at the next coordinator round
   // The cycle's bit vector: cache_.words() hit words (AND), one flags word and cache_.words()

@@ -154,6 +154,14 @@ Status Engine::Impl::RunCycle(bool* stop) {
   DrainQueue();
   std::vector<Response> responses;
   KOLO_RETURN_IF_ERROR(Negotiate(&responses, stop));
+  if (timeline) {
+    // The negotiation DrainQueue began ends for every agreed tensor this rank has.
+    for (const Response& r : responses) {
+      if (pending.count(r.request.name) != 0) {
+        timeline->End(r.request.name, "NEGOTIATE_" + UpperType(r.request.type));
+      }
+    }
+  }
   KOLO_RETURN_IF_ERROR(executor->Execute(responses, *this));
   MutexLock lock(mu);
   ++stats.cycles;

@@ -45,7 +45,7 @@ Controller::Controller(const ControllerSettings& settings, Peers& peers, Clock& 
 }
 
 size_t Controller::ExchangeWords(const ControllerSettings& settings) {
-  return 2 * ResponseCache(settings.cache_capacity).words() + 1;
+  return 2 * ResponseCache::WordsFor(settings.cache_capacity) + 1;
 }
 
 void Controller::Release(PendingMap::iterator it) {
@@ -58,18 +58,18 @@ void Controller::Release(PendingMap::iterator it) {
 }
 
 void Controller::Add(const Request& request, SteadyClock::time_point submitted) {
-  PendingMap::node_type node;
-  if (!spare_.empty()) {
-    node = std::move(spare_.back());
+  Entry* added;
+  if (spare_.empty()) {
+    added = &pending_.try_emplace(request.name).first->second;
+    added->request = request;
+  } else {
+    PendingMap::node_type node = std::move(spare_.back());
     spare_.pop_back();
     node.key() = request.name;
     node.mapped().request = request;  // reuses the old request's string and shape capacity
-  } else {
-    PendingMap one;
-    one.emplace(request.name, Entry{request, {}, 0, -1});
-    node = one.extract(one.begin());
+    added = &pending_.insert(std::move(node)).position->second;
   }
-  Entry& entry = node.mapped();
+  Entry& entry = *added;
   entry.submitted = submitted;
   entry.order = next_order_++;
   entry.cache_bit = -1;
@@ -89,9 +89,6 @@ void Controller::Add(const Request& request, SteadyClock::time_point submitted) 
       unreported_.push_back(request.name);
       break;
   }
-  auto existing = pending_.find(request.name);
-  if (existing != pending_.end()) Release(existing);
-  pending_.insert(std::move(node));
 }
 
 bool Controller::HasNews(SteadyClock::time_point now) const {

@@ -23,7 +23,9 @@ class ResponseCache {
 
   int capacity() const { return capacity_; }
   // 64-bit words a bit vector over the cache needs.
-  size_t words() const { return (static_cast<size_t>(capacity_) + 63) / 64; }
+  size_t words() const { return WordsFor(capacity_); }
+  // The 64-bit words a bit vector over `capacity` entries takes.
+  static size_t WordsFor(int capacity) { return (static_cast<size_t>(capacity) + 63) / 64; }
 
   enum class Lookup { kMiss, kHit, kMismatch };
   // kHit: `name` is cached with a response compatible with `request` as submitted by `rank`;

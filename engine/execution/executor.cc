@@ -21,8 +21,6 @@ std::string UpperName(const char* s) {
   return out;
 }
 
-std::string UpperType(CollectiveType t) { return UpperName(coordinator::CollectiveTypeName(t)); }
-
 // Tensors at least this large join a fusion group where they are (zero-copy) when the backend
 // reduces scattered buffers in one collective; smaller ones are packed. Copying a tensor in and
 // out costs about as much as the two extra messages a separate piece costs near this size.
@@ -58,12 +56,10 @@ Status Executor::Execute(const std::vector<Response>& responses, Operations& ops
   // Every collective response must name a tensor this rank submitted; errors may name tensors
   // this rank never submitted (a stall it caused), which it simply has nothing to complete for.
   for (const Response& r : responses) {
-    const bool mine = ops.Find(r.request.name) != nullptr;
-    if (!r.is_error() && !mine) {
+    if (!r.is_error() && ops.Find(r.request.name) == nullptr) {
       return Internal("response for '{}', which rank {} has not submitted", r.request.name,
                       settings_.rank);
     }
-    if (mine) End(r.request.name, "NEGOTIATE_" + UpperType(r.request.type));
   }
   for (const fusion::Group& g :
        fusion::PlanFusion(responses, static_cast<size_t>(settings_.fusion_threshold_bytes))) {

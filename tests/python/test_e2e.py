@@ -14,11 +14,26 @@ from conftest import ROOT, need_build, need_mpirun, run_cli
 BIN_DIR = Path(os.environ.get("KOLO_BIN_DIR", ROOT / "build" / "bin"))
 
 
-def test_two_points_through_mpirun(write_sweep, tmp_path):
-    need_mpirun()
+def need_train():
     train = BIN_DIR / "kolo-train"
     if not os.access(train, os.X_OK):
         pytest.skip(f"{train} is not built (scripts/build, or set KOLO_BIN_DIR)")
+
+
+def run_two_points(write_sweep, tmp_path, text):
+    """Runs the sweep `text` (ranks 1 and 2) with the real binaries and returns its folder and
+    rows, once it exited 0 with both points ok."""
+    out = tmp_path / "out"
+    result = run_cli("sweep", write_sweep(text), "--out", str(out), "--bin-dir", str(BIN_DIR))
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = schema.read_rows(str(out / "results.csv"))
+    assert [(r["ranks"], r["status"]) for r in rows] == [("1", "ok"), ("2", "ok")], rows
+    return out, rows
+
+
+def test_two_points_through_mpirun(write_sweep, tmp_path):
+    need_mpirun()
+    need_train()
     need_build(BIN_DIR, "MPI", "ONEDNN")
     text = """
 [sweep]
@@ -34,11 +49,7 @@ backend = "ring"
 [matrix]
 ranks = [1, 2]
 """
-    out = tmp_path / "out"
-    result = run_cli("sweep", write_sweep(text), "--out", str(out), "--bin-dir", str(BIN_DIR))
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = schema.read_rows(str(out / "results.csv"))
-    assert [(r["ranks"], r["status"]) for r in rows] == [("1", "ok"), ("2", "ok")], rows
+    out, rows = run_two_points(write_sweep, tmp_path, text)
     for r in rows:
         assert float(r["total_images_per_sec"]) > 0
         assert r["model"] == "tiny-cnn" and r["compute"] == "onednn" and r["backend"] == "ring"
@@ -61,9 +72,7 @@ ranks = [1, 2]
 
 
 def test_replay_points_through_kolo_run(write_sweep, tmp_path):
-    train = BIN_DIR / "kolo-train"
-    if not os.access(train, os.X_OK):
-        pytest.skip(f"{train} is not built (scripts/build, or set KOLO_BIN_DIR)")
+    need_train()
     text = """
 [sweep]
 name = "e2e-replay"
@@ -81,11 +90,7 @@ backend = "ring"
 [matrix]
 ranks = [1, 2]
 """
-    out = tmp_path / "out"
-    result = run_cli("sweep", write_sweep(text), "--out", str(out), "--bin-dir", str(BIN_DIR))
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = schema.read_rows(str(out / "results.csv"))
-    assert [(r["ranks"], r["status"]) for r in rows] == [("1", "ok"), ("2", "ok")], rows
+    out, rows = run_two_points(write_sweep, tmp_path, text)
     for r in rows:
         assert r["compute"] == "replay" and r["backend"] == "ring" and r["transport"] == "tcp"
         assert float(r["total_images_per_sec"]) > 0

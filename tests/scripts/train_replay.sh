@@ -27,12 +27,20 @@ common=(--model resnet101 --batch-size 64 --compute replay --profile "$profile"
         --num-warmup-batches "$warmup" --num-batches "$batches" --display-every 2
         --peer-timeout-s 60)
 
+# train NAME NP FLAGS...: kolo-train under kolo-run at NP ranks, writing $work/NAME.{out,json};
+# it must exit 0 and its total line say compute=replay.
+train() {
+  local name=$1 np=$2
+  shift 2
+  timeout 300 "$run" -np "$np" --timeout-s 280 "$train" "${common[@]}" --json "$work/$name.json" \
+    "$@" >"$work/$name.out" 2>&1 || { cat "$work/$name.out"; fail "$name run exited non-zero"; }
+  cat "$work/$name.out"
+  grep -Eq '^total images/sec: [0-9.]+ \(compute=replay\)$' "$work/$name.out" ||
+    fail "$name: the total line does not say compute=replay"
+}
+
 # --- ring over TCP, 2 ranks.
-timeout 300 "$run" -np 2 --timeout-s 280 "$train" "${common[@]}" --json "$work/ring.json" \
-  >"$work/ring.out" 2>&1 || { cat "$work/ring.out"; fail "ring run exited non-zero"; }
-cat "$work/ring.out"
-grep -Eq '^total images/sec: [0-9.]+ \(compute=replay\)$' "$work/ring.out" ||
-  fail "ring: the total line does not say compute=replay"
+train ring 2
 python3 - "$work/ring.json" "$((warmup + batches))" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -51,11 +59,7 @@ print("ring record: ok")
 EOF
 
 # --- parameter server: 3 launch ranks = 2 workers + 1 server.
-timeout 300 "$run" -np 3 --timeout-s 280 "$train" "${common[@]}" --backend ps --ps-servers 1 \
-  --json "$work/ps.json" >"$work/ps.out" 2>&1 || { cat "$work/ps.out"; fail "ps run exited non-zero"; }
-cat "$work/ps.out"
-grep -Eq '^total images/sec: [0-9.]+ \(compute=replay\)$' "$work/ps.out" ||
-  fail "ps: the total line does not say compute=replay"
+train ps 3 --backend ps --ps-servers 1
 python3 - "$work/ps.json" "$((warmup + batches))" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))

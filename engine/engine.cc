@@ -51,6 +51,11 @@ Engine::~Engine() { Shutdown().IgnoreError(); }
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const Options& options, bootstrap::Store* store) {
   KOLO_RETURN_IF_ERROR(options.Validate());
+  if (options.backend == "none") {
+    return InvalidArgument(
+        "backend 'none' means no engine (kolo-train trains the single rank without one); an "
+        "engine needs ring, mpi, ps or nccl");
+  }
   KOLO_RETURN_IF_ERROR(transport::CheckTransport(options.transport));
   if (options.backend == "ps") return CreateParameterServerRank(options, store);
   return CreateRank(options, store, nullptr);

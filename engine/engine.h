@@ -163,6 +163,17 @@ class Engine {
     int64_t ps_bytes_sent = 0;
     int64_t ps_bytes_received = 0;
     int64_t ps_updates = 0;
+    // Workers of a parameter-server job: time with at least one PushPull in flight.
+    double ps_busy_us = 0;
+    // Time spent executing agreed work (fusion copies and collectives) in cycles that released
+    // work; with coordination_us, the time the engine was communicating.
+    double execute_us = 0;
+    // Payload bytes of the allreduces this rank completed, every tensor (fused or not).
+    int64_t allreduce_bytes = 0;
+    // Bytes kolo's own transport sent and received for this rank (ring, negotiation, broadcast,
+    // allgather; not what MPI or NCCL move themselves), as of the last cycle.
+    int64_t transport_bytes_sent = 0;
+    int64_t transport_bytes_received = 0;
   };
   Stats stats() const;
 

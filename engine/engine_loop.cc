@@ -197,6 +197,14 @@ void Engine::Impl::Count(const execution::ExecutionStats& delta) {
   stats.collectives += delta.collectives;
   stats.fused_bytes += delta.fused_bytes;
   stats.packed_bytes += delta.packed_bytes;
+  stats.allreduce_bytes += delta.allreduce_bytes;
+  stats.execute_us += delta.execute_us;
+  // Counted before the collective's tensors complete, so that a caller that has waited for them
+  // sees their bytes. The device's counters belong to this (the background) thread.
+  if (comm.device != nullptr) {
+    stats.transport_bytes_sent = static_cast<int64_t>(comm.device->bytes_sent());
+    stats.transport_bytes_received = static_cast<int64_t>(comm.device->bytes_received());
+  }
 }
 
 void Engine::Impl::Complete(const std::string& name, const Status& status,

@@ -113,6 +113,7 @@ void Engine::Impl::AddParameterServerStats(Stats* s) const {
     s->ps_bytes_sent = ps_worker->bytes_sent();
     s->ps_bytes_received = ps_worker->bytes_received();
     s->ps_updates = ps_worker->updates();
+    s->ps_busy_us = ps_worker->busy_us();
   } else if (ps_server) {
     s->ps_bytes_sent = ps_server->bytes_sent();
     s->ps_bytes_received = ps_server->bytes_received();

@@ -6,7 +6,10 @@ namespace kolo {
 
 void EngineFlags::Add(CLI::App& app) {
   const std::string g = "Engine";
-  app.add_option("--backend", backend_, "collective backend: ring | mpi | ps | nccl (KOLO_BACKEND)")
+  app.add_option(
+         "--backend", backend_,
+         "collective backend: ring | mpi | ps | nccl (KOLO_BACKEND); kolo-train also takes none: "
+         "one rank, no distributed communication (the single-rank baseline)")
       ->group(g);
   app.add_option("--transport", transport_,
                  "how bytes move between ranks: tcp (KOLO_TRANSPORT, default tcp)")

@@ -216,8 +216,16 @@ Status Options::Validate() const {
   if (local_rank < 0 || local_rank >= local_size) {
     return InvalidArgument("local_rank={} is outside [0, local_size={})", local_rank, local_size);
   }
-  if (backend != "ring" && backend != "mpi" && backend != "ps" && backend != "nccl") {
-    return InvalidArgument("backend '{}' is unknown: allowed are ring, mpi, ps, nccl", backend);
+  if (backend != "ring" && backend != "mpi" && backend != "ps" && backend != "nccl" &&
+      backend != "none") {
+    return InvalidArgument("backend '{}' is unknown: allowed are ring, mpi, ps, nccl, none",
+                           backend);
+  }
+  if (backend == "none" && size != 1) {
+    return InvalidArgument(
+        "backend 'none' (one rank without distributed communication, the single-rank baseline) "
+        "runs alone, but this job has {} ranks: launch one rank, or use ring, mpi, ps or nccl",
+        size);
   }
   // Which names exist is the transport registry's to say (transport::CheckTransport), checked
   // before the engine connects; an empty name is wrong whatever the registry holds.

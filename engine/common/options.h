@@ -62,7 +62,8 @@ struct Options {
   // (Engine::PushPullAsync); collectives among the workers run on the ring.
   // "nccl": tensors in CUDA device memory go through NCCL (one GPU per rank: device local_rank
   // modulo the device count), host tensors through the ring. With "ring", device tensors go
-  // through the ring via pinned host staging; other backends refuse device tensors.
+  // through the ring via pinned host staging; other backends refuse device tensors. "none": one
+  // rank and no engine at all (kolo-train's single-rank baseline); Engine::Create refuses it.
   std::string backend = "ring";
   // KOLO_TRANSPORT: how the ring's bytes (and negotiation's, and the parameter server's) move
   // between ranks, by name in the transport registry (engine/transport/registry.h): "tcp".

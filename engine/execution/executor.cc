@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstring>
 
 #include "engine/kernels/reduce.h"
@@ -25,6 +26,11 @@ std::string UpperName(const char* s) {
 // reduces scattered buffers in one collective; smaller ones are packed. Copying a tensor in and
 // out costs about as much as the two extra messages a separate piece costs near this size.
 constexpr size_t kInPlaceMinBytes = 128 << 10;
+
+double MicrosSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+      .count();
+}
 
 }  // namespace
 
@@ -216,6 +222,7 @@ Status Executor::RunDevice(const std::vector<Response>& responses, const fusion:
 
 Status Executor::Allreduce(const std::vector<Response>& responses, const fusion::Group& group,
                            Operations& ops) {
+  const auto start = std::chrono::steady_clock::now();
   const coordinator::Request& first = responses[group.members[0]].request;
   const size_t bytes = group.bytes;
   const bool fused = group.fused;
@@ -259,13 +266,14 @@ Status Executor::Allreduce(const std::vector<Response>& responses, const fusion:
   }
   comm_->on_phase = nullptr;
   for (const auto& n : group_names_) End(n, "ALLREDUCE");
-  ops.Count({1, 0, 0});
+  ops.Count({1, 0, 0, status.ok() ? static_cast<int64_t>(bytes) : 0, MicrosSince(start)});
   if (!status.ok()) return status;  // a transport failure is fatal for the job
   for (const auto& n : group_names_) ops.Complete(n, Status::OK(), nullptr);
   return Status::OK();
 }
 
 Status Executor::Broadcast(const Response& response, Operations& ops) {
+  const auto start = std::chrono::steady_clock::now();
   const std::string& name = response.request.name;
   Operation& e = Get(ops, name);
   backends::Backend& backend = BackendFor(response.request);
@@ -289,13 +297,14 @@ Status Executor::Broadcast(const Response& response, Operations& ops) {
   }
   End(name, op_name);
   End(name, "BROADCAST");
-  ops.Count({1, 0, 0});
+  ops.Count({1, 0, 0, 0, MicrosSince(start)});
   KOLO_RETURN_IF_ERROR(status);
   ops.Complete(name, Status::OK(), nullptr);
   return Status::OK();
 }
 
 Status Executor::Allgather(const Response& response, Operations& ops) {
+  const auto start = std::chrono::steady_clock::now();
   const coordinator::Request& req = response.request;
   const std::string& name = req.name;
   Operation& e = Get(ops, name);
@@ -326,7 +335,7 @@ Status Executor::Allgather(const Response& response, Operations& ops) {
   Status status = backend.Allgatherv(out->data.data(), per_rank);
   End(name, op_name);
   End(name, "ALLGATHER");
-  ops.Count({1, 0, 0});
+  ops.Count({1, 0, 0, 0, MicrosSince(start)});
   KOLO_RETURN_IF_ERROR(status);
   ops.Complete(name, Status::OK(), std::move(out));
   return Status::OK();

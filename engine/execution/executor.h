@@ -37,9 +37,11 @@ struct Operation {
 
 // What execution adds to the engine's statistics.
 struct ExecutionStats {
-  int64_t collectives = 0;   // backend calls (one per fused buffer)
-  int64_t fused_bytes = 0;   // bytes of tensors reduced in fused groups
-  int64_t packed_bytes = 0;  // of those, bytes copied through the fusion buffer
+  int64_t collectives = 0;      // backend calls (one per fused buffer)
+  int64_t fused_bytes = 0;      // bytes of tensors reduced in fused groups
+  int64_t packed_bytes = 0;     // of those, bytes copied through the fusion buffer
+  int64_t allreduce_bytes = 0;  // payload of completed allreduces, every tensor
+  double execute_us = 0;        // time executing collectives, fusion copies included
 };
 
 // The engine's side: the operations this rank submitted, and where finished ones go.
@@ -51,7 +53,8 @@ class Operations {
   // `name` finished with `status` (and, for an allgather, its result); it is gone afterwards.
   virtual void Complete(const std::string& name, const Status& status,
                         std::unique_ptr<GatheredTensor> gathered) = 0;
-  // Adds to the statistics.
+  // Adds to the statistics. Called on the executor's thread before the counted collective's
+  // tensors complete.
   virtual void Count(const ExecutionStats& delta) = 0;
 };
 

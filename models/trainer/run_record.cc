@@ -46,6 +46,17 @@ std::string RunRecordToJson(const RunRecord& r) {
                     {"images_per_sec_stddev", x.images_per_sec_stddev},
                     {"step_time_ms_median", x.step_time_ms_median},
                     {"exposed_wait_ms_median", x.exposed_wait_ms_median}};
+    const Breakdown& b = x.breakdown;
+    results["step_time_ms_mean"] = b.step_time_ms_mean;
+    results["forward_ms"] = b.forward_ms;
+    results["backward_ms"] = b.backward_ms;
+    results["exposed_comm_ms"] = b.exposed_comm_ms;
+    results["update_ms"] = b.update_ms;
+    results["comm_ms"] = b.comm_ms;
+    results["hidden_comm_ms"] = b.hidden_comm_ms;
+    results["negotiation_ms"] = b.negotiation_ms;
+    results["comm_bytes_per_step"] = b.comm_bytes_per_step;
+    results["comm_gbytes_per_sec"] = b.comm_gbytes_per_sec;
     results["final_loss"] = x.final_loss ? Json(*x.final_loss) : Json(nullptr);
     results["kernel_share"] = x.kernel_share;
     results["engine_stats"] = {{"cycles", e.cycles},
@@ -58,7 +69,12 @@ std::string RunRecordToJson(const RunRecord& r) {
                                {"coordination_us", e.coordination_us},
                                {"ps_bytes_sent", e.ps_bytes_sent},
                                {"ps_bytes_received", e.ps_bytes_received},
-                               {"ps_updates", e.ps_updates}};
+                               {"ps_updates", e.ps_updates},
+                               {"ps_busy_us", e.ps_busy_us},
+                               {"execute_us", e.execute_us},
+                               {"allreduce_bytes", e.allreduce_bytes},
+                               {"transport_bytes_sent", e.transport_bytes_sent},
+                               {"transport_bytes_received", e.transport_bytes_received}};
     j["results"] = std::move(results);
   }
   j["status"] = r.ok ? "ok" : "failed";

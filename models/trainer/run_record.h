@@ -8,9 +8,13 @@
 //                 "cycle_time_ms", "backward_passes_per_step", "image_size", "num_classes",
 //                 "ranks", "nodes", "ps_servers", "ps_placement"},
 //    "results": {"total_images_per_sec", "images_per_sec_per_rank", "images_per_sec_stddev",
-//                "step_time_ms_median", "exposed_wait_ms_median", "final_loss",
-//                "kernel_share", "engine_stats": {...}},
+//                "step_time_ms_median", "exposed_wait_ms_median", <the time breakdown>,
+//                "final_loss", "kernel_share", "engine_stats": {...}},
 //    "status": "ok" | "failed", "error": "<message when failed>"}
+//
+// The time breakdown (Breakdown's fields, each a mean per timed step over the steps and the ranks):
+// "step_time_ms_mean", "forward_ms", "backward_ms", "exposed_comm_ms", "update_ms", "comm_ms",
+// "hidden_comm_ms", "negotiation_ms", "comm_bytes_per_step", "comm_gbytes_per_sec".
 //
 // "ranks" counts training workers; parameter-server ranks are counted in "ps_servers". A failed
 // run carries whatever settings were known and no "results". final_loss is null when the compute
@@ -47,6 +51,27 @@ struct RunSettings {
   std::string ps_placement;
 };
 
+// Where a step's time went, per rank and step, mean over the timed steps and the ranks.
+struct Breakdown {
+  double step_time_ms_mean = 0;
+  // The step's consecutive phases (StepStats): they add up to step_time_ms_mean but for the
+  // bookkeeping between them.
+  double forward_ms = 0;
+  double backward_ms = 0;
+  double exposed_comm_ms = 0;  // blocked on collectives (or the servers) after backward
+  double update_ms = 0;
+  // Time the engine was communicating: negotiation plus executing collectives, or, with
+  // parameter servers, time with a PushPull in flight. Overlaps backward where it can.
+  double comm_ms = 0;
+  double hidden_comm_ms = 0;  // comm_ms - exposed_comm_ms, at least 0: hidden under backward
+  double negotiation_ms = 0;  // agreeing on ready tensors (the coordinator, the bit exchange)
+  // Bytes this rank sent per step: measured on kolo's transport (ring, parameter server,
+  // negotiation); for MPI and NCCL, which move bytes themselves, the bandwidth-optimal allreduce's
+  // 2(N-1)/N of the payload added to it.
+  double comm_bytes_per_step = 0;
+  double comm_gbytes_per_sec = 0;  // comm_bytes_per_step / comm_ms, 1e9 bytes per second
+};
+
 struct RunResults {
   // Sum over ranks of each rank's images/sec over the timed steps.
   double total_images_per_sec = 0;
@@ -55,9 +80,10 @@ struct RunResults {
   double images_per_sec_stddev = 0;
   double step_time_ms_median = 0;     // mean over ranks of each rank's median step time
   double exposed_wait_ms_median = 0;  // the same for the time blocked on collectives after backward
-  std::optional<double> final_loss;   // rank 0's loss of the last step; none for replay
-  double kernel_share = 0;            // rank 0: time inside the backend's kernels / step time
-  Engine::Stats engine_stats;         // rank 0's
+  Breakdown breakdown;
+  std::optional<double> final_loss;  // rank 0's loss of the last step; none for replay
+  double kernel_share = 0;           // rank 0: time inside the backend's kernels / step time
+  Engine::Stats engine_stats;        // rank 0's
 };
 
 struct RunRecord {

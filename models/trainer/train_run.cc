@@ -37,7 +37,7 @@ RunSettings SettingsFrom(const TrainOptions& o) {
   s.compute = o.compute;
   s.profile = o.profile;
   s.backend = o.engine.backend;
-  s.transport = o.engine.transport;
+  s.transport = o.engine.backend == "none" ? "" : o.engine.transport;
   s.precision = compute::PrecisionName(o.precision);
   s.fusion_threshold_mb = static_cast<double>(o.engine.fusion_threshold_bytes) / (1 << 20);
   s.cycle_time_ms = o.engine.cycle_time_ms;
@@ -69,6 +69,32 @@ StatusOr<std::vector<std::string>> GatherHostNames(Engine& engine) {
     offset += static_cast<size_t>(n);
   }
   return hosts;
+}
+
+// The engine's communication over the timed steps, per rank and step (see Breakdown).
+struct CommPerStep {
+  double comm_ms = 0, negotiation_ms = 0, bytes = 0;
+};
+
+CommPerStep CommBetween(const Engine::Stats& a, const Engine::Stats& b, const std::string& backend,
+                        int size, int steps) {
+  CommPerStep c;
+  if (steps <= 0) return c;
+  const double n = steps;
+  c.negotiation_ms = (b.coordination_us - a.coordination_us) / 1e3 / n;
+  if (backend == "ps") {
+    c.comm_ms = (b.ps_busy_us - a.ps_busy_us) / 1e3 / n;
+    c.bytes = static_cast<double>(b.ps_bytes_sent - a.ps_bytes_sent) / n;
+    return c;
+  }
+  c.comm_ms = c.negotiation_ms + (b.execute_us - a.execute_us) / 1e3 / n;
+  c.bytes = static_cast<double>(b.transport_bytes_sent - a.transport_bytes_sent) / n;
+  if (backend != "ring" && size > 1) {
+    // MPI and NCCL move the payload themselves: a bandwidth-optimal allreduce sends 2(N-1)/N of it.
+    c.bytes +=
+        2.0 * (size - 1) / size * static_cast<double>(b.allreduce_bytes - a.allreduce_bytes) / n;
+  }
+  return c;
 }
 
 // State of one run, so that every exit path can fill and write the record.
@@ -116,6 +142,8 @@ class Run {
   }
 
  private:
+  bool distributed() const { return engine_ != nullptr; }
+  int size() const { return engine_ ? engine_->size() : 1; }
   std::string Who() const {
     return serving_ ? fmt::format("server {}", engine_->rank()) : fmt::format("rank {}", rank_);
   }
@@ -139,19 +167,23 @@ class Run {
   std::unique_ptr<compute::ComputeBackend> backend_;
   std::unique_ptr<Engine> engine_;
   // Per timed step.
-  std::vector<double> step_s_, wait_s_, kernel_s_;
+  std::vector<double> step_s_, wait_s_, kernel_s_, forward_s_, backward_s_, update_s_;
+  Engine::Stats timed_start_, timed_end_;  // the engine's counters around the timed steps
   std::vector<std::vector<double>> fwd_ms_, bwd_ms_;  // [layer][timed step]
   std::vector<double> update_ms_;
   double last_loss_ = 0;
 };
 
 Status Run::Setup() {
-  KOLO_ASSIGN_OR_RETURN(engine_, Engine::Create(o_.engine));
-  if (engine_->role() == Role::kServer) {
-    serving_ = true;
-    return Status::OK();
+  // --backend none: one rank with no engine at all (the single-rank baseline).
+  if (o_.engine.backend != "none") {
+    KOLO_ASSIGN_OR_RETURN(engine_, Engine::Create(o_.engine));
+    if (engine_->role() == Role::kServer) {
+      serving_ = true;
+      return Status::OK();
+    }
+    rank_ = engine_->rank();  // the worker index under parameter servers
   }
-  rank_ = engine_->rank();  // the worker index under parameter servers
   if (Stopping()) return Status::OK();
   zoo::ModelConfig mc;
   mc.image_size = o_.image_size;
@@ -170,6 +202,10 @@ Status Run::Setup() {
                            .WithContext(fmt::format("compute '{}', model '{}', batch {}",
                                                     o_.compute, o_.model, o_.batch_size)));
   record_.gpu_model = backend_->DeviceName();
+  if (!distributed()) {
+    record_.settings.nodes = record_.settings.ranks = 1;
+    return Status::OK();
+  }
   KOLO_ASSIGN_OR_RETURN(record_.hosts, GatherHostNames(*engine_));
   std::vector<std::string> distinct = record_.hosts;
   std::sort(distinct.begin(), distinct.end());
@@ -189,11 +225,11 @@ Status Run::Train() {
   tc.sgd = o_.sgd;
   if (!o_.learning_rate_given) {
     tc.sgd.learning_rate =
-        0.1 * static_cast<double>(o_.batch_size * o_.backward_passes_per_step * engine_->size()) /
-        256.0;
+        0.1 * static_cast<double>(o_.batch_size * o_.backward_passes_per_step * size()) / 256.0;
   }
   tc.record_layer_times = !o_.record_profile.empty();
-  Trainer trainer(*graph_, *backend_, *engine_, tc);
+  Trainer trainer =
+      distributed() ? Trainer(*graph_, *backend_, *engine_, tc) : Trainer(*graph_, *backend_, tc);
   if (rank_ == 0) {
     // Only the root's values matter: the broadcast overwrites everyone else's.
     const auto& params = graph_->params();
@@ -205,9 +241,9 @@ Status Run::Train() {
     }
   }
   KOLO_RETURN_IF_ERROR(trainer.BroadcastParameters());
-  KOLO_RETURN_IF_ERROR(trainer.SetData(
-      MakeSyntheticBatches(graph_->input_shape(), o_.batch_size, o_.backward_passes_per_step,
-                           o_.num_classes, o_.seed, engine_->rank())));
+  KOLO_RETURN_IF_ERROR(trainer.SetData(MakeSyntheticBatches(graph_->input_shape(), o_.batch_size,
+                                                            o_.backward_passes_per_step,
+                                                            o_.num_classes, o_.seed, rank_)));
   if (Stopping()) return Status::OK();
   KOLO_RETURN_IF_ERROR(Loop(trainer, tc.sgd));
   if (interrupted_) return Status::OK();
@@ -218,7 +254,7 @@ Status Run::Loop(Trainer& trainer, const compute::SgdConfig& sgd) {
   const bool replay = o_.compute == "replay";
   const int64_t images_per_step = o_.batch_size * o_.backward_passes_per_step;
   if (rank_ == 0) {
-    PrintHeader(stdout, record_.settings, *graph_, engine_->size(), record_.settings.nodes, sgd);
+    PrintHeader(stdout, record_.settings, *graph_, size(), record_.settings.nodes, sgd);
   }
   Progress progress(rank_ == 0 ? stdout : nullptr, o_.num_warmup_batches, o_.num_batches,
                     o_.display_every, replay);
@@ -229,13 +265,17 @@ Status Run::Loop(Trainer& trainer, const compute::SgdConfig& sgd) {
   }
   for (int step = 0; step < total; ++step) {
     if (Stopping()) return Status::OK();
+    const bool timed = step >= o_.num_warmup_batches;
+    if (step == o_.num_warmup_batches && distributed()) timed_start_ = engine_->stats();
     KOLO_ASSIGN_OR_RETURN(StepStats st, trainer.Step());
     last_loss_ = st.loss;
-    const bool timed = step >= o_.num_warmup_batches;
     if (timed) {
       step_s_.push_back(st.seconds);
       wait_s_.push_back(st.wait_seconds);
       kernel_s_.push_back(st.kernel_seconds);
+      forward_s_.push_back(st.forward_seconds);
+      backward_s_.push_back(st.backward_seconds);
+      update_s_.push_back(st.update_seconds);
       for (size_t l = 0; l < fwd_ms_.size(); ++l) {
         fwd_ms_[l].push_back(st.forward_ms[l]);
         bwd_ms_[l].push_back(st.backward_ms[l]);
@@ -244,31 +284,55 @@ Status Run::Loop(Trainer& trainer, const compute::SgdConfig& sgd) {
     }
     progress.Add(step, static_cast<double>(images_per_step) / st.seconds, st.seconds, st.loss);
   }
+  // Every collective of the timed steps has completed: Step waits for all of its own.
+  if (distributed()) timed_end_ = engine_->stats();
   return Status::OK();
 }
 
 Status Run::Finish(const Trainer& trainer) {
   const int64_t images_per_step = o_.batch_size * o_.backward_passes_per_step;
-  double seconds = 0, sum_rate = 0, sum_sq = 0, kernel = 0;
+  double seconds = 0, sum_rate = 0, sum_sq = 0, kernel = 0, forward = 0, backward = 0, wait = 0,
+         update = 0;
   for (size_t i = 0; i < step_s_.size(); ++i) {
     seconds += step_s_[i];
     kernel += kernel_s_[i];
+    forward += forward_s_[i];
+    backward += backward_s_[i];
+    wait += wait_s_[i];
+    update += update_s_[i];
     const double r = static_cast<double>(images_per_step) / step_s_[i];
     sum_rate += r;
     sum_sq += r * r;
   }
   const double my_rate = static_cast<double>(images_per_step) * step_s_.size() / seconds;
+  const double steps = static_cast<double>(step_s_.size());
+  const CommPerStep comm = distributed() ? CommBetween(timed_start_, timed_end_, o_.engine.backend,
+                                                       size(), static_cast<int>(step_s_.size()))
+                                         : CommPerStep{};
+  const double exposed_ms = 1e3 * wait / steps;
   // Each rank's own measurement, summed: never rank 0's rate times the number of ranks.
-  double v[6] = {my_rate,
-                 sum_rate,
-                 sum_sq,
-                 static_cast<double>(step_s_.size()),
-                 1e3 * Median(step_s_),
-                 1e3 * Median(wait_s_)};
-  KOLO_ASSIGN_OR_RETURN(
-      Handle h, engine_->AllreduceAsync("results", v, v, DataType::kFloat64, {6}, ReduceOp::kSum));
-  KOLO_RETURN_IF_ERROR(engine_->Wait(h, trainer.config().wait_timeout));
-  const int ranks = engine_->size();
+  double v[] = {my_rate,
+                sum_rate,
+                sum_sq,
+                steps,
+                1e3 * Median(step_s_),
+                1e3 * Median(wait_s_),
+                1e3 * seconds / steps,
+                1e3 * forward / steps,
+                1e3 * backward / steps,
+                exposed_ms,
+                1e3 * update / steps,
+                comm.comm_ms,
+                std::max(0.0, comm.comm_ms - exposed_ms),
+                comm.negotiation_ms,
+                comm.bytes};
+  constexpr int64_t kValues = sizeof v / sizeof v[0];
+  if (distributed()) {
+    KOLO_ASSIGN_OR_RETURN(Handle h, engine_->AllreduceAsync("results", v, v, DataType::kFloat64,
+                                                            {kValues}, ReduceOp::kSum));
+    KOLO_RETURN_IF_ERROR(engine_->Wait(h, trainer.config().wait_timeout));
+  }
+  const int ranks = size();
   RunResults res;
   res.total_images_per_sec = v[0];
   res.images_per_sec_per_rank = v[0] / ranks;
@@ -276,9 +340,20 @@ Status Run::Finish(const Trainer& trainer) {
   res.images_per_sec_stddev = std::sqrt(std::max(0.0, v[2] / v[3] - mean * mean));
   res.step_time_ms_median = v[4] / ranks;
   res.exposed_wait_ms_median = v[5] / ranks;
+  Breakdown& b = res.breakdown;
+  b.step_time_ms_mean = v[6] / ranks;
+  b.forward_ms = v[7] / ranks;
+  b.backward_ms = v[8] / ranks;
+  b.exposed_comm_ms = v[9] / ranks;
+  b.update_ms = v[10] / ranks;
+  b.comm_ms = v[11] / ranks;
+  b.hidden_comm_ms = v[12] / ranks;
+  b.negotiation_ms = v[13] / ranks;
+  b.comm_bytes_per_step = v[14] / ranks;
+  b.comm_gbytes_per_sec = b.comm_ms > 0 ? b.comm_bytes_per_step / b.comm_ms / 1e6 : 0;
   if (o_.compute != "replay") res.final_loss = last_loss_;
   res.kernel_share = seconds > 0 ? kernel / seconds : 0;
-  res.engine_stats = engine_->stats();
+  if (distributed()) res.engine_stats = engine_->stats();
   record_.results = res;
   if (rank_ == 0) PrintTotal(stdout, res, o_.compute == "replay");
   if (rank_ == 0 && !o_.record_profile.empty()) {

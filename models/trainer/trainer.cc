@@ -17,15 +17,23 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 
 Trainer::Trainer(const Graph& graph, compute::ComputeBackend& backend, Engine& engine,
                  TrainerConfig config)
+    : Trainer(graph, backend, &engine, config) {}
+
+Trainer::Trainer(const Graph& graph, compute::ComputeBackend& backend, TrainerConfig config)
+    : Trainer(graph, backend, nullptr, config) {}
+
+Trainer::Trainer(const Graph& graph, compute::ComputeBackend& backend, Engine* engine,
+                 TrainerConfig config)
     : graph_(graph),
       backend_(backend),
       engine_(engine),
       config_(config),
       backprop_order_(graph.BackpropOrder()),
       pending_(graph.params().size()),
-      on_servers_(engine.updates_on_servers()) {}
+      on_servers_(engine != nullptr && engine->updates_on_servers()) {}
 
 Status Trainer::BroadcastParameters() {
+  if (engine_ == nullptr) return Status::OK();
   const auto& params = graph_.params();
   std::vector<std::vector<float>> values(params.size());
   std::vector<Handle> handles(params.size());
@@ -35,8 +43,8 @@ Status Trainer::BroadcastParameters() {
     values[p].resize(static_cast<size_t>(params[p].numel));
     first = backend_.GetParameter(static_cast<int>(p), values[p]);
     if (!first.ok()) break;
-    auto h = engine_.BroadcastAsync("broadcast/" + params[p].name, values[p].data(),
-                                    DataType::kFloat32, params[p].shape, /*root=*/0);
+    auto h = engine_->BroadcastAsync("broadcast/" + params[p].name, values[p].data(),
+                                     DataType::kFloat32, params[p].shape, /*root=*/0);
     if (!h.ok()) {
       first = h.status();
       break;
@@ -47,11 +55,11 @@ Status Trainer::BroadcastParameters() {
   // Every submitted broadcast is waited for, even after an error, so that no buffer is freed while
   // the engine may still write it.
   for (size_t p = 0; p < submitted; ++p) {
-    Status s = engine_.Wait(handles[p], config_.wait_timeout);
+    Status s = engine_->Wait(handles[p], config_.wait_timeout);
     if (first.ok() && !s.ok()) first = s.WithContext("broadcast of '" + params[p].name + "'");
   }
   if (!first.ok()) return first;
-  if (engine_.rank() != 0) {
+  if (engine_->rank() != 0) {
     for (size_t p = 0; p < params.size(); ++p) {
       KOLO_RETURN_IF_ERROR(backend_.SetParameter(static_cast<int>(p), values[p]));
     }
@@ -60,7 +68,7 @@ Status Trainer::BroadcastParameters() {
   if (!registered_) {
     std::vector<VariableSpec> vars;
     for (const Parameter& p : params) vars.push_back({p.name, DataType::kFloat32, p.shape});
-    KOLO_RETURN_IF_ERROR(engine_.RegisterVariables(vars));
+    KOLO_RETURN_IF_ERROR(engine_->RegisterVariables(vars));
     registered_ = true;
   }
   // The first PushPull of each variable carries worker 0's weights as the servers' initial value.
@@ -83,6 +91,7 @@ Status Trainer::RunMicroBatch(int m, bool last, StepStats* stats) {
   const auto& layers = graph_.layers();
   const int n = static_cast<int>(layers.size());
   const bool timed = config_.record_layer_times;
+  const auto forward_start = Clock::now();
   if (data_.size() > 1) {
     const Batch& b = data_[static_cast<size_t>(m)];
     KOLO_RETURN_IF_ERROR(backend_.SetInput(b.images, b.labels));
@@ -96,6 +105,8 @@ Status Trainer::RunMicroBatch(int m, bool last, StepStats* stats) {
       stats->forward_ms[static_cast<size_t>(l)] += 1e3 * Seconds(t0, Clock::now());
     }
   }
+  const auto backward_start = Clock::now();
+  stats->forward_seconds += Seconds(forward_start, backward_start);
   const auto& params = graph_.params();
   for (int l = n - 1; l >= 0; --l) {
     const Layer& layer = layers[static_cast<size_t>(l)];
@@ -115,6 +126,7 @@ Status Trainer::RunMicroBatch(int m, bool last, StepStats* stats) {
         return Internal("backend '{}' has no gradient buffer of {} values for '{}'",
                         backend_.name(), param.numel, param.name);
       }
+      if (engine_ == nullptr) continue;  // updated after backward, from its own gradient
       if (on_servers_) {
         KOLO_ASSIGN_OR_RETURN(pending_[static_cast<size_t>(p)], PushPull(p, g));
         continue;
@@ -122,14 +134,15 @@ Status Trainer::RunMicroBatch(int m, bool last, StepStats* stats) {
       TensorPlace place;
       place.device = g.device;
       place.ready_event = g.ready_event;
-      KOLO_ASSIGN_OR_RETURN(Handle h,
-                            engine_.AllreduceAsync(param.name, g.data, g.data, g.dtype, param.shape,
-                                                   ReduceOp::kAverage, place));
+      KOLO_ASSIGN_OR_RETURN(
+          Handle h, engine_->AllreduceAsync(param.name, g.data, g.data, g.dtype, param.shape,
+                                            ReduceOp::kAverage, place));
       pending_[static_cast<size_t>(p)] = h;
     }
   }
   KOLO_ASSIGN_OR_RETURN(double loss, backend_.Loss());
   stats->loss += loss / config_.backward_passes_per_step;
+  stats->backward_seconds += Seconds(backward_start, Clock::now());
   return Status::OK();
 }
 
@@ -156,7 +169,7 @@ StatusOr<StepStats> Trainer::Step() {
   for (int p : backprop_order_) {
     Handle& h = pending_[static_cast<size_t>(p)];
     const auto t0 = Clock::now();
-    Status s = engine_.Wait(h, config_.wait_timeout);
+    Status s = engine_ == nullptr ? Status::OK() : engine_->Wait(h, config_.wait_timeout);
     h = Handle{};
     const auto t1 = Clock::now();
     stats.wait_seconds += Seconds(t0, t1);
@@ -173,10 +186,12 @@ StatusOr<StepStats> Trainer::Step() {
   if (config_.record_layer_times) {
     const auto t0 = Clock::now();
     KOLO_RETURN_IF_ERROR(backend_.Synchronize());
-    stats.update_ms = 1e3 * (update_s + Seconds(t0, Clock::now()));
+    update_s += Seconds(t0, Clock::now());
+    stats.update_ms = 1e3 * update_s;
     for (double& t : stats.forward_ms) t /= passes;
     for (double& t : stats.backward_ms) t /= passes;
   }
+  stats.update_seconds = update_s;
   stats.seconds = Seconds(start, Clock::now());
   stats.kernel_seconds = backend_.TakeKernelSeconds();
   return stats;
@@ -198,14 +213,15 @@ StatusOr<Handle> Trainer::PushPull(int p, const compute::GradientView& g) {
   sgd.momentum = config_.sgd.momentum;
   sgd.weight_decay = config_.sgd.weight_decay;
   sgd.grad_scale = 1.0 / config_.backward_passes_per_step;
-  return engine_.PushPullAsync(param.name, g.data, pulled_[static_cast<size_t>(p)].data(),
-                               DataType::kFloat32, param.shape, sgd);
+  return engine_->PushPullAsync(param.name, g.data, pulled_[static_cast<size_t>(p)].data(),
+                                DataType::kFloat32, param.shape, sgd);
 }
 
 void Trainer::Drain() {
+  if (engine_ == nullptr) return;
   for (Handle& h : pending_) {
     if (h.id < 0) continue;
-    engine_.Wait(h, config_.wait_timeout).IgnoreError();
+    engine_->Wait(h, config_.wait_timeout).IgnoreError();
     h = Handle{};
   }
 }

@@ -19,6 +19,10 @@
 // SGD, and "update" means copying the pulled weights into the backend (SetParameter) once that
 // parameter's PushPull has completed. The backend's own Update is then not used.
 //
+// Without an engine (the single-rank baseline, kolo-train --backend none) nothing is submitted:
+// every parameter is updated from its own gradient after backward, with no distributed
+// communication at all.
+//
 // Thread-safety: a Trainer is used by one thread. The backend and engine must outlive it; the
 // engine must be shut down before the backend is destroyed if a step failed.
 #pragma once
@@ -58,6 +62,13 @@ struct StepStats {
   double loss = 0;            // mean over the micro-batches of the backend's Loss()
   double kernel_seconds = 0;  // inside the backend's kernels (ComputeBackend::TakeKernelSeconds)
   double wait_seconds = 0;    // blocked in Wait after backward (communication not hidden)
+  // The step's consecutive phases, as the host's clock sees them (on a GPU, kernels queued in one
+  // phase may run in the next): input and forward of every micro-batch; backward of every layer
+  // with the gradients' submission and the loss; then wait_seconds; then the updates. With
+  // seconds, they leave out only the bookkeeping between them.
+  double forward_seconds = 0;
+  double backward_seconds = 0;
+  double update_seconds = 0;
   // Only with record_layer_times: per layer (graph order), the mean over the micro-batches, and
   // the time of all updates of the step.
   std::vector<double> forward_ms;
@@ -71,8 +82,11 @@ class Trainer {
   // `engine` may have any size, 1 included.
   Trainer(const Graph& graph, compute::ComputeBackend& backend, Engine& engine,
           TrainerConfig config);
+  // A single rank without distribution: no engine, no collective (see the file comment).
+  Trainer(const Graph& graph, compute::ComputeBackend& backend, TrainerConfig config);
 
-  // Copies rank 0's parameters (as the backend holds them) to every rank: each parameter is
+  // Copies rank 0's parameters (as the backend holds them) to every rank (nothing to do without
+  // an engine): each parameter is
   // broadcast from rank 0 under the name "broadcast/<parameter>" and set on the other ranks.
   // Every rank must call it. With parameter servers the first call also registers every parameter
   // with the servers (float32 host gradients only) and keeps a host copy of the weights that
@@ -98,7 +112,10 @@ class Trainer {
 
   const Graph& graph_;
   compute::ComputeBackend& backend_;
-  Engine& engine_;
+  Trainer(const Graph& graph, compute::ComputeBackend& backend, Engine* engine,
+          TrainerConfig config);
+
+  Engine* engine_;  // null: no distribution
   TrainerConfig config_;
   std::vector<Batch> data_;
   std::vector<int> backprop_order_;

@@ -284,6 +284,38 @@ TEST(Engine, FusionWithMixedDtypesFusesAndStaysCorrect) {
   });
 }
 
+// The counters the time breakdown reads (kolo-train's comm_ms and comm_bytes_per_step) are up to
+// date as soon as a Wait returns: an allreduce's payload, the ring's bytes on the wire (2(N-1)/N
+// of the payload, plus the negotiation's few bytes) and the time it took.
+TEST(Engine, CommunicationCountersAreCurrentWhenWaitReturns) {
+  RunRanks(3, [](int rank, Engine& engine) {
+    constexpr int64_t kCount = 3 * 100000;  // floats, a multiple of the ring's 3 segments
+    constexpr int64_t kBytes = kCount * 4;
+    std::vector<float> x(kCount, static_cast<float>(rank));
+    const Engine::Stats before = engine.stats();
+    auto h = engine.AllreduceAsync("big", x.data(), x.data(), DataType::kFloat32, {kCount},
+                                   ReduceOp::kSum);
+    ASSERT_TRUE(h.ok());
+    ASSERT_TRUE(engine.Wait(*h).ok());
+    const Engine::Stats after = engine.stats();
+    ASSERT_EQ(x[0], 0.0f + 1 + 2);
+    EXPECT_EQ(after.allreduce_bytes - before.allreduce_bytes, kBytes);
+    const int64_t ring = 2 * (3 - 1) * kBytes / 3;
+    const int64_t sent = after.transport_bytes_sent - before.transport_bytes_sent;
+    EXPECT_GE(sent, ring);
+    EXPECT_LT(sent, ring + 4096) << "only negotiation may add to the ring's bytes";
+    EXPECT_GE(after.transport_bytes_received - before.transport_bytes_received, ring);
+    EXPECT_GT(after.execute_us, before.execute_us);
+    // A broadcast moves bytes but is no allreduce.
+    int32_t y = rank == 0 ? 7 : 0;
+    auto b = engine.BroadcastAsync("b", &y, DataType::kInt32, {1}, /*root=*/0);
+    ASSERT_TRUE(b.ok());
+    ASSERT_TRUE(engine.Wait(*b).ok());
+    EXPECT_EQ(y, 7);
+    EXPECT_EQ(engine.stats().allreduce_bytes, after.allreduce_bytes);
+  });
+}
+
 TEST(Engine, FusionKeepsLargeTensorsInPlaceAndPacksSmallOnes) {
   RunRanks(3, [](int rank, Engine& engine) {
     // Large (>= 128 KiB, reduced where they are) and small (packed) tensors in one group, out of

@@ -119,4 +119,39 @@ TEST(TrainerTextbookTest, TwoRanksAverageGradientsAndBroadcastEqualises) {
 }
 
 }  // namespace
+// The single-rank baseline (kolo-train --backend none): no engine, each parameter updated from its
+// own local gradient, the step's phases timed and adding up to the step.
+TEST(TrainerTextbookTest, WithoutAnEngineTheLocalGradientIsApplied) {
+  if (!KOLO_HAVE_ONEDNN) GTEST_SKIP() << "this build has no oneDNN backend";
+  const Graph graph = TextbookGraph();
+  auto made = compute::CreateComputeBackend("onednn");
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  compute::ComputeBackend& backend = **made;
+  compute::BackendConfig bc;
+  bc.batch = kBatch;
+  ASSERT_TRUE(backend.Prepare(graph, bc).ok());
+  ASSERT_TRUE(backend.SetParameter(0, std::vector<float>(kUnits * kIn, 1.0f)).ok());
+  ASSERT_TRUE(backend.SetParameter(1, std::vector<float>(kUnits, 1.0f)).ok());
+  TrainerConfig tc;
+  tc.sgd = {.learning_rate = 1.0, .momentum = 0.0, .weight_decay = 0.0};
+  Trainer trainer(graph, backend, tc);
+  ASSERT_TRUE(trainer.BroadcastParameters().ok());  // nothing to do, and no engine to ask
+  const auto x = Input(1);
+  Batch batch{std::vector<float>(x.begin(), x.end()), std::vector<int32_t>(kBatch, 0)};
+  ASSERT_TRUE(trainer.SetData({batch}).ok());
+  auto step = trainer.Step();
+  ASSERT_TRUE(step.ok()) << step.status().ToString();
+  const auto g = LocalWeightGradient(1);
+  const auto w = Get(backend, 0, false);
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_FLOAT_EQ(w[i], 1.0f - g[i]) << "element " << i;
+  EXPECT_LT(step->wait_seconds, 0.01) << "nothing to wait for";
+  EXPECT_GT(step->forward_seconds, 0);
+  EXPECT_GT(step->backward_seconds, 0);
+  EXPECT_GT(step->update_seconds, 0);
+  const double phases =
+      step->forward_seconds + step->backward_seconds + step->wait_seconds + step->update_seconds;
+  EXPECT_LE(phases, step->seconds);
+  EXPECT_GT(phases, 0.5 * step->seconds) << "the phases should cover the step";
+}
+
 }  // namespace kolo::models::trainer

@@ -160,11 +160,19 @@ void Worker::Run() {
   FailInFlight(s.ok() ? FailedPrecondition("the engine has shut down") : s);
 }
 
+void Worker::EndBusy() {
+  if (active_ == 0 || --active_ > 0) return;
+  busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::steady_clock::now() - busy_since_)
+                  .count();
+}
+
 void Worker::FailInFlight(const Status& status) {
   std::vector<std::pair<int64_t, std::string>> failed;
   for (Variable& v : vars_) {
     if (v.handle >= 0) failed.emplace_back(std::exchange(v.handle, -1), v.spec.name);
   }
+  while (active_ > 0) EndBusy();
   {
     MutexLock lock(mu_);
     for (const Request& r : queue_) {
@@ -278,6 +286,7 @@ Status Worker::StartPush(const Request& r) {
   const auto& ids = placement_.variable_shards[static_cast<size_t>(r.var)];
   v.handle = r.handle;
   v.pending_sends = v.pending_pulls = static_cast<int>(ids.size());
+  if (active_++ == 0) busy_since_ = std::chrono::steady_clock::now();
   if (timeline_) timeline_->Begin(v.spec.name, "PS_PUSH");
   const bool init = job_.index == 0 && v.step == 0;
   for (int id : ids) {
@@ -415,6 +424,8 @@ void Worker::MaybeComplete(Variable& v) {
     in_flight_[static_cast<size_t>(&v - vars_.data())] = false;
   }
   ++updates_;
+  EndBusy();
+  UpdateCounters();  // so that a caller that has waited for this PushPull sees its bytes
   complete_(handle, Status::OK());
 }
 

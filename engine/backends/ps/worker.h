@@ -68,6 +68,9 @@ class Worker {
   int64_t bytes_sent() const { return bytes_sent_.load(); }
   int64_t bytes_received() const { return bytes_received_.load(); }
   int64_t updates() const { return updates_.load(); }
+  // Time during which at least one PushPull was in flight (pushed and not yet pulled), in
+  // microseconds: the worker's communication time, overlapped with the caller's work or not.
+  double busy_us() const { return static_cast<double>(busy_ns_.load()) / 1e3; }
   // The placement, once RegisterVariables has returned OK.
   const Placement& placement() const { return placement_; }
 
@@ -111,6 +114,8 @@ class Worker {
   Status OnHeader(int server) KOLO_EXCLUDES(mu_);
   void MaybeComplete(Variable& v) KOLO_EXCLUDES(mu_);
   void FailInFlight(const Status& status) KOLO_EXCLUDES(mu_);
+  // One PushPull fewer in flight; adds the busy period to busy_ns_ when none is left.
+  void EndBusy();
   void UpdateCounters();
 
   Job job_;
@@ -157,6 +162,11 @@ class Worker {
   std::vector<transport::Completion> completions_;
 
   std::atomic<int64_t> bytes_sent_{0}, bytes_received_{0}, updates_{0};
+  // The worker thread's own: PushPulls between StartPush and completion, and since when the
+  // worker has had one in flight.
+  int active_ = 0;
+  std::chrono::steady_clock::time_point busy_since_;
+  std::atomic<int64_t> busy_ns_{0};
 };
 
 }  // namespace kolo::backends::ps

@@ -1,5 +1,8 @@
 """The regression gate: a sweep's scaling efficiency against a baseline file.
 
+Efficiency is scaling_efficiency (reports/efficiency.py): per-rank images/sec against the same
+sweep's single-rank run without distributed communication (backend "none").
+
 Baseline format (reports/README.md): [defaults] min_efficiency and max_drop; [[check]] tables each
 naming a model and a rank count (plus any other CSV setting column to narrow the rows), the
 recorded efficiency, and optionally their own min_efficiency and max_drop. A check passes when
@@ -149,7 +152,8 @@ def _judge(check: Check, config: str, members: list[dict]) -> Verdict:
             config,
             None,
             False,
-            "no efficiency: the configuration has no ok row at its smallest rank count",
+            "no efficiency: the sweep has no ok single-rank baseline (backend none) with this "
+            "model, batch, compute and precision",
         )
     eff = sum(effs) / len(effs)
     reasons = []
@@ -191,9 +195,9 @@ def table(verdicts: list[Verdict], only_failures: bool = False) -> str:
 
 
 def baseline_text(rows: list[dict], min_efficiency: float, max_drop: float, header: str = "") -> str:
-    """A baseline file recording the efficiency of every configuration at every rank count above
-    its base in `rows` (each check names the model, the rank count and the settings that tell the
-    CSV's configurations apart)."""
+    """A baseline file recording the efficiency of every configuration at every rank count in
+    `rows`, the single-rank baselines (1.0 by definition) left out. Each check names the model,
+    the rank count and the settings that tell the CSV's configurations apart."""
     rows = efficiency.with_efficiency(schema.latest_per_point(rows))
     ok = [r for r in rows if r["status"] == "ok" and r["scaling_efficiency"]]
     distinct = [c for c in efficiency.CONFIG_COLUMNS if c != "model" and len({r.get(c, "") for r in ok}) > 1]
@@ -202,8 +206,8 @@ def baseline_text(rows: list[dict], min_efficiency: float, max_drop: float, head
         distinct.remove("profile")  # one profile per model: the model selects it
     groups: dict[tuple, list[float]] = {}
     for r in ok:
-        if r["ranks"] == r["efficiency_base_ranks"]:
-            continue
+        if efficiency.is_baseline(r):
+            continue  # 1.0 by definition
         key = (r["model"], int(r["ranks"]), *(r.get(c, "") for c in distinct))
         groups.setdefault(key, []).append(float(r["scaling_efficiency"]))
     lines = [header.rstrip("\n")] if header else []

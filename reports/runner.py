@@ -146,6 +146,8 @@ def _run_locked(sweep: Sweep, out_dir: str, bin_dir: str, retry_failed: bool, st
         else:
             todo.append(point)
     progress = Progress(len(todo), stream)
+    for note in sweep.added:
+        print(f"sweep {sweep.name}: {note}", file=stream)
     if outcome.skipped:
         print(f"sweep {sweep.name}: {outcome.skipped} point(s) already in {csv_path}, skipped", file=stream)
     run_id = new_run_id()

@@ -38,14 +38,38 @@ RESULTS = (
     "images_per_sec_per_rank",
     "images_per_sec_stddev",
     "step_time_ms_median",
+    "step_time_ms_mean",
+    "forward_ms",
+    "backward_ms",
+    "exposed_comm_ms",
+    "update_ms",
+    "comm_ms",
+    "hidden_comm_ms",
+    "negotiation_ms",
+    "comm_bytes_per_step",
+    "comm_gbytes_per_sec",
     "final_loss",
     "kernel_share",
     "scaling_efficiency",
+    "baseline_images_per_sec",
+    "efficiency_vs_own_base",
     "efficiency_base_ranks",
     "duration_s",
     "status",
     "error",
     "log",
+)
+# Where each step's time went (kolo-train's record, per step, mean over the timed steps and the
+# ranks). The first four are consecutive phases of a step: they add up to step_time_ms_mean.
+PHASES = ("forward_ms", "backward_ms", "exposed_comm_ms", "update_ms")
+BREAKDOWN = (
+    "step_time_ms_mean",
+    *PHASES,
+    "comm_ms",
+    "hidden_comm_ms",
+    "negotiation_ms",
+    "comm_bytes_per_step",
+    "comm_gbytes_per_sec",
 )
 COLUMNS = META + SETTING_COLUMNS + RESULTS
 NUMERIC = (
@@ -65,9 +89,12 @@ NUMERIC = (
     "images_per_sec_per_rank",
     "images_per_sec_stddev",
     "step_time_ms_median",
+    *BREAKDOWN,
     "final_loss",
     "kernel_share",
     "scaling_efficiency",
+    "baseline_images_per_sec",
+    "efficiency_vs_own_base",
     "efficiency_base_ranks",
     "duration_s",
 )
@@ -77,6 +104,7 @@ _RESULT_FIELDS = (
     "images_per_sec_per_rank",
     "images_per_sec_stddev",
     "step_time_ms_median",
+    *BREAKDOWN,
     "final_loss",
     "kernel_share",
 )

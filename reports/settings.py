@@ -24,7 +24,9 @@ MODELS = (
     "tiny-inception",
 )
 COMPUTES = ("onednn", "cudnn", "replay")
-BACKENDS = ("ring", "mpi", "ps", "nccl")
+# "none": one rank that trains without any distributed communication, the single-GPU baseline
+# scaling efficiency is measured against.
+BACKENDS = ("ring", "mpi", "ps", "nccl", "none")
 TRANSPORTS = ("tcp", "rdma")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 PS_PLACEMENTS = ("greedy", "split")

@@ -86,10 +86,16 @@ class Sweep:
     launcher: Launcher
     points: list[dict]  # normalized settings, each with "repeat" and "point_id"
     axes: list[str] = field(default_factory=list)  # the [matrix] settings, ranks first
+    # What the loader added on its own (the single-rank baselines), one line each, for the runner
+    # to say.
+    added: list[str] = field(default_factory=list)
 
     def label(self, point: dict) -> str:
         """The point's matrix settings (what sets it apart from the sweep's other points)."""
-        return describe({k: v for k, v in point.items() if k in self.axes or k == "repeat"})
+        text = describe({k: v for k, v in point.items() if k in self.axes or k == "repeat"})
+        if is_baseline(point):
+            text += " backend=none (single-rank baseline, no distribution)"
+        return text
 
 
 def read_hostfile(path: str) -> list[tuple[str, int | None]]:
@@ -137,10 +143,65 @@ def only(sweep: Sweep, filters: list[str]) -> Sweep:
         wanted.setdefault(key, set()).update(values_set)
     if problems:
         raise SweepError(sweep.path, problems)
-    points = [p for p in sweep.points if all(str(p.get(k)) in vs for k, vs in wanted.items())]
+    points = [
+        p for p in sweep.points if not is_baseline(p) and all(str(p.get(k)) in vs for k, vs in wanted.items())
+    ]
     if not points:
         raise SweepError(sweep.path, [f"--only {' --only '.join(filters)} leaves no point to run"])
-    return replace(sweep, points=points)
+    # The baselines the remaining points need stay (a filter on backend or ranks would drop them).
+    keys = {baseline_key(p) for p in points}
+    explicit = [p for p in sweep.points if is_baseline(p) and baseline_key(p) in keys]
+    points, added = add_baselines(explicit + points, sweep.repeats)
+    return replace(sweep, points=points, added=added)
+
+
+# Settings that fix one rank's compute: points equal in these share a single-rank baseline
+# (reports.efficiency.BASELINE_COLUMNS, as sweep settings).
+BASELINE_SETTINGS = (
+    "model",
+    "batch_size",
+    "compute",
+    "profile",
+    "precision",
+    "backward_passes_per_step",
+    "image_size",
+    "num_classes",
+)
+
+
+def is_baseline(point: dict) -> bool:
+    """A single-rank point without distributed communication (backend "none")."""
+    return point.get("backend") == "none" and point.get("ranks") == 1
+
+
+def baseline_key(point: dict) -> tuple:
+    return tuple(point.get(k) for k in BASELINE_SETTINGS)
+
+
+def add_baselines(points: list[dict], repeats: int) -> tuple[list[dict], list[str]]:
+    """`points` with, first, a single-rank point without distributed communication (backend
+    "none") for every model, batch, compute, precision and micro-batching among them that has
+    none: scaling efficiency's denominator. Returns the points and one line per baseline added."""
+    have = {baseline_key(p) for p in points if is_baseline(p)}
+    added: list[dict] = []
+    notes: list[str] = []
+    for p in points:
+        key = baseline_key(p)
+        if key in have:
+            continue
+        have.add(key)
+        raw = {k: p[k] for k in (*BASELINE_SETTINGS, "num_warmup_batches", "num_batches") if k in p}
+        raw.update(ranks=1, backend="none")
+        base = settings.normalize(raw)
+        for r in range(repeats):
+            point = dict(base, repeat=r)
+            point["point_id"] = point_id(point)
+            added.append(point)
+        notes.append(
+            "added the single-rank baseline without distribution (scaling efficiency's denominator): "
+            + describe({k: v for k, v in base.items() if k in BASELINE_SETTINGS and k != "profile"})
+        )
+    return added + points, notes
 
 
 def point_id(point: dict) -> str:
@@ -196,7 +257,13 @@ def parse(doc: dict, path: str, root: str) -> Sweep:
     if problems:
         raise SweepError(path, _dedupe(problems))
     axes = sorted(matrix, key=lambda k: k != "ranks")
-    return Sweep(path, name, description, timeout_s, repeats, launcher, points, axes)
+    given = len(points)
+    points, added = add_baselines(points, repeats)
+    for point in points[: len(points) - given]:  # the added baselines, checked as the others were
+        _check_point(point, launcher, root, problems)
+    if problems:
+        raise SweepError(path, _dedupe(problems))
+    return Sweep(path, name, description, timeout_s, repeats, launcher, points, axes, added)
 
 
 def expand(fixed: dict, matrix: dict, excludes: list[dict], repeats: int) -> list[dict]:
@@ -435,6 +502,11 @@ def _check_point(point: dict, launcher: Launcher, root: str, problems: list[str]
             else:
                 if not os.path.isfile(full):
                     problems.append(f"point {label}: profile {full} does not exist")
+    if point.get("backend") == "none" and point.get("ranks") != 1:
+        problems.append(
+            f'point {label}: backend "none" (no distributed communication) runs one rank; '
+            f"ranks = {point.get('ranks')} is not allowed, only 1"
+        )
     if launcher.kind == "local" and point.get("backend") == "mpi":
         problems.append(f'point {label}: backend "mpi" needs mpirun; [launcher] kind = "local" runs kolo-run')
     if launcher.kind == "mpirun" and not launcher.is_local() and "--oversubscribe" not in launcher.args:

@@ -21,14 +21,33 @@ def need_train():
 
 
 def run_two_points(write_sweep, tmp_path, text):
-    """Runs the sweep `text` (ranks 1 and 2) with the real binaries and returns its folder and
-    rows, once it exited 0 with both points ok."""
+    """Runs the sweep `text` (ranks 1 and 2) with the real binaries and returns its folder, the
+    single-rank baseline's row the runner added and the two points' rows, once it exited 0 with
+    all three ok."""
     out = tmp_path / "out"
     result = run_cli("sweep", write_sweep(text), "--out", str(out), "--bin-dir", str(BIN_DIR))
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "added the single-rank baseline" in result.stderr
     rows = schema.read_rows(str(out / "results.csv"))
-    assert [(r["ranks"], r["status"]) for r in rows] == [("1", "ok"), ("2", "ok")], rows
-    return out, rows
+    assert [(r["ranks"], r["backend"], r["status"]) for r in rows] == [
+        ("1", "none", "ok"),
+        ("1", "ring", "ok"),
+        ("2", "ring", "ok"),
+    ], rows
+    return out, rows[0], rows[1:]
+
+
+def check_breakdown(row):
+    """The time breakdown of a measured row adds up to its step time, and that step time is the one
+    its throughput implies."""
+    n = {c: float(row[c]) for c in schema.BREAKDOWN}
+    step = n["step_time_ms_mean"]
+    phases = sum(n[c] for c in schema.PHASES)
+    assert phases == pytest.approx(step, rel=0.05), row
+    images_per_step = int(row["batch_size"]) * int(row["backward_passes_per_step"] or 1)
+    assert 1e3 * images_per_step / float(row["images_per_sec_per_rank"]) == pytest.approx(step, rel=0.05)
+    assert min(n.values()) >= 0
+    assert n["hidden_comm_ms"] <= n["comm_ms"] + 1e-9 and n["negotiation_ms"] <= n["comm_ms"] + 1e-9
 
 
 def test_two_points_through_mpirun(write_sweep, tmp_path):
@@ -49,7 +68,10 @@ backend = "ring"
 [matrix]
 ranks = [1, 2]
 """
-    out, rows = run_two_points(write_sweep, tmp_path, text)
+    out, base, rows = run_two_points(write_sweep, tmp_path, text)
+    assert base["transport"] == "" and float(base["comm_ms"]) == 0 and float(base["comm_bytes_per_step"]) == 0
+    for r in [base, *rows]:
+        check_breakdown(r)
     for r in rows:
         assert float(r["total_images_per_sec"]) > 0
         assert r["model"] == "tiny-cnn" and r["compute"] == "onednn" and r["backend"] == "ring"
@@ -58,9 +80,11 @@ ranks = [1, 2]
             float(r["total_images_per_sec"]) / int(r["ranks"]), rel=1e-3
         )
         assert "total images/sec" in (out / r["log"]).read_text()
-    # Efficiency from the two measured rows, by hand.
+    # Efficiency from the measured rows, by hand: against the baseline, and against 1 ring rank.
+    t0 = float(base["total_images_per_sec"])
     t1, t2 = (float(r["total_images_per_sec"]) for r in rows)
-    assert float(rows[1]["scaling_efficiency"]) == pytest.approx(t2 / 2 / t1, abs=1e-4)
+    assert float(rows[1]["scaling_efficiency"]) == pytest.approx(t2 / 2 / t0, abs=1e-4)
+    assert float(rows[1]["efficiency_vs_own_base"]) == pytest.approx(t2 / 2 / t1, abs=1e-4)
     assert (out / "report" / "index.html").exists()
     assert (out / "report" / "plots" / "scaling.png").exists()
     baseline = tmp_path / "baseline.toml"
@@ -90,9 +114,18 @@ backend = "ring"
 [matrix]
 ranks = [1, 2]
 """
-    out, rows = run_two_points(write_sweep, tmp_path, text)
+    out, base, rows = run_two_points(write_sweep, tmp_path, text)
     for r in rows:
         assert r["compute"] == "replay" and r["backend"] == "ring" and r["transport"] == "tcp"
         assert float(r["total_images_per_sec"]) > 0
         assert "(compute=replay)" in (out / r["log"]).read_text()
+    for r in [base, *rows]:
+        check_breakdown(r)
+    # The 2-rank ring sends 2(N-1)/N = 1 x ResNet-101's float32 gradients per step (44,549,160
+    # parameters), plus a little negotiation.
+    two = rows[1]
+    gradient_bytes = 44_549_160 * 4
+    assert float(two["comm_bytes_per_step"]) == pytest.approx(gradient_bytes, rel=0.01)
+    assert float(two["comm_ms"]) > 0 and float(two["comm_gbytes_per_sec"]) > 0
+    assert float(rows[0]["comm_bytes_per_step"]) < 1e4  # one rank sends nothing but agreement
     assert (out / "report" / "index.html").exists()

@@ -1,12 +1,51 @@
 """Matrix expansion, point ids and the command lines a point runs with."""
 
+import pytest
+
 from reports import launch, settings, sweepfile
 
 from conftest import ROOT
 
 
 def load(write_sweep, text):
-    return sweepfile.load(write_sweep(text), str(ROOT))
+    """The sweep with only the points of its matrix (the single-rank baselines the loader adds are
+    tested on their own below)."""
+    sweep = sweepfile.load(write_sweep(text), str(ROOT))
+    sweep.points = [p for p in sweep.points if not sweepfile.is_baseline(p)]
+    return sweep
+
+
+def test_a_baseline_is_added_per_model_batch_compute_and_precision(write_sweep):
+    text = (
+        "[fixed]\nnum_batches=7\nfusion_threshold_mb=0\n[matrix]\nmodel=['vgg16','resnet101']\n"
+        "batch_size=[16,32]\nbackend=['ring','ps']\nranks=[1,2]\n"
+    )
+    sweep = sweepfile.load(write_sweep(text), str(ROOT))
+    baselines = [p for p in sweep.points if sweepfile.is_baseline(p)]
+    # One per model and batch size, not per backend or rank count, and first, so they run first.
+    assert sorted((p["model"], p["batch_size"]) for p in baselines) == [
+        ("resnet101", 16),
+        ("resnet101", 32),
+        ("vgg16", 16),
+        ("vgg16", 32),
+    ]
+    assert sweep.points[:4] == baselines
+    # What fixes one rank's compute comes along; the engine's knobs do not.
+    assert all(p["num_batches"] == 7 and "fusion_threshold_mb" not in p for p in baselines)
+    assert len(sweep.added) == 4 and all("baseline" in note for note in sweep.added)
+    assert "backend=none" in sweep.label(baselines[0])
+
+
+def test_a_baseline_in_the_file_is_not_added_twice(write_sweep):
+    text = "[matrix]\nmodel=['vgg16']\nbackend=['ring','none']\nranks=[1,2]\n[[exclude]]\nbackend='none'\nranks=2\n"
+    sweep = sweepfile.load(write_sweep(text), str(ROOT))
+    assert [p["ranks"] for p in sweep.points if p.get("backend") == "none"] == [1]
+    assert sweep.added == []
+
+
+def test_backend_none_runs_one_rank_only(write_sweep):
+    with pytest.raises(sweepfile.SweepError, match=r'backend "none".*ranks = 2 is not allowed, only 1'):
+        sweepfile.load(write_sweep("[matrix]\nmodel=['vgg16']\nbackend=['none']\nranks=[2]\n"), str(ROOT))
 
 
 def test_product_with_ranks_outermost_ascending(write_sweep):

@@ -91,28 +91,31 @@ def test_each_matched_configuration_is_judged():
 
 
 def test_regressed_run_fails_against_the_shipped_baseline(tmp_path):
-    # Halve every multi-rank throughput of a CSV that meets the CI baseline: the gate must fail.
+    # Halve every distributed throughput of a CSV that meets the CI baseline: the gate must fail.
     baseline = ROOT / "reports" / "baselines" / "ci.toml"
     checks = gate.load_baseline(str(baseline))
     rows = []
+    for model in sorted({c.where["model"] for c in checks}):
+        row = {k: "" for k in schema.COLUMNS}
+        row.update(model=model, ranks="1", backend="none", status="ok", point_id=f"{model}-none")
+        row.update(total_images_per_sec="100")
+        rows.append(row)
     for c in checks:
-        for ranks in sorted({1, int(c.where["ranks"])}):
-            row = {k: "" for k in schema.COLUMNS}
-            row.update(
-                {k: str(v) for k, v in c.where.items()},
-                ranks=str(ranks),
-                status="ok",
-                point_id=f"{c.name()}-{ranks}",
-                total_images_per_sec=str(100 * ranks * c.recorded),
-            )
-            if ranks == 1:
-                row["total_images_per_sec"] = "100"
-            rows.append(row)
+        ranks = int(c.where["ranks"])
+        row = {k: "" for k in schema.COLUMNS}
+        row.update(
+            {k: str(v) for k, v in c.where.items()},
+            status="ok",
+            point_id=c.name(),
+            total_images_per_sec=str(100 * ranks * c.recorded),
+        )
+        rows.append(row)
     healthy = tmp_path / "healthy.csv"
     schema.write_rows(str(healthy), rows)
-    assert run_cli("check-regression", str(healthy), "--baseline", str(baseline)).returncode == 0
+    result = run_cli("check-regression", str(healthy), "--baseline", str(baseline))
+    assert result.returncode == 0, result.stdout
     for r in rows:
-        if r["ranks"] != "1":
+        if r["backend"] != "none":
             r["total_images_per_sec"] = str(float(r["total_images_per_sec"]) / 2)
     regressed = tmp_path / "regressed.csv"
     schema.write_rows(str(regressed), rows)
@@ -156,9 +159,10 @@ def test_written_baseline_names_each_configuration_and_passes(tmp_path):
     result = run_cli("check-regression", CSV, "--write-baseline", str(baseline), "--min-efficiency", "0.3")
     assert result.returncode == 0, result.stderr
     checks = gate.load_baseline(str(baseline))
-    # 3 models x 3 rank counts above 1 x (ring tcp, ring rdma, ps), less the failed vgg16 ps point,
-    # plus resnet101's five other fusion thresholds at 4 ranks.
-    assert len(checks) == 3 * 3 * 3 - 1 + 5
+    # 3 models x 4 rank counts x (ring tcp, ring rdma, ps), less the failed vgg16 ps point, plus
+    # resnet101's five other fusion thresholds at 1 and 4 ranks; the baselines (1.0) left out.
+    assert len(checks) == 3 * 4 * 3 - 1 + 5 * 2
+    assert not [c for c in checks if c.where.get("backend") == "none"]
     assert all("profile" not in c.where for c in checks)
     check = run_cli("check-regression", CSV, "--baseline", str(baseline))
     assert check.returncode == 0, check.stdout

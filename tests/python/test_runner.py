@@ -44,27 +44,33 @@ def test_rows_logs_efficiency_and_report(write_sweep, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     rows = schema.read_rows(str(out / "results.csv"))
-    assert [(r["model"], r["ranks"], r["status"]) for r in rows] == [
-        ("resnet101", "1", "ok"),
-        ("vgg16", "1", "ok"),
-        ("resnet101", "2", "ok"),
-        ("vgg16", "2", "ok"),
+    # Each model's single-rank baseline without distribution first, added and said so.
+    assert [(r["model"], r["ranks"], r["backend"], r["status"]) for r in rows] == [
+        ("resnet101", "1", "none", "ok"),
+        ("vgg16", "1", "none", "ok"),
+        ("resnet101", "1", "ring", "ok"),
+        ("vgg16", "1", "ring", "ok"),
+        ("resnet101", "2", "ring", "ok"),
+        ("vgg16", "2", "ring", "ok"),
     ]
+    assert result.stderr.count("added the single-rank baseline without distribution") == 2
     # The stand-in makes 100 / (1 + 0.1 (ranks - 1)) images/sec per rank: 2 ranks -> 1/1.1.
-    assert [r["scaling_efficiency"] for r in rows] == ["1.0000", "1.0000", "0.9091", "0.9091"]
+    assert [r["scaling_efficiency"] for r in rows] == ["1.0000"] * 4 + ["0.9091"] * 2
+    assert [r["baseline_images_per_sec"] for r in rows] == ["100"] * 6
     for r in rows:
         log = (out / r["log"]).read_text()
         assert log.startswith("$ mpirun -np") and "total images/sec" in log
         assert r["run_id"] and r["timestamp"] and r["hosts"]
-    assert len(calls.read_text().splitlines()) == 4
-    assert "ETA" in result.stderr and "4/4 100%" in result.stderr
+    assert len(calls.read_text().splitlines()) == 6
+    assert sum("--backend none" in line for line in calls.read_text().splitlines()) == 2
+    assert "ETA" in result.stderr and "6/6 100%" in result.stderr
     assert (out / "report" / "index.html").exists()
     # A second run has nothing to do.
     again = run_cli(
         "sweep", write_sweep(sweep_text()), "--out", str(out), env={"FAKE_TRAIN_CALLS": str(calls)}
     )
-    assert again.returncode == 0 and "4 point(s) already in" in again.stderr
-    assert len(calls.read_text().splitlines()) == 4
+    assert again.returncode == 0 and "6 point(s) already in" in again.stderr
+    assert len(calls.read_text().splitlines()) == 6
 
 
 def test_failed_point_is_a_row_and_the_sweep_goes_on(write_sweep, tmp_path):
@@ -79,9 +85,15 @@ def test_failed_point_is_a_row_and_the_sweep_goes_on(write_sweep, tmp_path):
     )
     assert result.returncode == 1
     rows = schema.read_rows(str(out / "results.csv"))
-    assert [(r["model"], r["status"]) for r in rows] == [("resnet101", "failed"), ("vgg16", "ok")]
-    assert rows[0]["error"].startswith("exit status 3: kolo-train: error: model 'resnet101' cannot run here")
-    assert rows[0]["total_images_per_sec"] == ""
+    # (A failed point has no record to name the default backend, ring.)
+    assert [(r["model"], r["backend"], r["status"]) for r in rows] == [
+        ("resnet101", "none", "failed"),
+        ("vgg16", "none", "ok"),
+        ("resnet101", "", "failed"),
+        ("vgg16", "ring", "ok"),
+    ]
+    assert rows[2]["error"].startswith("exit status 3: kolo-train: error: model 'resnet101' cannot run here")
+    assert rows[2]["total_images_per_sec"] == ""
     assert "failed: model=resnet101" in result.stderr
     # --retry-failed runs only the failed point again; the newest row wins.
     retry = run_cli(
@@ -89,7 +101,12 @@ def test_failed_point_is_a_row_and_the_sweep_goes_on(write_sweep, tmp_path):
     )
     assert retry.returncode == 0, retry.stderr
     latest = schema.latest_per_point(schema.read_rows(str(out / "results.csv")))
-    assert sorted((r["model"], r["status"]) for r in latest) == [("resnet101", "ok"), ("vgg16", "ok")]
+    assert sorted((r["model"], r["backend"], r["status"]) for r in latest) == [
+        ("resnet101", "none", "ok"),
+        ("resnet101", "ring", "ok"),
+        ("vgg16", "none", "ok"),
+        ("vgg16", "ring", "ok"),
+    ]
 
 
 def test_timeout_stops_every_process(write_sweep, tmp_path):
@@ -106,8 +123,13 @@ def test_timeout_stops_every_process(write_sweep, tmp_path):
     assert time.monotonic() - started < 60
     assert result.returncode == 1
     rows = schema.read_rows(str(out / "results.csv"))
-    assert [(r["model"], r["status"]) for r in rows] == [("resnet101", "failed"), ("vgg16", "ok")]
-    assert rows[0]["error"].startswith("timed out after 4 s")
+    assert [(r["model"], r["ranks"], r["status"]) for r in rows] == [
+        ("resnet101", "1", "failed"),  # the baseline
+        ("vgg16", "1", "ok"),
+        ("resnet101", "2", "failed"),
+        ("vgg16", "2", "ok"),
+    ]
+    assert rows[2]["error"].startswith("timed out after 4 s")
     # Nothing of the point lives on, not even the grandchild that left the process group.
     survivors = [pid for pid in filter(str.isdigit, os.listdir("/proc")) if _is_sleep_600(pid)]
     assert not survivors, survivors
@@ -145,7 +167,7 @@ def test_resume_after_the_runner_is_killed(write_sweep, tmp_path, sig):
     os.kill(proc.pid, sig)
     proc.wait(timeout=60)
     done = {r["point_id"] for r in schema.read_rows(csv_path)}
-    assert 2 <= len(done) < 6
+    assert 2 <= len(done) < 9  # 3 models x 2 rank counts, and the 3 baselines
     # The interrupted point's processes are gone (SIGTERM: stopped by the runner; SIGKILL: the
     # launcher dies with its parent and its ranks with it).
     deadline = time.monotonic() + 30
@@ -157,10 +179,10 @@ def test_resume_after_the_runner_is_killed(write_sweep, tmp_path, sig):
     result = run_cli("sweep", path, "--out", str(out), "--no-report", env={"FAKE_TRAIN_CALLS": str(calls)})
     assert result.returncode == 0, result.stderr
     rows = schema.read_rows(csv_path)
-    assert len(rows) == 6 and len({r["point_id"] for r in rows}) == 6
+    assert len(rows) == 9 and len({r["point_id"] for r in rows}) == 9
     assert all(r["status"] == "ok" for r in rows)
     # Only the points without a row ran again.
-    assert len(calls.read_text().splitlines()) - started_before == 6 - len(done)
+    assert len(calls.read_text().splitlines()) - started_before == 9 - len(done)
 
 
 def _fake_trainers(out):
@@ -196,7 +218,8 @@ def test_missing_trainer_is_named(write_sweep, tmp_path):
 def test_dry_run_lists_commands(write_sweep, tmp_path):
     result = run_cli("sweep", write_sweep(sweep_text()), "--out", str(tmp_path / "out"), "--dry-run")
     assert result.returncode == 0
-    assert result.stdout.count("mpirun -np") == 4 and "--oversubscribe" in result.stdout
+    assert result.stdout.count("mpirun -np") == 6 and "--oversubscribe" in result.stdout
+    assert result.stdout.count("--backend none") == 2
     assert not (tmp_path / "out").exists()
 
 
@@ -211,7 +234,8 @@ def test_local_launcher_runs_ranks_with_kolo_run(write_sweep, tmp_path):
     rows = schema.read_rows(str(out / "results.csv"))
     # The stand-in counts its ranks from KOLO_SIZE, which only kolo-run sets.
     assert [(r["ranks"], r["total_images_per_sec"]) for r in rows] == [
+        ("1", "100"),  # the baseline
         ("1", "100"),
         ("3", "250"),
     ]  # 3 x 100 / 1.2
-    assert (out / rows[1]["log"]).read_text().startswith("$ " + bin_dir + "/kolo-run -np 3")
+    assert (out / rows[2]["log"]).read_text().startswith("$ " + bin_dir + "/kolo-run -np 3")

@@ -185,7 +185,9 @@ def test_good_file_loads(write_sweep):
     sweep = sweepfile.load(write_sweep(GOOD), str(ROOT))
     assert sweep.name == "good"
     assert sweep.timeout_s == 60
-    assert len(sweep.points) == 4
+    # 2 models x 2 rank counts, and each model's single-rank baseline (backend none), first.
+    assert len(sweep.points) == 6
+    assert [sweepfile.is_baseline(p) for p in sweep.points] == [True, True] + [False] * 4
 
 
 def test_hostfile_slots(write_sweep, tmp_path):
@@ -196,19 +198,30 @@ def test_hostfile_slots(write_sweep, tmp_path):
         sweepfile.load(write_sweep(text), str(ROOT))
     text = text.replace("[2, 4, 8]", "[2, 4]")
     sweep = sweepfile.load(write_sweep(text), str(ROOT))
-    assert [sweep.launcher.nodes_for(p["ranks"]) for p in sweep.points] == [1, 2]
+    assert [sweep.launcher.nodes_for(p["ranks"]) for p in sweep.points] == [1, 1, 2]  # baseline first
 
 
 def test_only_keeps_the_matching_points_with_their_ids(write_sweep):
     sweep = sweepfile.load(write_sweep(GOOD), str(ROOT))
     ids = {(p["model"], p["ranks"]): p["point_id"] for p in sweep.points}
+    ids = {(p["model"], p["ranks"], p.get("backend")): p["point_id"] for p in sweep.points}
     cut = sweepfile.only(sweep, ["model=vgg16"])
-    assert [(p["model"], p["ranks"]) for p in cut.points] == [("vgg16", 1), ("vgg16", 2)]
-    assert all(p["point_id"] == ids[(p["model"], p["ranks"])] for p in cut.points)
+    assert [(p["model"], p["ranks"], p.get("backend")) for p in cut.points] == [
+        ("vgg16", 1, "none"),
+        ("vgg16", 1, None),
+        ("vgg16", 2, None),
+    ]
+    assert all(p["point_id"] == ids[(p["model"], p["ranks"], p.get("backend"))] for p in cut.points)
+    # A filter that would drop the baselines keeps those the remaining points need.
     both = sweepfile.only(sweep, ["model=vgg16,resnet101", "ranks=2"])
-    assert sorted(p["model"] for p in both.points) == ["resnet101", "vgg16"]
-    assert {p["ranks"] for p in both.points} == {2}
-    assert len(sweep.points) == 4  # the sweep itself is untouched
+    assert sorted((p["model"], p["ranks"]) for p in both.points) == [
+        ("resnet101", 1),
+        ("resnet101", 2),
+        ("vgg16", 1),
+        ("vgg16", 2),
+    ]
+    assert all(sweepfile.is_baseline(p) for p in both.points if p["ranks"] == 1)
+    assert len(sweep.points) == 6  # the sweep itself is untouched
 
 
 @pytest.mark.parametrize(
@@ -230,7 +243,9 @@ def test_only_on_the_command_line(write_sweep, tmp_path):
     path = write_sweep(GOOD)
     result = run_cli("sweep", path, "--out", str(tmp_path / "out"), "--dry-run", "--only", "ranks=2")
     assert result.returncode == 0, result.stderr
-    assert "2 point(s)" in result.stdout and result.stdout.count("-np 2") == 2
+    # The two 2-rank points and the two models' baselines.
+    assert "4 point(s)" in result.stdout and result.stdout.count("-np 2") == 2
+    assert result.stdout.count("--backend none") == 2
     bad = run_cli("sweep", path, "--out", str(tmp_path / "out"), "--only", "ranks=3")
     assert bad.returncode == 2 and "ranks has no value 3" in bad.stderr
     assert not (tmp_path / "out").exists()

@@ -1,7 +1,6 @@
 """Matrix expansion, point ids and the command lines a point runs with."""
 
 import pytest
-
 from reports import launch, settings, sweepfile
 
 from conftest import ROOT
@@ -37,7 +36,10 @@ def test_a_baseline_is_added_per_model_batch_compute_and_precision(write_sweep):
 
 
 def test_a_baseline_in_the_file_is_not_added_twice(write_sweep):
-    text = "[matrix]\nmodel=['vgg16']\nbackend=['ring','none']\nranks=[1,2]\n[[exclude]]\nbackend='none'\nranks=2\n"
+    text = (
+        "[matrix]\nmodel=['vgg16']\nbackend=['ring','none']\nranks=[1,2]\n"
+        "[[exclude]]\nbackend='none'\nranks=2\n"
+    )
     sweep = sweepfile.load(write_sweep(text), str(ROOT))
     assert [p["ranks"] for p in sweep.points if p.get("backend") == "none"] == [1]
     assert sweep.added == []

@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 
-from reports import gate, report, runner, schema, sweepfile
+from reports import browser, gate, report, runner, schema, sweepfile
 from reports.launch import command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -147,7 +147,33 @@ def _report(out_dir: str) -> int:
         print(f"report: {e}", file=sys.stderr)
         return 2
     print(f"report: {path}", file=sys.stderr)
-    return 0
+    return _look_at(path)
+
+
+def _look_at(html: str) -> int:
+    """Opens the report in headless Chromium, when there is one, and keeps a full-page screenshot
+    beside it (report/screenshot.png). 1 when an image does not load, a table is missing or the page
+    logs an error; a browser that cannot run is only reported."""
+    if browser.find_browser() is None:
+        print(f"report: not looked at in a browser: {browser.why_missing()}", file=sys.stderr)
+        return 0
+    shot = os.path.join(os.path.dirname(html), "screenshot.png")
+    try:
+        seen = browser.check_report(html, shot)
+    except browser.BrowserError as e:
+        print(f"report: not looked at in a browser: {e}", file=sys.stderr)
+        return 0
+    for src in seen.broken:
+        print(f"report: broken image in the browser: {src}", file=sys.stderr)
+    for error in seen.console_errors:
+        print(f"report: the browser logged: {error}", file=sys.stderr)
+    loaded = len(seen.images) - len(seen.broken)
+    print(
+        f"report: in headless Chromium {loaded} of {len(seen.images)} images loaded, {seen.tables} "
+        f"tables; screenshot {shot}",
+        file=sys.stderr,
+    )
+    return 0 if seen.ok else 1
 
 
 def _check(args) -> int:

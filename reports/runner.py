@@ -125,8 +125,13 @@ def run(
 def _run_locked(sweep: Sweep, out_dir: str, bin_dir: str, retry_failed: bool, stream) -> Outcome:
     csv_path = os.path.join(out_dir, RESULTS)
     done = {}
-    for row in schema.read_rows(csv_path):
+    rows = schema.read_rows(csv_path)
+    for row in rows:
         done[row["point_id"]] = row["status"]
+    if rows and schema.header_of(csv_path) != schema.COLUMNS:
+        # An earlier kolo's file: rewritten in today's columns before rows are appended to it.
+        schema.write_rows(csv_path, efficiency.with_efficiency(rows))
+        print(f"sweep {sweep.name}: {csv_path} rewritten in today's columns (reports/SCHEMA.md)", file=stream)
     shutil.copyfile(sweep.path, os.path.join(out_dir, "sweep.toml"))
 
     program = sweep.launcher.program or os.path.join(bin_dir, "kolo-train")

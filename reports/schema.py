@@ -184,7 +184,8 @@ def read_rows(path: str) -> list[dict]:
         return []
     complete = text if text.endswith("\n") else text[: text.rfind("\n") + 1]
     reader = csv.DictReader(io.StringIO(complete))
-    if tuple(reader.fieldnames or ()) != COLUMNS:
+    header = tuple(reader.fieldnames or ())
+    if header != COLUMNS and not is_older_header(header):
         raise SchemaError(
             f"{path}: header is not kolo's results schema (reports/SCHEMA.md); "
             f"got {reader.fieldnames}, expected {list(COLUMNS)}"
@@ -192,9 +193,33 @@ def read_rows(path: str) -> list[dict]:
     rows = []
     for row in reader:
         if None in row or any(v is None for v in row.values()):
-            raise SchemaError(f"{path}: line {reader.line_num} has {len(row)} cells, expected {len(COLUMNS)}")
-        rows.append(row)
+            raise SchemaError(f"{path}: line {reader.line_num} has {len(row)} cells, expected {len(header)}")
+        # An earlier kolo's file: the columns it lacks are "not measured".
+        rows.append({c: row.get(c, "") for c in COLUMNS})
     return rows
+
+
+# Columns every kolo results file has had; a file with them, in COLUMNS' order and nothing else,
+# was written by an earlier kolo (before the time breakdown, for one) and reads with the missing
+# columns empty.
+_ALWAYS = META + SETTING_COLUMNS + ("total_images_per_sec", "status", "error", "log")
+
+
+def is_older_header(header: tuple[str, ...]) -> bool:
+    """True when `header` is an earlier kolo's: some of COLUMNS, in order, with _ALWAYS among them.
+    (Readers recompute the efficiency columns, so their values in such a file do not matter.)"""
+    if not set(_ALWAYS) <= set(header) or not set(header) <= set(COLUMNS):
+        return False
+    order = [COLUMNS.index(c) for c in header]
+    return order == sorted(order)
+
+
+def header_of(path: str) -> tuple[str, ...]:
+    """The header line of a CSV file, () when it is empty or missing."""
+    if not os.path.exists(path):
+        return ()
+    with open(path, newline="") as f:
+        return tuple(next(csv.reader(f), ()))
 
 
 def append_row(path: str, row: dict) -> None:

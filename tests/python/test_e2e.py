@@ -129,3 +129,40 @@ ranks = [1, 2]
     assert float(two["comm_ms"]) > 0 and float(two["comm_gbytes_per_sec"]) > 0
     assert float(rows[0]["comm_bytes_per_step"]) < 1e4  # one rank sends nothing but agreement
     assert (out / "report" / "index.html").exists()
+
+
+def test_parameter_server_breakdown_and_efficiency_through_kolo_run(write_sweep, tmp_path):
+    # The parameter server's pushes and pulls, measured: its breakdown adds up, each worker sends
+    # its whole gradient per step, and it is judged against the same baseline as the ring.
+    need_train()
+    text = """
+[sweep]
+name = "e2e-ps"
+timeout_s = 240
+[launcher]
+kind = "local"
+[fixed]
+model = "resnet101"
+compute = "replay"
+profile = "models/profiles/resnet101-h100-b64.json"
+batch_size = 64
+num_warmup_batches = 1
+num_batches = 3
+ranks = 2
+[matrix]
+backend = ["ring", "ps"]
+"""
+    out = tmp_path / "out"
+    result = run_cli("sweep", write_sweep(text), "--out", str(out), "--bin-dir", str(BIN_DIR), "--no-report")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = schema.read_rows(str(out / "results.csv"))
+    assert [(r["backend"], r["status"]) for r in rows] == [("none", "ok"), ("ring", "ok"), ("ps", "ok")]
+    for r in rows:
+        check_breakdown(r)
+    base, ring, ps = rows
+    assert ring["baseline_images_per_sec"] == ps["baseline_images_per_sec"] == base["total_images_per_sec"]
+    assert float(ps["comm_bytes_per_step"]) == pytest.approx(44_549_160 * 4, rel=0.01)
+    assert float(ps["negotiation_ms"]) == 0  # servers take what comes: nothing to agree on
+    # One denominator: whichever is faster is the more efficient.
+    faster = float(ring["total_images_per_sec"]) > float(ps["total_images_per_sec"])
+    assert faster == (float(ring["scaling_efficiency"]) > float(ps["scaling_efficiency"]))

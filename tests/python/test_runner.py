@@ -239,3 +239,32 @@ def test_local_launcher_runs_ranks_with_kolo_run(write_sweep, tmp_path):
         ("3", "250"),
     ]  # 3 x 100 / 1.2
     assert (out / rows[2]["log"]).read_text().startswith("$ " + bin_dir + "/kolo-run -np 3")
+
+
+def test_an_earlier_kolos_results_file_is_carried_over(write_sweep, tmp_path):
+    # A folder measured by an earlier kolo (no breakdown or baseline columns): its rows are kept,
+    # the file is rewritten in today's columns, and only the points it lacks run.
+    from test_schema import write_older
+
+    out = tmp_path / "out"
+    first = run_cli(
+        "sweep", write_sweep(sweep_text(models=("vgg16",), ranks=(1,))), "--out", str(out), "--no-report"
+    )
+    assert first.returncode == 0, first.stderr
+    csv_path = out / "results.csv"
+    before = schema.read_rows(str(csv_path))
+    write_older(csv_path, before)
+    assert schema.header_of(str(csv_path)) != schema.COLUMNS
+    result = run_cli(
+        "sweep", write_sweep(sweep_text(models=("vgg16",), ranks=(1, 2))), "--out", str(out), "--no-report"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "rewritten in today's columns" in result.stderr and "2 point(s) already in" in result.stderr
+    assert schema.header_of(str(csv_path)) == schema.COLUMNS
+    rows = schema.read_rows(str(csv_path))
+    assert [r["point_id"] for r in rows[:2]] == [r["point_id"] for r in before]
+    assert [(r["ranks"], r["scaling_efficiency"]) for r in rows] == [
+        ("1", "1.0000"),
+        ("1", "1.0000"),
+        ("2", "0.9091"),
+    ]

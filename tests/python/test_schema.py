@@ -1,6 +1,7 @@
 """The results CSV: the documented columns, rows from kolo-train's record, appends that survive a
 killed writer."""
 
+import csv
 import re
 
 import pytest
@@ -108,3 +109,43 @@ def test_latest_row_per_point_wins():
         {"point_id": "a", "status": "ok"},
     ]
     assert [(r["point_id"], r["status"]) for r in schema.latest_per_point(rows)] == [("b", "ok"), ("a", "ok")]
+
+
+# The columns of kolo's results files before the time breakdown and the single-rank baseline.
+OLDER = tuple(
+    c
+    for c in schema.COLUMNS
+    if c not in (*schema.BREAKDOWN, "baseline_images_per_sec", "efficiency_vs_own_base")
+)
+
+
+def write_older(path, rows):
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=OLDER, lineterminator="\n", extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def test_an_earlier_kolos_file_reads_with_the_new_columns_empty(tmp_path):
+    rows = schema.read_rows(str(FIXTURES / "results.csv"))
+    path = tmp_path / "older.csv"
+    write_older(path, rows)
+    again = schema.read_rows(str(path))
+    assert len(again) == len(rows) and list(again[0]) == list(schema.COLUMNS)
+    assert again[0]["total_images_per_sec"] == rows[0]["total_images_per_sec"]
+    assert all(r["forward_ms"] == "" and r["baseline_images_per_sec"] == "" for r in again)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        ("surprise", *OLDER),  # a column kolo never had
+        tuple(reversed(OLDER)),  # out of order
+        tuple(c for c in OLDER if c != "model"),  # a setting missing
+    ],
+)
+def test_other_headers_are_still_refused(tmp_path, header):
+    path = tmp_path / "bad.csv"
+    path.write_text(",".join(header) + "\n")
+    with pytest.raises(schema.SchemaError, match="header is not kolo's results schema"):
+        schema.read_rows(str(path))

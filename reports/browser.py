@@ -162,23 +162,25 @@ class _Browser:
         self.from_browser, reply_write = os.pipe()
 
         def onto_3_and_4() -> None:
-            # In the child, after fork: move both ends above 9 first, so neither dup2 below can
-            # overwrite the other end when the pipe happened to get fd 3 or 4 in the parent.
-            high_read = fcntl.fcntl(cmd_read, fcntl.F_DUPFD, 10)
-            high_write = fcntl.fcntl(reply_write, fcntl.F_DUPFD, 10)
+            # In the child, after fork: move both ends above 9 first (close-on-exec), so neither
+            # dup2 below can overwrite the other end when the pipe happened to get fd 3 or 4.
+            # dup2's copies are inheritable; every fd Python opened is not (PEP 446), so they are
+            # what the browser inherits besides its standard streams.
+            high_read = fcntl.fcntl(cmd_read, fcntl.F_DUPFD_CLOEXEC, 10)
+            high_write = fcntl.fcntl(reply_write, fcntl.F_DUPFD_CLOEXEC, 10)
             os.dup2(high_read, 3)
             os.dup2(high_write, 4)
 
         try:
             with open(self.stderr_path, "wb") as stderr:
-                # pass_fds keeps fds 3 and 4 open through subprocess's close_fds, which runs after
-                # preexec_fn. (Both are open in the parent: os.pipe took the lowest free numbers.)
+                # close_fds would close 3 and 4 after preexec_fn, and pass_fds=(3, 4) needs both
+                # open in this process, which a caller's open files may prevent: neither is used.
                 self.proc = subprocess.Popen(
                     args,
                     stdin=subprocess.DEVNULL,
                     stdout=stderr,
                     stderr=stderr,
-                    pass_fds=(3, 4),
+                    close_fds=False,
                     preexec_fn=onto_3_and_4,
                     start_new_session=True,  # its own process group, so one killpg ends it all
                 )

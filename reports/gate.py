@@ -123,6 +123,9 @@ def evaluate(rows: list[dict], checks: list[Check]) -> list[Verdict]:
     verdicts = []
     for check in checks:
         matched = [r for r in rows if all(_same(r.get(k, ""), v) for k, v in check.where.items())]
+        if check.where.get("backend") != efficiency.BASELINE_BACKEND:
+            # The baselines are 1.0 by definition: a check at 1 rank means the engine's ranks.
+            matched = [r for r in matched if not efficiency.is_baseline(r)]
         if not matched:
             verdicts.append(Verdict(check, "", None, False, "no row of the CSV matches"))
             continue

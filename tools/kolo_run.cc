@@ -301,15 +301,23 @@ int main(int argc, char** argv) {
   app.add_option("-n,--np", np, "number of ranks to start (also -np)")
       ->required()
       ->check(CLI::Range(1, 4096));
-  app.add_option("--timeout-s", timeout_s, "stop every rank after this many seconds")
-      ->check(CLI::PositiveNumber);
+  auto* timeout = app.add_option("--timeout-s", timeout_s,
+                                 "stop every rank after this many seconds, in (0, 10000000]");
   app.add_option("--iface", iface, "interface or IPv4 address the ranks listen on (KOLO_IFACE)");
   std::vector<const char*> own_argv;
   for (const auto& a : own) own_argv.push_back(a.c_str());
   try {
     app.parse(static_cast<int>(own_argv.size()), own_argv.data());
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // A bad command line exits 2, as every kolo tool does (CLI11's own codes are 100 and up).
+    Say(fmt::format("{}; see kolo-run --help", e.what()));
+    return 2;
+  }
+  if (timeout->count() > 0 && !(timeout_s > 0 && timeout_s <= 1e7)) {
+    Say(fmt::format("--timeout-s {} is not allowed; allowed: seconds in (0, 10000000]", timeout_s));
+    return 2;
   }
   if (command.empty()) {
     Say("no command given. Usage: kolo-run -np N [--timeout-s S] [--iface X] [--] CMD ARGS...");

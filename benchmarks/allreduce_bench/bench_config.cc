@@ -90,6 +90,15 @@ Status Convert(const RawFlags& raw, BenchConfig* c) {
   c->tensors = raw.tensors;
 
   if (c->min_bytes < 1) return InvalidArgument("--minbytes={} must be at least 1", c->min_bytes);
+  const int64_t elem = static_cast<int64_t>(DataTypeSize(c->dtype));
+  for (const auto& [flag, bytes] :
+       {std::pair{"--minbytes", c->min_bytes}, std::pair{"--maxbytes", c->max_bytes}}) {
+    if (bytes % elem != 0) {
+      return InvalidArgument(
+          "{}={} is not a whole number of {} elements ({} bytes each); allowed: a multiple of {}",
+          flag, bytes, DataTypeName(c->dtype), elem, elem);
+    }
+  }
   if (c->max_bytes < c->min_bytes) {
     return InvalidArgument("--maxbytes={} is below --minbytes={}: allowed is maxbytes >= minbytes",
                            c->max_bytes, c->min_bytes);

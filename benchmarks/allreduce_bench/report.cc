@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <map>
 
+#include "engine/common/file.h"
+
 namespace kolo::bench {
 namespace {
 
@@ -273,15 +275,7 @@ nlohmann::json ToJson(const RunInfo& info, const std::vector<SweepRow>& sweep,
 }
 
 Status WriteJson(const std::string& path, const nlohmann::json& doc) {
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) return ErrnoStatus(StatusCode::kInvalidArgument, "open --json " + path, errno);
-  const std::string text = doc.dump(2) + "\n";
-  const size_t n = std::fwrite(text.data(), 1, text.size(), f);
-  const int write_errno = errno;
-  if (std::fclose(f) != 0 || n != text.size()) {
-    return ErrnoStatus(StatusCode::kInternal, "write --json " + path, write_errno);
-  }
-  return Status::OK();
+  return WriteFileAtomically(path, doc.dump(2) + "\n", 0644, "--json");
 }
 
 }  // namespace kolo::bench

@@ -19,9 +19,21 @@ const std::string* Find(const std::map<std::string, std::string>& env, const cha
   return &it->second;
 }
 
+// A numeric variable set to nothing is a mistake (a script's unset shell variable), not "default".
+Status RefuseEmpty(const std::map<std::string, std::string>& env, const char* name,
+                   const std::string& allowed) {
+  auto it = env.find(name);
+  if (it != env.end() && it->second.empty()) {
+    return InvalidArgument("{} is set but empty; allowed: {}, or leave it unset for the default",
+                           name, allowed);
+  }
+  return Status::OK();
+}
+
 // Reads an int variable into *out if present.
 Status ReadInt(const std::map<std::string, std::string>& env, const char* name, int64_t min,
                int64_t max, int64_t* out) {
+  KOLO_RETURN_IF_ERROR(RefuseEmpty(env, name, fmt::format("an integer in [{}, {}]", min, max)));
   if (const std::string* v = Find(env, name)) {
     KOLO_ASSIGN_OR_RETURN(*out, ParseInt(name, *v, min, max));
   }
@@ -38,6 +50,7 @@ Status ReadInt32(const std::map<std::string, std::string>& env, const char* name
 
 Status ReadDouble(const std::map<std::string, std::string>& env, const char* name, double min,
                   double max, double* out) {
+  KOLO_RETURN_IF_ERROR(RefuseEmpty(env, name, fmt::format("a number in [{}, {}]", min, max)));
   if (const std::string* v = Find(env, name)) {
     KOLO_ASSIGN_OR_RETURN(*out, ParseDouble(name, *v, min, max));
   }

@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/common/file.h"
 #include "engine/common/logging.h"
 #include "engine/common/mutex.h"
 #include "engine/common/thread_annotations.h"
@@ -373,11 +374,11 @@ void Timeline::Impl::Event(char phase, const std::string& tensor, const std::str
 StatusOr<std::unique_ptr<Timeline>> Timeline::Open(const std::string& path, int rank) {
   if (path.empty()) return InvalidArgument("timeline path is empty: name a file to write");
   if (rank < 0) return InvalidArgument("timeline '{}': rank {} is negative", path, rank);
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return ErrnoStatus(StatusCode::kInvalidArgument, "open timeline file '" + path + "'", errno)
-        .WithContext("KOLO_TIMELINE must name a writable file");
+  auto opened = OpenForWriting(path, 0644, "timeline file");
+  if (!opened.ok()) {
+    return opened.status().WithContext("KOLO_TIMELINE must name a writable file");
   }
+  const int fd = *opened;
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   impl->rank = rank;

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "engine/common/file.h"
+
 namespace kolo::models::trainer {
 
 std::string RunRecordToJson(const RunRecord& r) {
@@ -84,23 +86,7 @@ std::string RunRecordToJson(const RunRecord& r) {
 }
 
 Status WriteRunRecord(const RunRecord& record, const std::string& path) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) return InvalidArgument("--json '{}': cannot write: {}", path, std::strerror(errno));
-    out << RunRecordToJson(record);
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      return Internal("--json '{}': write failed: {}", path, std::strerror(errno));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    return ErrnoStatus(StatusCode::kInternal, "rename to '" + path + "'", err);
-  }
-  return Status::OK();
+  return WriteFileAtomically(path, RunRecordToJson(record), 0644, "--json");
 }
 
 std::string UtcTimestamp() {

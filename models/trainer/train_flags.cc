@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "engine/common/file.h"
 #include "engine/common/flags.h"
 #include "engine/engine.h"
 #include "models/compute/replay/profile.h"
@@ -25,6 +26,22 @@ Status Validate(TrainOptions& o, const std::optional<std::string>& precision_fla
   if (!Contains(models, o.model)) {
     return InvalidArgument("--model '{}' is not a model kolo knows; allowed: {}", o.model,
                            fmt::join(models, ", "));
+  }
+  // CLI11's range checks let NaN through (every comparison with it is false).
+  for (const auto& [flag, value] :
+       {std::pair{"--learning-rate", o.sgd.learning_rate}, std::pair{"--momentum", o.sgd.momentum},
+        std::pair{"--weight-decay", o.sgd.weight_decay}}) {
+    if (!std::isfinite(value)) {
+      return InvalidArgument("{} {} is not a number; allowed: a finite number in its range", flag,
+                             value);
+    }
+  }
+  // Only rank 0 writes them; an unwritable one is said now, not after the whole run.
+  if (o.engine.rank == 0) {
+    if (!o.json.empty()) KOLO_RETURN_IF_ERROR(CheckWritable(o.json, "--json"));
+    if (!o.record_profile.empty()) {
+      KOLO_RETURN_IF_ERROR(CheckWritable(o.record_profile, "--record-profile"));
+    }
   }
   const auto computes = compute::AvailableComputeBackends();
   if (o.compute.empty()) o.compute = computes.front();

@@ -84,6 +84,18 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{{{"KOLO_SIZE", "2"}, {"KOLO_BACKEND", "mpi"}}, "mpirun"},
                       BadCase{{{"KOLO_PEER_TIMEOUT_SECONDS", "nan"}}, "nan"}));
 
+TEST(Options, ANumberSetToNothingIsRefusedNotIgnored) {
+  auto o = OptionsFromEnvironment(Env{{"KOLO_RING_CHUNK_BYTES", ""}});
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(
+      o.status().message().find("KOLO_RING_CHUNK_BYTES is set but empty; allowed: an integer"),
+      std::string::npos)
+      << o.status().message();
+  EXPECT_FALSE(OptionsFromEnvironment(Env{{"KOLO_CYCLE_TIME_MS", ""}}).ok());
+  // A path or name set to nothing means "none", as before.
+  EXPECT_TRUE(OptionsFromEnvironment(Env{{"KOLO_TIMELINE", ""}}).ok());
+}
+
 TEST(Options, MisspelledVariablesAreReported) {
   // KOLO_SKIP_BUILD is the scripts' (scripts/sweep passes it on to the ranks it starts).
   const Env env{{"KOLO_FUSION_THRESHOLD", "1"},

@@ -113,6 +113,7 @@ expect_error bad_backend "allowed are a comma list of ring, mpi, mpi-direct, glo
   "$BENCH" --backend ring,nccl
 expect_error bad_dtype "float8" "$BENCH" --dtype float8
 expect_error bad_size "maxbytes" "$BENCH" -b 1M -e 1K
+expect_error odd_size "is not a whole number of float32 elements" "$BENCH" -b 3 -e 64
 expect_error bad_tensors "allowed are resnet101" "$BENCH" --tensors alexnet
 expect_error zero_threshold "fusion-threshold-mb=0" "$BENCH" --tensors resnet101 --fusion-threshold-mb 0
 # With MPI built, the MPI rows need mpirun's launch; without it, they are refused as not built.

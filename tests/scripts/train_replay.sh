@@ -4,6 +4,8 @@
 # parameter server beside 2 workers. Each run must exit 0, say compute=replay on every line, and
 # its record must show every step's gradients reduced: ResNet-101's 314 gradients per step through
 # the ring (most of their bytes fused), bytes pushed and pulled and updates applied on the server.
+# Then bad inputs (NaN hyper-parameters, an unbounded --profile, an unwritable --json) must exit 2
+# at start-up, and a symbolic link planted where --json or the timeline goes must not be followed.
 # Usage: train_replay.sh BIN_DIR   (exit 77 = skipped)
 set -euo pipefail
 
@@ -73,4 +75,29 @@ assert stats["ps_bytes_received"] >= steps * 44549160 * 4, stats
 assert stats["ps_updates"] > 0, stats
 print("parameter-server record: ok")
 EOF
+# --- inputs refused at start-up (exit 2, before any work), and files never written through a link.
+expect_bad() {
+  local needle=$1
+  shift
+  set +e
+  timeout 60 "$train" "$@" >"$work/bad.out" 2>&1
+  local rc=$?
+  set -e
+  [[ $rc == 2 ]] || { cat "$work/bad.out"; fail "'$*' exited $rc, expected 2"; }
+  grep -qF -- "$needle" "$work/bad.out" || { cat "$work/bad.out"; fail "'$*': no '$needle'"; }
+}
+expect_bad "--learning-rate nan is not a number" "${common[@]}" --learning-rate nan
+expect_bad "--momentum nan is not a number" "${common[@]}" --momentum nan
+expect_bad "'/dev/zero' is not a regular file" --model resnet101 --batch-size 64 --compute replay \
+  --profile /dev/zero
+expect_bad "its directory '$work/none' does not exist" "${common[@]}" --json "$work/none/r.json"
+echo precious >"$work/victim"
+ln -s "$work/victim" "$work/planted.json"
+expect_bad "is a symbolic link" "${common[@]}" --json "$work/planted.json"
+set +e
+KOLO_TIMELINE=$work/planted.json timeout 60 "$train" "${common[@]}" >"$work/timeline.out" 2>&1
+set -e
+grep -qF "is a symbolic link" "$work/timeline.out" || { cat "$work/timeline.out"; fail "timeline link"; }
+[[ $(<"$work/victim") == precious ]] || fail "a planted link's target was written"
+echo "bad inputs and planted links: ok"
 echo "PASS"

@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "engine/common/file.h"
+
 namespace kolo::models::compute::replay {
 namespace {
 
@@ -121,22 +123,13 @@ StatusOr<Profile> ProfileFromJson(const std::string& text, const std::string& or
 }
 
 StatusOr<Profile> LoadProfile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    return NotFound("replay profile '{}' cannot be read: {}", path, std::strerror(errno));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  return ProfileFromJson(text.str(), path);
+  // A profile of the largest model is tens of kilobytes; 64 MiB bounds a wrong path (/dev/zero).
+  KOLO_ASSIGN_OR_RETURN(std::string text, ReadFileBounded(path, 64 << 20, "replay profile"));
+  return ProfileFromJson(text, path);
 }
 
 Status SaveProfile(const Profile& profile, const std::string& path) {
-  std::ofstream out(path, std::ios::trunc);
-  if (!out) return InvalidArgument("cannot write profile '{}': {}", path, std::strerror(errno));
-  out << ProfileToJson(profile);
-  out.close();
-  if (!out) return Internal("writing profile '{}' failed: {}", path, std::strerror(errno));
-  return Status::OK();
+  return WriteFileAtomically(path, ProfileToJson(profile), 0644, "profile");
 }
 
 Status CheckProfileMatches(const Profile& profile, const Graph& graph, int64_t batch,

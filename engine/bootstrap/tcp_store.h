@@ -25,6 +25,7 @@
 
 #include "engine/bootstrap/socket_io.h"
 #include "engine/bootstrap/store.h"
+#include "engine/common/logging.h"
 #include "engine/common/mutex.h"
 #include "engine/common/status.h"
 #include "engine/common/thread_annotations.h"
@@ -84,6 +85,8 @@ class TcpStoreServer {
   Mutex stop_mu_;  // serialises Stop()
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> accepted_{0};
+  // Wrong secrets: a few lines per interval, the rest counted (a local user cannot flood the log).
+  LogLimiter security_log_{5, std::chrono::seconds(10)};
 };
 
 // A Store backed by a TcpStoreServer. Thread-safe: requests from several threads are serialised.

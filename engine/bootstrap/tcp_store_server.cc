@@ -268,7 +268,10 @@ bool TcpStoreServer::Loop::ProcessHello(Conn& c) {
     owner_->accepted_++;
   } else {
     owner_->rejected_++;
-    KOLO_LOG(kWarning, "store {}: closed connection from {}: wrong job secret", address_, c.peer);
+    if (auto held = owner_->security_log_.Allow()) {
+      KOLO_LOG(kWarning, "store {}: closed connection from {}: wrong job secret{}", address_,
+               c.peer, LogLimiter::Held(*held));
+    }
     c.closing = true;
   }
   Flush(c);

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <random>
 #include <set>
 #include <string>
@@ -202,6 +203,37 @@ TEST(TcpStore, ConcurrentClientsExchangeAll) {
     EXPECT_EQ(wrong[i], 0) << "client " << i;
   }
   EXPECT_EQ(server->accepted_clients(), static_cast<uint64_t>(kClients));
+}
+
+// A local user who floods the store with wrong secrets gets a few warning lines, not one per
+// connection; every connection is still rejected and counted.
+TEST(TcpStore, AFloodOfWrongSecretsLogsAFewLines) {
+  auto server = StartServer();
+  ASSERT_TRUE(server);
+  char path[] = "/tmp/kolo-store-log-XXXXXX";
+  const int log = ::mkstemp(path);
+  ASSERT_GE(log, 0);
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  ASSERT_EQ(::dup2(log, 2), 2);
+  constexpr int kFlood = 40;
+  for (int i = 0; i < kFlood; ++i) {
+    auto bad = TcpStoreClient::Connect(server->address(), "ffffffffffffffffffffffffffffffff",
+                                       milliseconds(3000));
+    EXPECT_FALSE(bad.ok());
+  }
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::ifstream in(path);
+  std::string line;
+  int lines = 0;
+  while (std::getline(in, line)) lines += line.find("wrong job secret") != std::string::npos;
+  ::close(log);
+  ::unlink(path);
+  EXPECT_EQ(server->rejected_connections(), static_cast<uint64_t>(kFlood));
+  EXPECT_GE(lines, 1);
+  EXPECT_LE(lines, 5) << "one warning per rejected connection floods the log";
 }
 
 TEST(TcpStore, WrongSecretIsRejectedAndServerKeepsServing) {

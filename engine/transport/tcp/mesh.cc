@@ -136,8 +136,10 @@ class MeshBuilder {
         continue;
       }
       if (it->state == Conn::State::kAwaitHello && now >= it->deadline) {
-        KOLO_LOG(kWarning, "rank {}: closing connection from {}: no handshake within {} ms", rank_,
-                 it->remote, Bound().count());
+        if (auto held = security_log_.Allow()) {
+          KOLO_LOG(kWarning, "rank {}: closing connection from {}: no handshake within {} ms{}",
+                   rank_, it->remote, Bound().count(), LogLimiter::Held(*held));
+        }
         it = conns_.erase(it);
         continue;
       }
@@ -222,7 +224,10 @@ class MeshBuilder {
   }
 
   void Reject(Conn& c, const std::string& why) {
-    KOLO_LOG(kWarning, "rank {}: rejected connection from {}: {}", rank_, c.remote, why);
+    if (auto held = security_log_.Allow()) {
+      KOLO_LOG(kWarning, "rank {}: rejected connection from {}: {}{}", rank_, c.remote, why,
+               LogLimiter::Held(*held));
+    }
     c.fd.reset();
   }
 
@@ -350,6 +355,8 @@ class MeshBuilder {
   Mesh mesh_;
   std::list<Conn> conns_;  // stable addresses while Step() holds pointers
   int connected_ = 0;
+  // Rejected and silent connections: a few lines per interval, the rest counted.
+  LogLimiter security_log_{5, std::chrono::seconds(10)};
 };
 
 }  // namespace

@@ -322,6 +322,12 @@ Status Engine::Shutdown() {
   return impl_->fatal;
 }
 
+std::optional<std::chrono::steady_clock::time_point> Engine::failed_at() const {
+  MutexLock lock(impl_->mu);
+  if (impl_->fatal.ok()) return std::nullopt;
+  return impl_->fatal_at;
+}
+
 Engine::Stats Engine::stats() const {
   MutexLock lock(impl_->mu);
   Stats s = impl_->stats;

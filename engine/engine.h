@@ -29,6 +29,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -176,6 +177,11 @@ class Engine {
     int64_t transport_bytes_received = 0;
   };
   Stats stats() const;
+
+  // When this rank's engine first failed for good (a peer lost, a collective failed), on the
+  // steady clock; nothing while it has not. Lets a caller tell an error that came before a stop
+  // signal (its cause) from one that followed it.
+  std::optional<std::chrono::steady_clock::time_point> failed_at() const;
 
   struct Impl;
 

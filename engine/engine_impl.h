@@ -114,7 +114,8 @@ struct Engine::Impl final : execution::Operations {
   std::unordered_map<int64_t, HandleState> handles KOLO_GUARDED_BY(mu);
   int64_t next_handle KOLO_GUARDED_BY(mu) = 0;
   int64_t barrier_seq KOLO_GUARDED_BY(mu) = 0;
-  Status fatal KOLO_GUARDED_BY(mu);  // sticky
+  Status fatal KOLO_GUARDED_BY(mu);                                    // sticky
+  std::chrono::steady_clock::time_point fatal_at KOLO_GUARDED_BY(mu);  // when fatal was set
   bool shutdown_requested KOLO_GUARDED_BY(mu) = false;
   bool stopped KOLO_GUARDED_BY(mu) = false;
   // The background thread is about to wait with nothing new to do: the next submission wakes it

@@ -109,7 +109,10 @@ Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_p
 
 void Engine::Impl::FailEverything(const Status& status, bool fatal_error) {
   MutexLock lock(mu);
-  if (fatal_error && fatal.ok()) fatal = status;
+  if (fatal_error && fatal.ok()) {
+    fatal = status;
+    fatal_at = std::chrono::steady_clock::now();
+  }
   stopped = true;
   for (auto& [name, entry] : pending) {
     auto it = handles.find(entry.handle.id);

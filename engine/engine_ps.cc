@@ -27,7 +27,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateParameterServerRank(const Option
         },
         [&e](const Status& status) {
           MutexLock lock(e.mu);
-          if (e.fatal.ok()) e.fatal = status;
+          if (e.fatal.ok()) {
+            e.fatal = status;
+            e.fatal_at = std::chrono::steady_clock::now();
+          }
         },
         e.timeline.get());
     return engine;

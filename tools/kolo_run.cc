@@ -6,7 +6,9 @@
 // and starts every rank with KOLO_RANK, KOLO_SIZE, KOLO_LOCAL_RANK, KOLO_LOCAL_SIZE,
 // KOLO_STORE_ADDR and KOLO_JOB_SECRET set (KOLO_IFACE too with --iface). Ranks inherit stdin,
 // stdout and stderr unchanged. When a rank fails (non-zero exit or a signal), the launcher says
-// which, sends SIGTERM to the others and SIGKILL after a grace period, and exits non-zero; the exit
+// which, gives the others a few seconds to fail on their own (so that each reports the loss it saw,
+// not the launcher's signal), then sends SIGTERM and SIGKILL after a grace period, and exits
+// non-zero; the exit
 // code is the failing rank's code (128 + signal if it was killed), 124 on --timeout-s, or
 // 128 + signal when the launcher itself was interrupted. Each rank runs in its own process group,
 // which is killed as a whole, and dies with the launcher (PR_SET_PDEATHSIG).
@@ -34,6 +36,7 @@ extern char** environ;
 namespace {
 
 using kolo::bootstrap::Clock;
+constexpr auto kSettle = std::chrono::seconds(3);      // a rank failed -> SIGTERM to the rest
 constexpr auto kKillGrace = std::chrono::seconds(5);   // SIGTERM -> SIGKILL
 constexpr auto kReapBound = std::chrono::seconds(10);  // SIGKILL -> give up waiting
 
@@ -109,7 +112,9 @@ class Launcher {
              const std::vector<std::string>& env);
   void Reap();
   void SignalAll(int sig);
-  void BeginTermination(int exit_code);
+  // Stops the job with `exit_code`: SIGTERM to every rank after `settle` (a rank failed: the rest
+  // may notice by themselves first), SIGKILL kKillGrace later.
+  void BeginTermination(int exit_code, Clock::duration settle = Clock::duration::zero());
   void OnSignal(int sig);
 
   const int np_;
@@ -118,6 +123,7 @@ class Launcher {
   std::vector<pid_t> groups_;   // every rank's process group, alive or not
   bool terminating_ = false;
   int exit_code_ = 0;
+  Clock::time_point term_at_ = Clock::time_point::max();  // SIGTERM not sent yet while set
   Clock::time_point kill_at_ = Clock::time_point::max();
   Clock::time_point give_up_at_ = Clock::time_point::max();
 };
@@ -179,10 +185,15 @@ void Launcher::SignalAll(int sig) {
   for (const auto& [pid, rank] : alive_) ::kill(-pid, sig);
 }
 
-void Launcher::BeginTermination(int exit_code) {
+void Launcher::BeginTermination(int exit_code, Clock::duration settle) {
   if (terminating_) return;
   terminating_ = true;
   exit_code_ = exit_code;
+  if (settle > Clock::duration::zero()) {
+    term_at_ = Clock::now() + settle;
+    kill_at_ = term_at_ + kKillGrace;
+    return;
+  }
   SignalAll(SIGTERM);
   kill_at_ = Clock::now() + kKillGrace;
 }
@@ -198,19 +209,24 @@ void Launcher::Reap() {
     alive_.erase(it);
     if (terminating_) continue;  // stopped by us; the cause was already reported
     if (WIFEXITED(st) && WEXITSTATUS(st) != 0) {
-      Say(fmt::format("rank {} exited with code {}; stopping the other {} ranks", rank,
-                      WEXITSTATUS(st), alive_.size()));
-      BeginTermination(WEXITSTATUS(st));
+      Say(
+          fmt::format("rank {} exited with code {}; stopping the other {} ranks ({} s to stop on "
+                      "their own, then SIGTERM)",
+                      rank, WEXITSTATUS(st), alive_.size(), kSettle.count()));
+      BeginTermination(WEXITSTATUS(st), kSettle);
     } else if (WIFSIGNALED(st)) {
-      Say(fmt::format("rank {} killed by signal {} ({}); stopping the other {} ranks", rank,
-                      WTERMSIG(st), strsignal(WTERMSIG(st)), alive_.size()));
-      BeginTermination(128 + WTERMSIG(st));
+      Say(
+          fmt::format("rank {} killed by signal {} ({}); stopping the other {} ranks ({} s to stop "
+                      "on their own, then SIGTERM)",
+                      rank, WTERMSIG(st), strsignal(WTERMSIG(st)), alive_.size(), kSettle.count()));
+      BeginTermination(128 + WTERMSIG(st), kSettle);
     }
   }
 }
 
 void Launcher::OnSignal(int sig) {
-  if (terminating_) {
+  // (While the ranks are given time to stop on their own, an interrupt is forwarded at once.)
+  if (terminating_ && term_at_ == Clock::time_point::max()) {
     // A second interrupt while the ranks are being stopped: stop waiting for them.
     Say(fmt::format("received {} again; sending SIGKILL to {} ranks", strsignal(sig),
                     alive_.size()));
@@ -220,8 +236,9 @@ void Launcher::OnSignal(int sig) {
   }
   Say(fmt::format("received {}; forwarding it to {} ranks", strsignal(sig), alive_.size()));
   SignalAll(sig);
+  term_at_ = Clock::time_point::max();
+  if (!terminating_) exit_code_ = 128 + sig;  // a rank's failure, when there was one, stays first
   terminating_ = true;
-  exit_code_ = 128 + sig;
   kill_at_ = Clock::now() + kKillGrace;
 }
 
@@ -252,6 +269,12 @@ int Launcher::Run(const std::string& exe, const std::vector<std::string>& comman
                       alive_.size()));
       BeginTermination(124);
     }
+    if (terminating_ && now >= term_at_) {
+      Say(fmt::format("{} ranks still running {} s after the failure; sending SIGTERM",
+                      alive_.size(), kSettle.count()));
+      SignalAll(SIGTERM);
+      term_at_ = Clock::time_point::max();
+    }
     if (terminating_ && now >= kill_at_ && give_up_at_ == Clock::time_point::max()) {
       Say(fmt::format("{} ranks still running {} s after SIGTERM; sending SIGKILL", alive_.size(),
                       kKillGrace.count()));
@@ -263,8 +286,8 @@ int Launcher::Run(const std::string& exe, const std::vector<std::string>& comman
                       alive_.size()));
       break;
     }
-    auto next =
-        std::min({job_deadline, terminating_ ? kill_at_ : Clock::time_point::max(), give_up_at_});
+    auto next = std::min({job_deadline, terminating_ ? kill_at_ : Clock::time_point::max(),
+                          terminating_ ? term_at_ : Clock::time_point::max(), give_up_at_});
     int wait_ms = -1;
     if (next != Clock::time_point::max()) {
       wait_ms = static_cast<int>(std::clamp<int64_t>(

@@ -1,5 +1,9 @@
 // kolo-train: see models/trainer/train_run.h and `kolo-train --help`.
+#include <time.h>
+
+#include <atomic>
 #include <csignal>
+#include <cstdint>
 #include <cstring>
 
 #include "kolo/git_commit.h"  // generated at build time (cmake/GitCommit.cmake)
@@ -10,6 +14,8 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 std::atomic<int> g_first_signal{0};
+// When the first signal came, on the steady clock (CLOCK_MONOTONIC, ns); 0 before one.
+std::atomic<int64_t> g_stop_ns{0};
 
 // The first SIGINT/SIGTERM asks every phase to stop after its current step; the same signal again
 // restores the default action and re-raises, for a user who does not want to wait. A different one
@@ -17,7 +23,11 @@ std::atomic<int> g_first_signal{0};
 // mpirun, as SIGTERM.
 void OnSignal(int sig) {
   int none = 0;
-  g_first_signal.compare_exchange_strong(none, sig);
+  if (g_first_signal.compare_exchange_strong(none, sig)) {
+    timespec now{};
+    ::clock_gettime(CLOCK_MONOTONIC, &now);  // async-signal-safe; steady_clock's clock on Linux
+    g_stop_ns.store(static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec);
+  }
   if (g_stop.exchange(true) && g_first_signal.load() == sig) {
     std::signal(sig, SIG_DFL);
     std::raise(sig);
@@ -40,5 +50,5 @@ int main(int argc, char** argv) {
   InstallHandlers();
   kolo::models::trainer::ParsedFlags flags = kolo::models::trainer::ParseTrainFlags(argc, argv);
   if (!flags.options) return flags.exit_code;
-  return kolo::models::trainer::RunTraining(*flags.options, g_stop, KOLO_GIT_COMMIT);
+  return kolo::models::trainer::RunTraining(*flags.options, g_stop, KOLO_GIT_COMMIT, &g_stop_ns);
 }

@@ -100,8 +100,9 @@ CommPerStep CommBetween(const Engine::Stats& a, const Engine::Stats& b, const st
 // State of one run, so that every exit path can fill and write the record.
 class Run {
  public:
-  Run(const TrainOptions& o, const std::atomic<bool>& stop, const std::string& commit)
-      : o_(o), stop_(stop) {
+  Run(const TrainOptions& o, const std::atomic<bool>& stop, const std::string& commit,
+      const std::atomic<int64_t>* stop_ns)
+      : o_(o), stop_(stop), stop_ns_(stop_ns) {
     record_.kolo_commit = commit;
     record_.timestamp = UtcTimestamp();
     record_.cpu_model = CpuModel();
@@ -112,14 +113,17 @@ class Run {
 
   int Execute() {
     Status s = Train();
-    Stopping();
+    // A rank stopped by a signal may see its peers' shutdown as a failed collective: then the
+    // signal is the cause. An engine that failed before the signal (a peer lost, after which the
+    // launcher stops every rank) keeps its own error as the cause.
+    const bool failed_first = !s.ok() && FailedBeforeSignal();
+    if (!failed_first) Stopping();
     if (s.ok() && interrupted_) s = Aborted("interrupted");
     if (engine_) {
       Status down = engine_->Shutdown();
       if (s.ok() && !down.ok()) s = down;
     }
-    // A rank stopped by a signal may see its peers' shutdown as a failed collective first.
-    if (!s.ok() && stop_.load()) interrupted_ = true;
+    if (!s.ok() && !failed_first && stop_.load()) interrupted_ = true;
     record_.ok = s.ok();
     if (interrupted_) {
       record_.error = "interrupted";
@@ -151,6 +155,15 @@ class Run {
     if (stop_.load()) interrupted_ = true;
     return interrupted_;
   }
+  // Whether this rank's engine failed before any stop signal arrived.
+  bool FailedBeforeSignal() const {
+    if (!engine_) return false;
+    const auto failed = engine_->failed_at();
+    if (!failed) return false;
+    const int64_t signalled = stop_ns_ != nullptr ? stop_ns_->load() : 0;
+    if (signalled == 0) return !stop_.load();
+    return failed->time_since_epoch() < std::chrono::nanoseconds(signalled);
+  }
 
   Status Train();
   Status Setup();
@@ -159,6 +172,7 @@ class Run {
 
   const TrainOptions& o_;
   const std::atomic<bool>& stop_;
+  const std::atomic<int64_t>* stop_ns_;
   RunRecord record_;
   int rank_ = 0;
   bool interrupted_ = false;
@@ -381,8 +395,8 @@ Status Run::Finish(const Trainer& trainer) {
 }  // namespace
 
 int RunTraining(const TrainOptions& options, const std::atomic<bool>& stop,
-                const std::string& kolo_commit) {
-  Run run(options, stop, kolo_commit);
+                const std::string& kolo_commit, const std::atomic<int64_t>* stop_ns) {
+  Run run(options, stop, kolo_commit, stop_ns);
   return run.Execute();
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "models/trainer/train_flags.h"
@@ -20,7 +21,9 @@ inline constexpr int kExitInterrupted = 130;
 // is true the rank finishes its current step, shuts the engine down and returns kExitInterrupted,
 // with a record saying status=failed, error="interrupted". `kolo_commit` goes into the record and
 // the profile. Errors are printed to stderr by the rank that sees them.
+// `stop_ns`, when given, holds the steady clock's time (ns since its epoch) of the signal that set
+// `stop` (0 before one): an engine failure from before it is the run's error, not "interrupted".
 int RunTraining(const TrainOptions& options, const std::atomic<bool>& stop,
-                const std::string& kolo_commit);
+                const std::string& kolo_commit, const std::atomic<int64_t>* stop_ns = nullptr);
 
 }  // namespace kolo::models::trainer

@@ -2,11 +2,17 @@
 #include <time.h>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <cstring>
+#include <thread>
 
+#include "kolo/config.h"
 #include "kolo/git_commit.h"  // generated at build time (cmake/GitCommit.cmake)
+#if KOLO_HAVE_MPI
+#include "engine/bootstrap/mpi/mpi_env.h"
+#endif
 #include "models/trainer/train_flags.h"
 #include "models/trainer/train_run.h"
 
@@ -50,5 +56,16 @@ int main(int argc, char** argv) {
   InstallHandlers();
   kolo::models::trainer::ParsedFlags flags = kolo::models::trainer::ParseTrainFlags(argc, argv);
   if (!flags.options) return flags.exit_code;
-  return kolo::models::trainer::RunTraining(*flags.options, g_stop, KOLO_GIT_COMMIT, &g_stop_ns);
+  const int code =
+      kolo::models::trainer::RunTraining(*flags.options, g_stop, KOLO_GIT_COMMIT, &g_stop_ns);
+#if KOLO_HAVE_MPI
+  // Under mpirun a failed rank ends the job: MPI_Finalize would wait for a peer that stopped
+  // answering, for ever if it never resumes. Rank 0 has written the record by now; the others give
+  // it a moment to, since the abort takes every rank down.
+  if (code == kolo::models::trainer::kExitFailed) {
+    if (flags.options->engine.rank != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
+    kolo::bootstrap::mpi::AbortWorldIfInitialized(code);
+  }
+#endif
+  return code;
 }

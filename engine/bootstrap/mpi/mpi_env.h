@@ -20,6 +20,11 @@ Status EnsureInitialized();
 // initialised MPI (EnsureInitialized did the MPI_Init_thread) and nobody has finalised it.
 void FinalizeAtExit();
 
+// Ends the whole MPI job with `code` (MPI_Abort on MPI_COMM_WORLD) when MPI is initialised and not
+// finalised; returns otherwise. For a rank that failed for good: MPI_Finalize would wait for the
+// peer that stopped answering, perhaps for ever. Flushes stdout and stderr first.
+void AbortWorldIfInitialized(int code);
+
 // True if EnsureInitialized performed the initialisation.
 bool InitializedByKolo();
 

@@ -89,7 +89,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
 
   if (options.backend == "mpi") {
     std::string why;
-    auto mpi = backends::MakeMpiBackend(&why);
+    auto mpi = backends::MakeMpiBackend(link.timeout, &why);
     if (!mpi) return InvalidArgument("backend 'mpi' is not available: {}", why);
     e.backends.push_back(std::move(mpi));
   }

@@ -7,6 +7,7 @@
 // buffer) or by the caller (a tensor run in place), valid for the duration of the call.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -56,8 +57,12 @@ class Backend {
 // Ring collectives over the engine's transport device (engine/collectives).
 std::unique_ptr<Backend> MakeRingBackend(collectives::Comm* comm);
 
-// MPI_Allreduce / MPI_Bcast / MPI_Allgatherv on a duplicate of MPI_COMM_WORLD. Null (with the
-// reason in *why) when this build has no MPI or the process was not launched by mpirun.
-std::unique_ptr<Backend> MakeMpiBackend(std::string* why);
+// MPI_Allreduce / MPI_Bcast / MPI_Allgatherv on a duplicate of MPI_COMM_WORLD, watched: a call
+// still blocked after `timeout` (the peer timeout: some rank stopped taking part) is logged and
+// the MPI job aborted, since a blocking MPI collective cannot be given up. (Blocking calls keep
+// MPI's own tuned algorithms; its non-blocking ones are other implementations that progress only
+// inside MPI calls.) Null (with the reason in *why) when this build has no MPI or the process was
+// not launched by mpirun.
+std::unique_ptr<Backend> MakeMpiBackend(std::chrono::milliseconds timeout, std::string* why);
 
 }  // namespace kolo::backends

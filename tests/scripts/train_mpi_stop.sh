@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# A rank that hangs instead of dying ends an mpirun job: SIGSTOP rank 2 of a 3-rank ring run
-# (replay compute) after its first steps. The survivors' collectives time out after the peer
-# timeout (5 s), they fail, and the failed ranks abort the MPI job (MPI_Abort) instead of waiting
-# in MPI_Finalize for the stopped rank for ever: mpirun exits non-zero within a bound and nothing
-# of the job is left, the stopped rank included.
+# A rank that hangs instead of dying ends an mpirun job: SIGSTOP rank 2 of a 3-rank run (replay
+# compute) after its first steps, with the ring backend and with the MPI backend. Ring: the
+# survivors' collectives time out after the peer timeout (5 s), they fail, and the failed ranks
+# abort the MPI job (MPI_Abort) instead of waiting in MPI_Finalize for the stopped rank for ever.
+# MPI: the backend's watchdog aborts the job once a blocking MPI collective has outlived the peer
+# timeout. Either way mpirun exits non-zero within a bound and nothing of the job is left, the
+# stopped rank included.
 # Usage: train_mpi_stop.sh BIN_DIR. Exit 77 (skip) without kolo-train, mpirun or the build's MPI.
 set -euo pipefail
 
@@ -30,39 +32,43 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; [[ -f $work/out ]] && cat "$work/out"; exit 1; }
 
-setsid mpirun --oversubscribe --allow-run-as-root --mca btl self,tcp --mca btl_tcp_if_include lo \
-  --mca oob_tcp_if_include lo -np 3 "$train" --model resnet101 --batch-size 64 --compute replay \
-  --profile "$root/models/profiles/resnet101-h100-b64.json" --num-warmup-batches 1 \
-  --num-batches 100000 --display-every 5 --peer-timeout-s 5 --json "$work/run.json" \
-  >"$work/out" 2>&1 &
-launched=$!
-waited=0
-until grep -Eq $'^[0-9]+\timages/sec' "$work/out" 2>/dev/null; do
-  kill -0 "$launched" 2>/dev/null || fail "exited before training"
-  ((waited++ < 600)) || fail "no step line within 120 s"
-  sleep 0.2
+for backend in ring mpi; do
+  rm -f "$work/out" "$work/run.json"
+  setsid mpirun --oversubscribe --allow-run-as-root --mca btl self,tcp --mca btl_tcp_if_include lo \
+    --mca oob_tcp_if_include lo -np 3 "$train" --model resnet101 --batch-size 64 --compute replay \
+    --profile "$root/models/profiles/resnet101-h100-b64.json" --num-warmup-batches 1 \
+    --num-batches 100000 --display-every 5 --peer-timeout-s 5 --backend "$backend" \
+    --json "$work/run.json" \
+    >"$work/out" 2>&1 &
+  launched=$!
+  waited=0
+  until grep -Eq $'^[0-9]+\timages/sec' "$work/out" 2>/dev/null; do
+    kill -0 "$launched" 2>/dev/null || fail "$backend: exited before training"
+    ((waited++ < 600)) || fail "$backend: no step line within 120 s"
+    sleep 0.2
+  done
+  victim=
+  for pid in $(pgrep -f -- "--json $work/run.json"); do
+    tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=2" &&
+      { victim=$pid; break; }
+  done
+  [[ -n $victim ]] || fail "$backend: rank 2 not found"
+  kill -STOP "$victim"
+  SECONDS=0
+  while kill -0 "$launched" 2>/dev/null; do
+    ((SECONDS < 60)) || fail "$backend: mpirun still running 60 s after rank 2 was stopped (peer timeout 5 s)"
+    sleep 0.2
+  done
+  set +e
+  wait "$launched"
+  rc=$?
+  set -e
+  launched=
+  echo "$backend: mpirun exited $rc, ${SECONDS} s after rank 2 was stopped"
+  [[ $rc != 0 ]] || fail "$backend: mpirun exited 0 although a rank stopped answering"
+  grep -q "waited\|timed out\|nothing completed\|still blocked after" "$work/out" || fail "$backend: no survivor reported the timeout"
+  sleep 1
+  left=$(pgrep -f -- "--json $work/run.json" || true)
+  [[ -z $left ]] || fail "$backend: processes left after the job ended: $left"
 done
-victim=
-for pid in $(pgrep -f -- "--json $work/run.json"); do
-  tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=2" &&
-    { victim=$pid; break; }
-done
-[[ -n $victim ]] || fail "rank 2 not found"
-kill -STOP "$victim"
-SECONDS=0
-while kill -0 "$launched" 2>/dev/null; do
-  ((SECONDS < 60)) || fail "mpirun still running 60 s after rank 2 was stopped (peer timeout 5 s)"
-  sleep 0.2
-done
-set +e
-wait "$launched"
-rc=$?
-set -e
-launched=
-echo "mpirun exited $rc, ${SECONDS} s after rank 2 was stopped"
-[[ $rc != 0 ]] || fail "mpirun exited 0 although a rank stopped answering"
-grep -q "waited\|timed out\|nothing completed" "$work/out" || fail "no survivor reported the timeout"
-sleep 1
-left=$(pgrep -f -- "--json $work/run.json" || true)
-[[ -z $left ]] || fail "processes left after the job ended: $left"
 echo "PASS"

@@ -1,9 +1,15 @@
 #include <mpi.h>
 
+#include <chrono>
+#include <cstdio>
 #include <memory>
+#include <string>
+#include <thread>
 
 #include "engine/backends/backend.h"
 #include "engine/backends/mpi/mpi_types.h"
+#include "engine/common/logging.h"
+#include "engine/common/mutex.h"
 
 namespace kolo::backends {
 namespace {
@@ -20,9 +26,61 @@ namespace {
     }                                                                                              \
   } while (0)
 
+// Aborts the MPI job when one blocking call outlives the peer timeout.
+class Watchdog {
+ public:
+  explicit Watchdog(std::chrono::milliseconds timeout)
+      : timeout_(timeout), thread_([this] { Watch(); }) {}
+  ~Watchdog() {
+    {
+      MutexLock lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // Marks the calling thread's blocking call `what` as started, and finished.
+  void Enter(std::string what) {
+    MutexLock lock(mu_);
+    what_ = std::move(what);
+    since_ = std::chrono::steady_clock::now();
+    busy_ = true;
+  }
+  void Leave() {
+    MutexLock lock(mu_);
+    busy_ = false;
+  }
+
+ private:
+  void Watch() {
+    MutexLock lock(mu_);
+    while (!stop_) {
+      cv_.WaitFor(mu_, std::chrono::milliseconds(200));
+      if (stop_ || !busy_ || std::chrono::steady_clock::now() - since_ < timeout_) continue;
+      KOLO_LOG(kError,
+               "mpi {}: still blocked after {} ms (the peer timeout): some rank stopped taking "
+               "part (MPI does not say which); aborting the MPI job",
+               what_, timeout_.count());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  }
+
+  const std::chrono::milliseconds timeout_;
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ KOLO_GUARDED_BY(mu_) = false;
+  bool busy_ KOLO_GUARDED_BY(mu_) = false;
+  std::string what_ KOLO_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point since_ KOLO_GUARDED_BY(mu_);
+  std::thread thread_;  // last: starts once the rest is built
+};
+
 class MpiBackend final : public Backend {
  public:
-  MpiBackend() { MPI_Comm_dup(MPI_COMM_WORLD, &comm_); }
+  explicit MpiBackend(std::chrono::milliseconds timeout) : watchdog_(timeout) {
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+  }
   ~MpiBackend() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -40,8 +98,11 @@ class MpiBackend final : public Backend {
     auto* p = static_cast<uint8_t*>(buf);
     for (size_t done = 0; done < count;) {
       const size_t n = std::min<size_t>(count - done, 1u << 30);
-      KOLO_MPI_RETURN_IF_ERROR(
-          MPI_Allreduce(MPI_IN_PLACE, p + done * elem, static_cast<int>(n), type, op, comm_));
+      watchdog_.Enter(fmt::format("allreduce of {} bytes", n * elem));
+      const int rc =
+          MPI_Allreduce(MPI_IN_PLACE, p + done * elem, static_cast<int>(n), type, op, comm_);
+      watchdog_.Leave();
+      KOLO_MPI_RETURN_IF_ERROR(rc);
       done += n;
     }
     return Status::OK();
@@ -51,7 +112,10 @@ class MpiBackend final : public Backend {
     auto* p = static_cast<uint8_t*>(buf);
     for (size_t done = 0; done < nbytes;) {
       const size_t n = std::min<size_t>(nbytes - done, 1u << 30);
-      KOLO_MPI_RETURN_IF_ERROR(MPI_Bcast(p + done, static_cast<int>(n), MPI_BYTE, root, comm_));
+      watchdog_.Enter(fmt::format("broadcast of {} bytes", n));
+      const int rc = MPI_Bcast(p + done, static_cast<int>(n), MPI_BYTE, root, comm_);
+      watchdog_.Leave();
+      KOLO_MPI_RETURN_IF_ERROR(rc);
       done += n;
     }
     return Status::OK();
@@ -68,26 +132,30 @@ class MpiBackend final : public Backend {
       displs.push_back(static_cast<int>(off));
       off += b;
     }
-    KOLO_MPI_RETURN_IF_ERROR(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, buf, counts.data(),
-                                            displs.data(), MPI_BYTE, comm_));
+    watchdog_.Enter(fmt::format("allgather of {} bytes", off));
+    const int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, buf, counts.data(), displs.data(),
+                                  MPI_BYTE, comm_);
+    watchdog_.Leave();
+    KOLO_MPI_RETURN_IF_ERROR(rc);
     return Status::OK();
   }
 
  private:
+  Watchdog watchdog_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   mpi::SumTypes types_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeMpiBackend(std::string* why) {
+std::unique_ptr<Backend> MakeMpiBackend(std::chrono::milliseconds timeout, std::string* why) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
     *why = "MPI is not initialised: the mpi backend needs a launch by mpirun";
     return nullptr;
   }
-  return std::make_unique<MpiBackend>();
+  return std::make_unique<MpiBackend>(timeout);
 }
 
 }  // namespace kolo::backends

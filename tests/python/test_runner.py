@@ -114,13 +114,14 @@ def test_timeout_stops_every_process(write_sweep, tmp_path):
     started = time.monotonic()
     result = run_cli(
         "sweep",
-        write_sweep(sweep_text(ranks=(2,), timeout_s=4)),
+        # 10 s: the points that do not hang must finish in it on a loaded 2-core host too.
+        write_sweep(sweep_text(ranks=(2,), timeout_s=10)),
         "--out",
         str(out),
         "--no-report",
         env={"FAKE_TRAIN_HANG": "resnet101"},
     )
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 90
     assert result.returncode == 1
     rows = schema.read_rows(str(out / "results.csv"))
     assert [(r["model"], r["ranks"], r["status"]) for r in rows] == [
@@ -128,8 +129,8 @@ def test_timeout_stops_every_process(write_sweep, tmp_path):
         ("vgg16", "1", "ok"),
         ("resnet101", "2", "failed"),
         ("vgg16", "2", "ok"),
-    ]
-    assert rows[2]["error"].startswith("timed out after 4 s")
+    ], [r["error"] for r in rows]
+    assert rows[2]["error"].startswith("timed out after 10 s")
     # Nothing of the point lives on, not even the grandchild that left the process group.
     survivors = [pid for pid in filter(str.isdigit, os.listdir("/proc")) if _is_sleep_600(pid)]
     assert not survivors, survivors

@@ -94,7 +94,9 @@ class Sweep:
         """The point's matrix settings (what sets it apart from the sweep's other points)."""
         text = describe({k: v for k, v in point.items() if k in self.axes or k == "repeat"})
         if is_baseline(point):
-            text += " backend=none (single-rank baseline, no distribution)"
+            if "backend" not in self.axes:
+                text += " backend=none"
+            text += " (single-rank baseline, no distribution)"
         return text
 
 

@@ -32,7 +32,8 @@ def test_a_baseline_is_added_per_model_batch_compute_and_precision(write_sweep):
     # What fixes one rank's compute comes along; the engine's knobs do not.
     assert all(p["num_batches"] == 7 and "fusion_threshold_mb" not in p for p in baselines)
     assert len(sweep.added) == 4 and all("baseline" in note for note in sweep.added)
-    assert "backend=none" in sweep.label(baselines[0])
+    assert sweep.label(baselines[0]).count("backend=none") == 1  # backend is an axis here
+    assert "(single-rank baseline, no distribution)" in sweep.label(baselines[0])
 
 
 def test_a_baseline_in_the_file_is_not_added_twice(write_sweep):

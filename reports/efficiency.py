@@ -24,22 +24,11 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from reports import schema
+from reports import schema, settings
 
 CONFIG_COLUMNS = tuple(c for c in schema.SETTING_COLUMNS if c not in ("ranks", "nodes"))
-# What fixes a single rank's compute: rows equal in these share one baseline. Micro-batches per
-# step count (local aggregation changes how often the optimizer runs per image).
-BASELINE_COLUMNS = (
-    "model",
-    "batch_size",
-    "compute",
-    "profile",
-    "precision",
-    "backward_passes_per_step",
-    "image_size",
-    "num_classes",
-)
-BASELINE_BACKEND = "none"
+BASELINE_COLUMNS = settings.BASELINE_SETTINGS  # rows equal in these share one baseline
+BASELINE_BACKEND = settings.BASELINE_BACKEND
 # The columns with_efficiency fills.
 DERIVED = ("scaling_efficiency", "baseline_images_per_sec", "efficiency_vs_own_base", "efficiency_base_ranks")
 

@@ -26,7 +26,20 @@ MODELS = (
 COMPUTES = ("onednn", "cudnn", "replay")
 # "none": one rank that trains without any distributed communication, the single-GPU baseline
 # scaling efficiency is measured against.
-BACKENDS = ("ring", "mpi", "ps", "nccl", "none")
+BASELINE_BACKEND = "none"
+BACKENDS = ("ring", "mpi", "ps", "nccl", BASELINE_BACKEND)
+# What fixes a single rank's compute: points (and CSV rows) equal in these share one baseline.
+# Micro-batches per step count: local aggregation changes how often the optimizer runs per image.
+BASELINE_SETTINGS = (
+    "model",
+    "batch_size",
+    "compute",
+    "profile",
+    "precision",
+    "backward_passes_per_step",
+    "image_size",
+    "num_classes",
+)
 TRANSPORTS = ("tcp", "rdma")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 PS_PLACEMENTS = ("greedy", "split")

@@ -157,23 +157,12 @@ def only(sweep: Sweep, filters: list[str]) -> Sweep:
     return replace(sweep, points=points, added=added)
 
 
-# Settings that fix one rank's compute: points equal in these share a single-rank baseline
-# (reports.efficiency.BASELINE_COLUMNS, as sweep settings).
-BASELINE_SETTINGS = (
-    "model",
-    "batch_size",
-    "compute",
-    "profile",
-    "precision",
-    "backward_passes_per_step",
-    "image_size",
-    "num_classes",
-)
+BASELINE_SETTINGS = settings.BASELINE_SETTINGS
 
 
 def is_baseline(point: dict) -> bool:
     """A single-rank point without distributed communication (backend "none")."""
-    return point.get("backend") == "none" and point.get("ranks") == 1
+    return point.get("backend") == settings.BASELINE_BACKEND and point.get("ranks") == 1
 
 
 def baseline_key(point: dict) -> tuple:

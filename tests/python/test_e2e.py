@@ -11,6 +11,13 @@ from reports import schema
 
 from conftest import ROOT, need_build, need_mpirun, run_cli
 
+# The [fixed] settings of the replay sweeps: ResNet-101 at an H100's recorded pace, 3 timed steps.
+REPLAY = """model = "resnet101"
+compute = "replay"
+profile = "models/profiles/resnet101-h100-b64.json"
+batch_size = 64
+num_warmup_batches = 1
+num_batches = 3"""
 BIN_DIR = Path(os.environ.get("KOLO_BIN_DIR", ROOT / "build" / "bin"))
 
 
@@ -97,19 +104,14 @@ ranks = [1, 2]
 
 def test_replay_points_through_kolo_run(write_sweep, tmp_path):
     need_train()
-    text = """
+    text = f"""
 [sweep]
 name = "e2e-replay"
 timeout_s = 240
 [launcher]
 kind = "local"
 [fixed]
-model = "resnet101"
-compute = "replay"
-profile = "models/profiles/resnet101-h100-b64.json"
-batch_size = 64
-num_warmup_batches = 1
-num_batches = 3
+{REPLAY}
 backend = "ring"
 [matrix]
 ranks = [1, 2]
@@ -135,19 +137,14 @@ def test_parameter_server_breakdown_and_efficiency_through_kolo_run(write_sweep,
     # The parameter server's pushes and pulls, measured: its breakdown adds up, each worker sends
     # its whole gradient per step, and it is judged against the same baseline as the ring.
     need_train()
-    text = """
+    text = f"""
 [sweep]
 name = "e2e-ps"
 timeout_s = 240
 [launcher]
 kind = "local"
 [fixed]
-model = "resnet101"
-compute = "replay"
-profile = "models/profiles/resnet101-h100-b64.json"
-batch_size = 64
-num_warmup_batches = 1
-num_batches = 3
+{REPLAY}
 ranks = 2
 [matrix]
 backend = ["ring", "ps"]

@@ -17,51 +17,22 @@ done
 command -v python3 >/dev/null || { echo "SKIP: python3 is needed to read the run record"; exit 77; }
 
 work=$(mktemp -d)
-launched=
-cleanup() {
-  if [[ -n $launched ]] && kill -0 "$launched" 2>/dev/null; then
-    pkill -KILL -P "$launched" 2>/dev/null || true
-    kill -KILL -- "-$launched" 2>/dev/null || true
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=tests/scripts/lib/job.bash
+source "$(dirname "$0")/lib/job.bash"
+trap 'job_cleanup "--json $work/run.json"; rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; [[ -f $work/out ]] && cat "$work/out"; exit 1; }
 
-# The rank-N kolo-train among the launcher's children (kolo-run gives each its KOLO_RANK).
-rank_pid() {
-  local pid
-  for pid in $(pgrep -P "$launched"); do
-    tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "KOLO_RANK=$1" && { echo "$pid"; return; }
-  done
-}
-
 for round in 1 2 3; do
-  rm -f "$work/out" "$work/run.json"
-  setsid "$run" -np 3 --timeout-s 120 "$train" --model resnet101 --batch-size 64 --compute replay \
-    --profile "$root/models/profiles/resnet101-h100-b64.json" --num-warmup-batches 1 \
-    --num-batches 100000 --display-every 5 --peer-timeout-s 20 --json "$work/run.json" \
-    >"$work/out" 2>&1 &
-  launched=$!
-  waited=0
-  until grep -Eq $'^[0-9]+\timages/sec' "$work/out" 2>/dev/null; do
-    kill -0 "$launched" 2>/dev/null || fail "round $round: exited before training"
-    ((waited++ < 600)) || fail "round $round: no step line within 120 s"
-    sleep 0.2
-  done
-  victim=$(rank_pid 2)
-  [[ -n $victim ]] || fail "round $round: rank 2 not found among kolo-run's children"
+  rm -f "$work/run.json"
+  job_start "$run" -np 3 --timeout-s 120 "$train" --model resnet101 --batch-size 64 \
+    --compute replay --profile "$root/models/profiles/resnet101-h100-b64.json" \
+    --num-warmup-batches 1 --num-batches 100000 --display-every 5 --peer-timeout-s 20 \
+    --json "$work/run.json"
+  job_wait_step "round $round"
+  victim=$(job_rank_pid "--json $work/run.json" KOLO_RANK=2)  # kolo-run sets each rank's KOLO_RANK
+  [[ -n $victim ]] || fail "round $round: rank 2 not found among kolo-run's ranks"
   kill -KILL "$victim"
-  SECONDS=0
-  while kill -0 "$launched" 2>/dev/null; do
-    ((SECONDS < 60)) || fail "round $round: still running 60 s after rank 2 was killed"
-    sleep 0.2
-  done
-  set +e
-  wait "$launched"
-  rc=$?
-  set -e
-  launched=
+  job_wait_exit 60 "round $round"
   [[ $rc != 0 ]] || fail "round $round: kolo-run exited 0 after a rank was killed"
   python3 - "$work/run.json" "$round" <<'PY' || fail "round $round: record"
 import json, sys

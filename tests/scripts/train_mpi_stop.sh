@@ -18,52 +18,23 @@ grep -q "KOLO_HAVE_MPI 1" "$bin/../generated/kolo/config.h" 2>/dev/null ||
   { echo "skip: this build has no MPI"; exit 77; }
 
 work=$(mktemp -d)
-launched=
-cleanup() {
-  # Whatever this job left: resume and kill it (a stopped process ignores SIGTERM).
-  local pid
-  for pid in $(pgrep -f -- "--json $work/run.json" || true); do
-    kill -CONT "$pid" 2>/dev/null || true
-    kill -KILL "$pid" 2>/dev/null || true
-  done
-  [[ -n $launched ]] && kill -KILL -- "-$launched" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=tests/scripts/lib/job.bash
+source "$(dirname "$0")/lib/job.bash"
+trap 'job_cleanup "--json $work/run.json"; rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; [[ -f $work/out ]] && cat "$work/out"; exit 1; }
 
 for backend in ring mpi; do
-  rm -f "$work/out" "$work/run.json"
-  setsid mpirun --oversubscribe --allow-run-as-root --mca btl self,tcp --mca btl_tcp_if_include lo \
-    --mca oob_tcp_if_include lo -np 3 "$train" --model resnet101 --batch-size 64 --compute replay \
-    --profile "$root/models/profiles/resnet101-h100-b64.json" --num-warmup-batches 1 \
-    --num-batches 100000 --display-every 5 --peer-timeout-s 5 --backend "$backend" \
-    --json "$work/run.json" \
-    >"$work/out" 2>&1 &
-  launched=$!
-  waited=0
-  until grep -Eq $'^[0-9]+\timages/sec' "$work/out" 2>/dev/null; do
-    kill -0 "$launched" 2>/dev/null || fail "$backend: exited before training"
-    ((waited++ < 600)) || fail "$backend: no step line within 120 s"
-    sleep 0.2
-  done
-  victim=
-  for pid in $(pgrep -f -- "--json $work/run.json"); do
-    tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=2" &&
-      { victim=$pid; break; }
-  done
+  rm -f "$work/run.json"
+  job_start mpirun --oversubscribe --allow-run-as-root --mca btl self,tcp \
+    --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo -np 3 "$train" --model resnet101 \
+    --batch-size 64 --compute replay --profile "$root/models/profiles/resnet101-h100-b64.json" \
+    --num-warmup-batches 1 --num-batches 100000 --display-every 5 --peer-timeout-s 5 \
+    --backend "$backend" --json "$work/run.json"
+  job_wait_step "$backend"
+  victim=$(job_rank_pid "--json $work/run.json" OMPI_COMM_WORLD_RANK=2)
   [[ -n $victim ]] || fail "$backend: rank 2 not found"
   kill -STOP "$victim"
-  SECONDS=0
-  while kill -0 "$launched" 2>/dev/null; do
-    ((SECONDS < 60)) || fail "$backend: mpirun still running 60 s after rank 2 was stopped (peer timeout 5 s)"
-    sleep 0.2
-  done
-  set +e
-  wait "$launched"
-  rc=$?
-  set -e
-  launched=
+  job_wait_exit 60 "$backend (peer timeout 5 s)"
   echo "$backend: mpirun exited $rc, ${SECONDS} s after rank 2 was stopped"
   [[ $rc != 0 ]] || fail "$backend: mpirun exited 0 although a rank stopped answering"
   grep -q "waited\|timed out\|nothing completed\|still blocked after" "$work/out" || fail "$backend: no survivor reported the timeout"

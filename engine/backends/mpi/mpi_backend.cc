@@ -39,10 +39,12 @@ class Watchdog {
     cv_.notify_all();
     thread_.join();
   }
-  // Marks the calling thread's blocking call `what` as started, and finished.
-  void Enter(std::string what) {
+  // Marks the calling thread's blocking call (`what`, a literal, of `bytes`) as started, and
+  // finished. Nothing is formatted unless the watchdog fires.
+  void Enter(const char* what, size_t bytes) {
     MutexLock lock(mu_);
-    what_ = std::move(what);
+    what_ = what;
+    bytes_ = bytes;
     since_ = std::chrono::steady_clock::now();
     busy_ = true;
   }
@@ -58,9 +60,9 @@ class Watchdog {
       cv_.WaitFor(mu_, std::chrono::milliseconds(200));
       if (stop_ || !busy_ || std::chrono::steady_clock::now() - since_ < timeout_) continue;
       KOLO_LOG(kError,
-               "mpi {}: still blocked after {} ms (the peer timeout): some rank stopped taking "
-               "part (MPI does not say which); aborting the MPI job",
-               what_, timeout_.count());
+               "mpi {} of {} bytes: still blocked after {} ms (the peer timeout): some rank "
+               "stopped taking part (MPI does not say which); aborting the MPI job",
+               what_, bytes_, timeout_.count());
       std::fflush(stderr);
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
@@ -71,7 +73,8 @@ class Watchdog {
   CondVar cv_;
   bool stop_ KOLO_GUARDED_BY(mu_) = false;
   bool busy_ KOLO_GUARDED_BY(mu_) = false;
-  std::string what_ KOLO_GUARDED_BY(mu_);
+  const char* what_ KOLO_GUARDED_BY(mu_) = "";
+  size_t bytes_ KOLO_GUARDED_BY(mu_) = 0;
   std::chrono::steady_clock::time_point since_ KOLO_GUARDED_BY(mu_);
   std::thread thread_;  // last: starts once the rest is built
 };
@@ -98,7 +101,7 @@ class MpiBackend final : public Backend {
     auto* p = static_cast<uint8_t*>(buf);
     for (size_t done = 0; done < count;) {
       const size_t n = std::min<size_t>(count - done, 1u << 30);
-      watchdog_.Enter(fmt::format("allreduce of {} bytes", n * elem));
+      watchdog_.Enter("allreduce", n * elem);
       const int rc =
           MPI_Allreduce(MPI_IN_PLACE, p + done * elem, static_cast<int>(n), type, op, comm_);
       watchdog_.Leave();
@@ -112,7 +115,7 @@ class MpiBackend final : public Backend {
     auto* p = static_cast<uint8_t*>(buf);
     for (size_t done = 0; done < nbytes;) {
       const size_t n = std::min<size_t>(nbytes - done, 1u << 30);
-      watchdog_.Enter(fmt::format("broadcast of {} bytes", n));
+      watchdog_.Enter("broadcast", n);
       const int rc = MPI_Bcast(p + done, static_cast<int>(n), MPI_BYTE, root, comm_);
       watchdog_.Leave();
       KOLO_MPI_RETURN_IF_ERROR(rc);
@@ -132,7 +135,7 @@ class MpiBackend final : public Backend {
       displs.push_back(static_cast<int>(off));
       off += b;
     }
-    watchdog_.Enter(fmt::format("allgather of {} bytes", off));
+    watchdog_.Enter("allgather", off);
     const int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, buf, counts.data(), displs.data(),
                                   MPI_BYTE, comm_);
     watchdog_.Leave();

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "engine/common/fault_inject.h"
+
 extern char** environ;
 
 namespace kolo {
@@ -63,9 +65,9 @@ const char* const kKnownVariables[] = {
     "KOLO_JOB_SECRET", "KOLO_IFACE", "KOLO_BACKEND", "KOLO_TRANSPORT", "KOLO_TIMELINE",
     "KOLO_LOG_LEVEL", "KOLO_BUSY_POLL", "KOLO_ENGINE_SCHED", "KOLO_SOCKET_BUFFER_BYTES",
     "KOLO_RING_CHUNK_BYTES", "KOLO_FUSION_THRESHOLD_BYTES", "KOLO_CACHE_CAPACITY",
-    "KOLO_CYCLE_TIME_MS", "KOLO_PEER_TIMEOUT_SECONDS", "KOLO_STALL_CHECK_SECONDS",
-    "KOLO_STALL_SHUTDOWN_SECONDS", "KOLO_SKIP_BOOTSTRAP", "KOLO_PS_SERVERS", "KOLO_PS_SERVER_RANKS",
-    "KOLO_PS_PLACEMENT",
+    "KOLO_CYCLE_TIME_MS", "KOLO_PEER_TIMEOUT_SECONDS", "KOLO_FAULT_INJECT",
+    "KOLO_STALL_CHECK_SECONDS", "KOLO_STALL_SHUTDOWN_SECONDS", "KOLO_SKIP_BOOTSTRAP",
+    "KOLO_PS_SERVERS", "KOLO_PS_SERVER_RANKS", "KOLO_PS_PLACEMENT",
     // Read by scripts/ (and exported to the ranks they start).
     "KOLO_ROOT", "KOLO_VENV", "KOLO_OUT", "KOLO_BIN_DIR", "KOLO_SKIP_BUILD", "KOLO_RECONFIGURE",
     "KOLO_MPIRUN_ARGS", "KOLO_MAIN_TIMEOUT"};
@@ -366,6 +368,9 @@ StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string
   KOLO_RETURN_IF_ERROR(ReadInt32(env, "KOLO_CACHE_CAPACITY", 0, 1 << 20, &o.cache_capacity));
   KOLO_RETURN_IF_ERROR(ReadDouble(env, "KOLO_CYCLE_TIME_MS", 1e-3, 10000, &o.cycle_time_ms));
   KOLO_RETURN_IF_ERROR(ReadDouble(env, "KOLO_PEER_TIMEOUT_SECONDS", 1e-3, 1e6, &o.peer_timeout_s));
+  if (const std::string* v = Find(env, "KOLO_FAULT_INJECT")) {
+    KOLO_RETURN_IF_ERROR(ConfigureFaultInjection(*v));
+  }
   KOLO_RETURN_IF_ERROR(ReadDouble(env, "KOLO_STALL_CHECK_SECONDS", 0, 1e6, &o.stall_warning_s));
   KOLO_RETURN_IF_ERROR(ReadDouble(env, "KOLO_STALL_SHUTDOWN_SECONDS", 0, 1e6, &o.stall_shutdown_s));
   if (const std::string* v = Find(env, "KOLO_PS_SERVER_RANKS")) {

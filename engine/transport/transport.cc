@@ -22,4 +22,30 @@ Status WaitFor(Device& device, size_t expected, std::vector<Completion>* out,
   return Status::OK();
 }
 
+std::vector<int> SilentPeers(const Device& device, std::chrono::milliseconds threshold) {
+  std::vector<std::pair<double, int>> silent;
+  const double at_least = std::chrono::duration<double>(threshold).count();
+  for (int peer = 0; peer < device.size(); ++peer) {
+    const double s = device.SilentSeconds(peer);
+    if (s >= at_least) silent.emplace_back(s, peer);
+  }
+  std::sort(silent.begin(), silent.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  std::vector<int> peers;
+  for (const auto& [s, peer] : silent) peers.push_back(peer);
+  return peers;
+}
+
+std::string DescribeSilentPeers(const Device& device, std::chrono::milliseconds threshold) {
+  std::string text;
+  for (int peer : SilentPeers(device, threshold)) {
+    text +=
+        fmt::format("{}rank {} {}{:.1f} s", text.empty() ? "" : ", ", peer,
+                    text.empty() ? "has sent nothing for " : "for ", device.SilentSeconds(peer));
+  }
+  if (!text.empty()) text += " (stopped, hung or unreachable)";
+  return text;
+}
+
 }  // namespace kolo::transport

@@ -147,7 +147,21 @@ class Device {
   // Bytes sent and received since creation (payload, not headers); for benchmarks and tests.
   virtual uint64_t bytes_sent() const = 0;
   virtual uint64_t bytes_received() const = 0;
+
+  // Liveness: seconds since anything last arrived from `peer` (a message, or the keepalive a
+  // device sends its peers while it is being polled), zero while a message of the peer's waits
+  // for a receive here (the peer waits on this rank), negative when the transport does not track
+  // it or `peer` is not a peer. A peer silent for a good part of the peer timeout has stopped,
+  // hung or become unreachable, while the peers it blocks keep sending keepalives: this is how
+  // a rank names the one that stopped rather than the neighbour it waits on.
+  virtual double SilentSeconds(int /*peer*/) const { return -1; }
 };
+
+// "rank 0 has sent nothing for 5.2 s, rank 3 for 5.1 s (stopped, hung or unreachable)" for the
+// peers of `device` silent for at least `threshold` (loudest last), or "" when none is.
+std::string DescribeSilentPeers(const Device& device, std::chrono::milliseconds threshold);
+// The peers silent for at least `threshold`, longest silence first.
+std::vector<int> SilentPeers(const Device& device, std::chrono::milliseconds threshold);
 
 // Waits until every operation in `expected` (count of completions) has completed, collecting them.
 // A convenience over Poll for simple exchanges; the deadline covers the whole wait.

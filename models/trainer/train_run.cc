@@ -142,6 +142,7 @@ class Run {
       }
     }
     if (interrupted_) return kExitInterrupted;
+    if (!record_.ok && bad_setting_) return kExitBadFlags;
     return record_.ok ? kExitOk : kExitFailed;
   }
 
@@ -176,7 +177,8 @@ class Run {
   RunRecord record_;
   int rank_ = 0;
   bool interrupted_ = false;
-  bool serving_ = false;  // a parameter-server rank
+  bool bad_setting_ = false;  // the compute refused a setting at set-up: exit as for a bad flag
+  bool serving_ = false;      // a parameter-server rank
   std::unique_ptr<Graph> graph_;
   std::unique_ptr<compute::ComputeBackend> backend_;
   std::unique_ptr<Engine> engine_;
@@ -212,9 +214,11 @@ Status Run::Setup() {
   bc.device = -1;  // local_rank modulo the visible GPUs, as the engine picks
   bc.local_rank = o_.engine.local_rank;
   bc.profile_path = o_.profile;
-  KOLO_RETURN_IF_ERROR(backend_->Prepare(*graph_, bc)
-                           .WithContext(fmt::format("compute '{}', model '{}', batch {}",
-                                                    o_.compute, o_.model, o_.batch_size)));
+  Status prepared = backend_->Prepare(*graph_, bc);
+  // A setting the compute refuses (a batch that cannot fit, a precision it lacks) is a bad flag.
+  bad_setting_ = prepared.code() == StatusCode::kInvalidArgument;
+  KOLO_RETURN_IF_ERROR(prepared.WithContext(
+      fmt::format("compute '{}', model '{}', batch {}", o_.compute, o_.model, o_.batch_size)));
   record_.gpu_model = backend_->DeviceName();
   if (!distributed()) {
     record_.settings.nodes = record_.settings.ranks = 1;

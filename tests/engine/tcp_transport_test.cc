@@ -239,6 +239,41 @@ TEST(TcpTransport, TimeoutNamesPendingPeerAndIsNotSticky) {
   EXPECT_EQ(word, 42u);
 }
 
+// Rank 0 waits on rank 1, which is alive (polled: it sends keepalives) but waits itself; rank 2 is
+// never polled, as a stopped process. The timeout names rank 2 as the silent one, not rank 1,
+// and the keepalives leave the stream intact for the message that follows.
+TEST(TcpTransport, TimeoutNamesTheSilentPeerNotTheLiveOneWaitedOn) {
+  bootstrap::InMemoryStore store;
+  Devices d = ConnectAll(3, store, Options(milliseconds(800)));  // keepalive every 100 ms
+  uint64_t word = 0, sent = 42;
+  auto in = d[0]->Register(&word, 8);
+  auto out = d[1]->Register(&sent, 8);
+  ASSERT_TRUE(in.ok() && out.ok());
+  std::atomic<bool> stop{false};
+  std::thread alive([&] {
+    while (!stop.load()) {
+      bool arrived = false;
+      ASSERT_TRUE(d[1]->WaitForArrival(std::chrono::microseconds(50000), &arrived).ok());
+    }
+  });
+  ASSERT_TRUE(d[0]->pair(1).Recv(**in, 0, 8, 5).ok());
+  std::vector<Completion> done;
+  Status s = d[0]->Poll(&done, milliseconds(800));
+  stop = true;
+  alive.join();
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
+  EXPECT_NE(s.message().find("rank 2 has sent nothing for"), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find("rank 1 has sent nothing"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("pending: rank 1: 1 recv"), std::string::npos) << s.message();
+  EXPECT_GE(d[0]->SilentSeconds(2), 0.4);
+  EXPECT_LT(d[0]->SilentSeconds(1), 0.4);
+  EXPECT_LT(d[0]->SilentSeconds(0), 0);  // not a peer
+  EXPECT_EQ(SilentPeers(*d[0], milliseconds(400)), std::vector<int>{2});
+  ASSERT_TRUE(d[1]->pair(0).Send(**out, 0, 8, 5).ok());
+  EXPECT_TRUE(WaitFor(*d[0], 1, &done, milliseconds(5000)).ok());
+  EXPECT_EQ(word, 42u);
+}
+
 TEST(TcpTransport, PeerShutdownWithPendingReceiveIsUnavailable) {
   bootstrap::InMemoryStore store;
   Devices d = ConnectAll(3, store);

@@ -359,6 +359,19 @@ TEST(OneDnnTrainTest, RefusesBadCalls) {
   EXPECT_EQ(b.Gradient(17).data, nullptr);
 }
 
+TEST(OneDnnTrainTest, RefusesABatchLargerThanMemoryNamingWhatItNeeds) {
+  auto made = CreateComputeBackend("onednn");
+  ASSERT_TRUE(made.ok());
+  const Graph g = Zoo("resnet101", 1000, 224);
+  BackendConfig config;
+  config.batch = 100000;  // about 10 TB of activations
+  const Status s = (*made)->Prepare(g, config);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("batch 100000"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("GiB"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("at most"), std::string::npos) << s.message();
+}
+
 }  // namespace
 }  // namespace kolo::models::compute::testing
 

@@ -91,6 +91,11 @@ expect_bad "--momentum nan is not a number" "${common[@]}" --momentum nan
 expect_bad "'/dev/zero' is not a regular file" --model resnet101 --batch-size 64 --compute replay \
   --profile /dev/zero
 expect_bad "its directory '$work/none' does not exist" "${common[@]}" --json "$work/none/r.json"
+if grep -q "KOLO_HAVE_ONEDNN 1" "$bin/../generated/kolo/config.h" 2>/dev/null; then
+  # A batch far beyond memory: refused before oneDNN tries, naming what it needs and what fits.
+  expect_bad "needs at least" --model resnet101 --batch-size 100000 --compute onednn \
+    --num-batches 1 --backend none
+fi
 echo precious >"$work/victim"
 ln -s "$work/victim" "$work/planted.json"
 expect_bad "is a symbolic link" "${common[@]}" --json "$work/planted.json"

@@ -8,6 +8,7 @@
 
 #include "engine/backends/backend.h"
 #include "engine/backends/mpi/mpi_types.h"
+#include "engine/common/fault_inject.h"
 #include "engine/common/logging.h"
 #include "engine/common/mutex.h"
 
@@ -83,6 +84,7 @@ class MpiBackend final : public Backend {
  public:
   explicit MpiBackend(std::chrono::milliseconds timeout) : watchdog_(timeout) {
     MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+    MPI_Comm_rank(comm_, &rank_);
   }
   ~MpiBackend() override {
     int finalized = 0;
@@ -101,6 +103,7 @@ class MpiBackend final : public Backend {
     auto* p = static_cast<uint8_t*>(buf);
     for (size_t done = 0; done < count;) {
       const size_t n = std::min<size_t>(count - done, 1u << 30);
+      FaultPoint(FaultPointId::kMpi, rank_);
       watchdog_.Enter("allreduce", n * elem);
       const int rc =
           MPI_Allreduce(MPI_IN_PLACE, p + done * elem, static_cast<int>(n), type, op, comm_);
@@ -115,6 +118,7 @@ class MpiBackend final : public Backend {
     auto* p = static_cast<uint8_t*>(buf);
     for (size_t done = 0; done < nbytes;) {
       const size_t n = std::min<size_t>(nbytes - done, 1u << 30);
+      FaultPoint(FaultPointId::kMpi, rank_);
       watchdog_.Enter("broadcast", n);
       const int rc = MPI_Bcast(p + done, static_cast<int>(n), MPI_BYTE, root, comm_);
       watchdog_.Leave();
@@ -135,6 +139,7 @@ class MpiBackend final : public Backend {
       displs.push_back(static_cast<int>(off));
       off += b;
     }
+    FaultPoint(FaultPointId::kMpi, rank_);
     watchdog_.Enter("allgather", off);
     const int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, buf, counts.data(), displs.data(),
                                   MPI_BYTE, comm_);
@@ -146,6 +151,7 @@ class MpiBackend final : public Backend {
  private:
   Watchdog watchdog_;
   MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
   mpi::SumTypes types_;
 };
 

@@ -14,8 +14,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr std::chrono::milliseconds kPollSlice{1000};
-constexpr auto kStallCheckEvery = std::chrono::seconds(1);
+constexpr std::chrono::milliseconds kPollSlice{250};
+constexpr auto kStallCheckEvery = std::chrono::milliseconds(250);
 constexpr size_t kElem = sizeof(float);
 
 bool SameSettings(const SgdSettings& a, const SgdSettings& b) {
@@ -90,6 +90,7 @@ Status Server::Loop() {
     bytes_sent_ = static_cast<int64_t>(d.bytes_sent());
     bytes_received_ = static_cast<int64_t>(d.bytes_received());
     if (Clock::now() - last_stall_check_ >= kStallCheckEvery) KOLO_RETURN_IF_ERROR(CheckStalls());
+    if (!registered_) KOLO_RETURN_IF_ERROR(CheckRegistration());
   }
   return Status::OK();
 }
@@ -272,7 +273,7 @@ Status Server::OnBye(int w) {
 }
 
 Status Server::OnPushDone(int w, ShardState& s) {
-  (void)w;
+  s.summed[static_cast<size_t>(w)] = true;
   if (++s.arrived == workers_) return Update(s);
   return Status::OK();
 }
@@ -290,6 +291,7 @@ Status Server::Update(ShardState& s) {
   ++s.step;
   s.announced = s.arrived = 0;
   std::fill(s.pushed.begin(), s.pushed.end(), false);
+  std::fill(s.summed.begin(), s.summed.end(), false);
   s.reply = Header{};
   s.reply.kind = static_cast<uint32_t>(Kind::kPull);
   s.reply.shard = static_cast<uint32_t>(s.id);
@@ -345,6 +347,7 @@ Status Server::FinishRegistration() {
     s.momentum.assign(s.count, 0.0f);
     s.sum.assign(s.count, 0.0f);
     s.pushed.assign(static_cast<size_t>(workers_), false);
+    s.summed.assign(static_cast<size_t>(workers_), false);
     s.initialized = s.count == 0;
     KOLO_ASSIGN_OR_RETURN(s.weights_region, d.Register(s.weights.data(), s.count * kElem));
     KOLO_ASSIGN_OR_RETURN(reply_regions_[i], d.Register(&s.reply, sizeof(Header)));
@@ -362,22 +365,79 @@ Status Server::FinishRegistration() {
 }
 
 std::string Server::MissingWorkers(const ShardState& s) const {
-  std::vector<int> have, missing;
+  std::vector<int> have, partly, missing;
   for (int w = 0; w < workers_; ++w) {
-    (s.pushed[static_cast<size_t>(w)] ? have : missing).push_back(w);
+    const size_t ws = static_cast<size_t>(w);
+    if (s.summed[ws]) {
+      have.push_back(w);
+    } else {
+      (s.pushed[ws] ? partly : missing).push_back(w);
+    }
   }
-  return fmt::format("pushed by workers [{}], not yet by workers [{}]", fmt::join(have, ","),
-                     fmt::join(missing, ","));
+  std::string text = fmt::format("pushed by workers [{}]", fmt::join(have, ","));
+  if (!partly.empty()) text += fmt::format(", partly by workers [{}]", fmt::join(partly, ","));
+  return text + fmt::format(", not yet by workers [{}]", fmt::join(missing, ","));
+}
+
+std::vector<int> Server::SilentWorkers(const std::vector<bool>& done) const {
+  std::vector<int> silent;
+  for (int w = 0; w < workers_; ++w) {
+    if (done[static_cast<size_t>(w)] || peers_[static_cast<size_t>(w)].gone) continue;
+    const double quiet = job_.device->SilentSeconds(peers_[static_cast<size_t>(w)].rank);
+    if (quiet * 1000 >= static_cast<double>(peer_timeout_.count())) silent.push_back(w);
+  }
+  return silent;
+}
+
+std::string Server::DescribeSilent(const std::vector<int>& workers) const {
+  std::string text;
+  for (int w : workers) {
+    text += fmt::format("{}{} has sent nothing for {:.1f} s", text.empty() ? "" : ", ", Who(w),
+                        job_.device->SilentSeconds(peers_[static_cast<size_t>(w)].rank));
+  }
+  return text + fmt::format(" (the peer timeout is {} s): stopped, hung or unreachable",
+                            job_.options.peer_timeout_s);
+}
+
+Status Server::CheckRegistration() {
+  std::vector<bool> done(static_cast<size_t>(workers_));
+  for (int w = 0; w < workers_; ++w)
+    done[static_cast<size_t>(w)] = peers_[static_cast<size_t>(w)].registered;
+  const std::vector<int> silent = SilentWorkers(done);
+  if (silent.empty()) return Status::OK();
+  return DeadlineExceeded("{} of {} workers registered their variables; {}", registrations_,
+                          workers_, DescribeSilent(silent));
 }
 
 Status Server::CheckStalls() {
   const auto now = Clock::now();
+  const auto gap = now - last_stall_check_;
   last_stall_check_ = now;
+  if (gap > kPollSlice + peer_timeout_ / 4) {
+    // This server was stopped or starved for that long: the workers' pushes wait unread in its
+    // sockets. Its waits restart now, so that it blames no worker for its own absence.
+    KOLO_LOG(kWarning, "{}: this server did not run for {:.1f} s (stopped or starved)",
+             job_.roles.Describe(job_.options.rank), std::chrono::duration<double>(gap).count());
+    for (ShardState& s : shards_) {
+      s.wait_start += gap;
+      s.last_warning += gap;
+    }
+    return Status::OK();
+  }
   const double warn_s = job_.options.stall_warning_s;
   const double fail_s = job_.options.stall_shutdown_s;
   for (ShardState& s : shards_) {
     if (s.announced == 0) continue;
     const double waited = std::chrono::duration<double>(now - s.wait_start).count();
+    if (waited * 1000 >= static_cast<double>(peer_timeout_.count())) {
+      // Workers that are alive but late (a slow step) keep sending keepalives and are waited
+      // for; one silent for the peer timeout has stopped, and the job fails naming it.
+      const std::vector<int> silent = SilentWorkers(s.summed);
+      if (!silent.empty()) {
+        return DeadlineExceeded("'{}' update {} has waited {:.1f} s: {}; {}", s.name, s.step,
+                                waited, MissingWorkers(s), DescribeSilent(silent));
+      }
+    }
     if (fail_s > 0 && waited > fail_s) {
       return DeadlineExceeded(
           "'{}' update {} stalled for {:.1f} s (KOLO_STALL_SHUTDOWN_SECONDS={}): "

@@ -35,9 +35,11 @@ class Server {
 
   // Serves until every worker has said goodbye (OK) or the first failure: a peer lost or
   // aborted, a protocol violation, a worker that leaves while others wait for its push, a step
-  // stalled past KOLO_STALL_SHUTDOWN_SECONDS. On failure the job's device is aborted, so every
-  // worker fails too, and the error names this server and the peer. Callable once; not
-  // thread-safe.
+  // stalled past KOLO_STALL_SHUTDOWN_SECONDS, a step that has waited the peer timeout on a worker
+  // silent for as long (stopped, hung or unreachable: Device::SilentSeconds). A server that was
+  // itself stopped restarts its waits when it runs again, and blames no worker for that. On failure
+  // the job's device is aborted, so every worker fails too, and the error names this server and the
+  // peer. Callable once; not thread-safe.
   Status Serve();
 
   // Payload bytes exchanged with the workers, and shard updates applied; readable from any thread.
@@ -80,6 +82,7 @@ class Server {
     int announced = 0;         // workers whose push header of this step arrived
     int arrived = 0;           // workers whose whole push of this step has been summed
     std::vector<bool> pushed;  // per worker: header of this step seen
+    std::vector<bool> summed;  // per worker: whole push of this step summed
     SgdSettings sgd;           // the first push's settings; every worker's must match
     std::chrono::steady_clock::time_point wait_start;
     std::chrono::steady_clock::time_point last_warning;
@@ -98,6 +101,11 @@ class Server {
   Status Update(ShardState& s);
   Status CheckStalls();
   std::string MissingWorkers(const ShardState& s) const;
+  // Workers not `done` (and not gone) that have been silent for the peer timeout.
+  std::vector<int> SilentWorkers(const std::vector<bool>& done) const;
+  std::string DescribeSilent(const std::vector<int>& workers) const;
+  // Fails, naming them, when workers that have not registered are silent for the peer timeout.
+  Status CheckRegistration();
   std::string Who(int worker) const;
 
   Job job_;

@@ -32,6 +32,7 @@ Worker::Worker(Job job, CompleteFn complete, FailFn fail, timeline::Timeline* ti
   sends_.resize(servers);
   recvs_.resize(servers);
   acked_.assign(servers, false);
+  pulls_due_.assign(servers, 0);
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -58,7 +59,9 @@ Status Worker::RegisterVariables(const std::vector<VariableSpec>& vars) {
     in_flight_.assign(vars.size(), false);
     registering_ = true;
     job_.device->Wake();
-    if (!cv_.WaitFor(mu_, peer_timeout_,
+    // Half a timeout more than the worker thread and the servers take to name a silent peer, so
+    // that their diagnosis arrives first.
+    if (!cv_.WaitFor(mu_, peer_timeout_ + peer_timeout_ / 2,
                      [&]() KOLO_REQUIRES(mu_) { return registered_.has_value(); })) {
       return DeadlineExceeded(
           "{}: the parameter servers did not all accept the {} variables within {} s (every "
@@ -221,10 +224,12 @@ Status Worker::Loop() {
     if (stop) break;
     completions_.clear();
     Status s = d.Poll(&completions_, kPollSlice);
-    if (s.code() == StatusCode::kDeadlineExceeded) continue;
-    KOLO_RETURN_IF_ERROR(s);
-    for (const transport::Completion& c : completions_) KOLO_RETURN_IF_ERROR(OnCompletion(c));
-    UpdateCounters();
+    if (s.code() != StatusCode::kDeadlineExceeded) {
+      KOLO_RETURN_IF_ERROR(s);
+      for (const transport::Completion& c : completions_) KOLO_RETURN_IF_ERROR(OnCompletion(c));
+      UpdateCounters();
+    }
+    KOLO_RETURN_IF_ERROR(CheckServers(registration_sent));
   }
 
   // Goodbye: every server learns that this worker is done, after whatever it already sent. No
@@ -238,6 +243,31 @@ Status Worker::Loop() {
     KOLO_RETURN_IF_ERROR(
         d.pair(job_.roles.server_ranks[static_cast<size_t>(j)])
             .Send(*control_region_, kByeSlot * sizeof(Header), sizeof(Header), kHeaderTag));
+  }
+  return Status::OK();
+}
+
+Status Worker::CheckServers(bool registration_sent) {
+  const auto now = std::chrono::steady_clock::now();
+  // A turn of this loop much longer than a poll slice means this worker itself was stopped or
+  // starved: its peers' silence since then says nothing about them.
+  const bool resumed = last_turn_ != std::chrono::steady_clock::time_point{} &&
+                       now - last_turn_ > kPollSlice + peer_timeout_ / 4;
+  last_turn_ = now;
+  if (resumed) return Status::OK();
+  for (int j = 0; j < job_.roles.servers(); ++j) {
+    const size_t js = static_cast<size_t>(j);
+    const int waiting = pulls_due_[js] + (registration_sent && !acked_[js] ? 1 : 0);
+    if (waiting == 0 && sends_[js].empty()) continue;
+    const int rank = job_.roles.server_ranks[js];
+    // A live server keeps sending keepalives while it waits for other workers; a silent one has
+    // stopped, hung or become unreachable.
+    const double silent = job_.device->SilentSeconds(rank);
+    if (silent * 1000 < static_cast<double>(peer_timeout_.count())) continue;
+    return DeadlineExceeded(
+        "{} has sent nothing for {:.1f} s (the peer timeout is {} s) while this worker waits for "
+        "{} of its replies and {} of its sends: it stopped, hung or became unreachable",
+        job_.roles.Describe(rank), silent, job_.options.peer_timeout_s, waiting, sends_[js].size());
   }
   return Status::OK();
 }
@@ -304,6 +334,7 @@ Status Worker::StartPush(const Request& r) {
     h.grad_scale = r.sgd.grad_scale;
     transport::Pair& p = d.pair(job_.roles.server_ranks[static_cast<size_t>(sh.server)]);
     auto& q = sends_[static_cast<size_t>(sh.server)];
+    ++pulls_due_[static_cast<size_t>(sh.server)];
     const size_t offset = static_cast<size_t>(sh.begin) * kElem;
     const size_t shard_bytes = static_cast<size_t>(sh.bytes);
     const size_t chunks = ChunkCount(shard_bytes, chunk_bytes_);
@@ -366,6 +397,7 @@ Status Worker::OnCompletion(const transport::Completion& c) {
   Variable& v =
       vars_[static_cast<size_t>(placement_.shards[static_cast<size_t>(slot.shard)].variable)];
   --v.pending_pulls;
+  --pulls_due_[static_cast<size_t>(server)];
   MaybeComplete(v);
   return Status::OK();
 }

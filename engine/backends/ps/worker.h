@@ -8,9 +8,9 @@
 // one of its shards has been pushed and pulled.
 //
 // Errors: the thread's first failure (a server or another rank lost or aborted, a protocol
-// violation) is fatal: it aborts the job's device (every peer then fails, naming this worker) and
-// reports the error, naming the peer, through FailFn; every pending and later PushPull fails
-// with it.
+// violation, a server this worker waits on silent for the peer timeout) is fatal: it aborts the
+// job's device (every peer then fails, naming this worker) and reports the error, naming the peer,
+// through FailFn; every pending and later PushPull fails with it.
 //
 // Thread-safety: every public method may be called from any thread.
 #pragma once
@@ -110,6 +110,9 @@ class Worker {
   Status SendRegistration();
   Status StartPush(const Request& r);
   Status PostHeaderRecv(int server);
+  // Fails, naming the server, when a server this worker waits on has been silent for the peer
+  // timeout (Device::SilentSeconds).
+  Status CheckServers(bool registration_sent);
   Status OnCompletion(const transport::Completion& c) KOLO_EXCLUDES(mu_);
   Status OnHeader(int server) KOLO_EXCLUDES(mu_);
   void MaybeComplete(Variable& v) KOLO_EXCLUDES(mu_);
@@ -159,6 +162,8 @@ class Worker {
   std::vector<std::deque<SendSlot>> sends_;  // per server
   std::vector<std::deque<RecvSlot>> recvs_;  // per server
   std::vector<bool> acked_;                  // per server: registration accepted
+  std::vector<int> pulls_due_;               // per server: shard values not yet pulled
+  std::chrono::steady_clock::time_point last_turn_{};
   std::vector<transport::Completion> completions_;
 
   std::atomic<int64_t> bytes_sent_{0}, bytes_received_{0}, updates_{0};

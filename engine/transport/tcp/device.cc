@@ -18,8 +18,6 @@
 namespace kolo::transport::tcp {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 constexpr uint64_t kListenerId = std::numeric_limits<uint64_t>::max();
 constexpr uint64_t kWakeId = kListenerId - 1;
 constexpr int kMaxEvents = 64;
@@ -41,7 +39,11 @@ timespec RemainingTimespec(Clock::time_point until) {
 class TcpDevice final : public Device {
  public:
   TcpDevice(int rank, int size, const TcpOptions& options, Mesh mesh)
-      : size_(size), busy_poll_(options.busy_poll), listener_(std::move(mesh.listener)) {
+      : size_(size),
+        busy_poll_(options.busy_poll),
+        keepalive_(KeepaliveInterval(options.timeout)),
+        silence_(std::max<std::chrono::milliseconds>(options.timeout / 2, 3 * keepalive_)),
+        listener_(std::move(mesh.listener)) {
     state_.rank = rank;
     state_.completions.reserve(1024);
     pairs_.resize(static_cast<size_t>(size));
@@ -115,8 +117,10 @@ class TcpDevice final : public Device {
     const auto deadline = Clock::now() + timeout;
     epoll_event events[kMaxEvents];
     for (;;) {
+      KOLO_RETURN_IF_ERROR(SendKeepalives());
       const bool have = !state_.completions.empty();
-      const int wait_ms = (have || busy_poll_) ? 0 : RemainingMs(deadline);
+      const int wait_ms =
+          (have || busy_poll_) ? 0 : std::min(RemainingMs(deadline), RemainingMs(next_keepalive_));
       const int n = ::epoll_wait(epoll_.get(), events, kMaxEvents, wait_ms);
       if (n < 0 && errno != EINTR) {
         return state_.Fail(ErrnoStatus(StatusCode::kInternal, "epoll_wait", errno));
@@ -148,8 +152,10 @@ class TcpDevice final : public Device {
         if (*arrived) return Status::OK();
       }
       if (woken || Clock::now() >= deadline) return Status::OK();
+      KOLO_RETURN_IF_ERROR(SendKeepalives());
       // Microsecond resolution: an engine cycle may be shorter than epoll_wait's millisecond.
-      const timespec wait = busy_poll_ ? timespec{0, 0} : RemainingTimespec(deadline);
+      const timespec wait =
+          busy_poll_ ? timespec{0, 0} : RemainingTimespec(std::min(deadline, next_keepalive_));
       const int n = ::epoll_pwait2(epoll_.get(), events, kMaxEvents, &wait, nullptr);
       if (n < 0 && errno != EINTR) {
         return state_.Fail(ErrnoStatus(StatusCode::kInternal, "epoll_pwait2", errno));
@@ -177,7 +183,31 @@ class TcpDevice final : public Device {
   uint64_t bytes_sent() const override { return state_.bytes_sent; }
   uint64_t bytes_received() const override { return state_.bytes_received; }
 
+  double SilentSeconds(int peer) const override {
+    if (peer < 0 || peer >= size_ || peer == state_.rank) return -1;
+    return std::chrono::duration<double>(pairs_[static_cast<size_t>(peer)]->SilentFor(Clock::now()))
+        .count();
+  }
+
  private:
+  // Keepalives go out several times per peer timeout, so that a live peer is never silent for
+  // long; at most once a second (a quiet job costs nothing to speak of), at least every 20 ms.
+  static std::chrono::milliseconds KeepaliveInterval(std::chrono::milliseconds timeout) {
+    return std::clamp(timeout / 8, std::chrono::milliseconds(20), std::chrono::milliseconds(1000));
+  }
+
+  Status SendKeepalives() {
+    const auto now = Clock::now();
+    if (now < next_keepalive_) return Status::OK();
+    next_keepalive_ = now + keepalive_ / 2;
+    for (auto& p : pairs_) {
+      if (!p) continue;
+      Status s = p->MaybeKeepalive(now, keepalive_);
+      if (!s.ok()) return s;
+    }
+    return Status::OK();
+  }
+
   Status TimedOut(std::chrono::milliseconds timeout) const {
     std::string pending;
     for (const auto& p : pairs_) {
@@ -185,8 +215,13 @@ class TcpDevice final : public Device {
       const std::string d = p->DescribePending();
       if (!d.empty()) pending += (pending.empty() ? "" : "; ") + d;
     }
-    return DeadlineExceeded("rank {}: nothing completed within {} ms; pending: {}", state_.rank,
-                            timeout.count(), pending.empty() ? "nothing" : pending);
+    // Live peers send keepalives while they wait, so the ones silent for half the peer timeout are
+    // the ones that stopped: name them first (the pending operations name only the neighbours
+    // this rank waits on, which may themselves be waiting on the stopped rank).
+    const std::string silent = DescribeSilentPeers(*this, silence_);
+    return DeadlineExceeded("rank {}: nothing completed within {} ms; {}pending: {}", state_.rank,
+                            timeout.count(), silent.empty() ? "" : silent + "; ",
+                            pending.empty() ? "nothing" : pending);
   }
 
   // Handles what epoll reported: late connections, a Wake (sets *woken), progress on pairs (an
@@ -274,6 +309,9 @@ class TcpDevice final : public Device {
 
   const int size_;
   const bool busy_poll_;
+  const std::chrono::milliseconds keepalive_;
+  const std::chrono::milliseconds silence_;  // a peer silent this long has stopped
+  Clock::time_point next_keepalive_{};
   DeviceState state_;
   Fd listener_;
   Fd epoll_;

@@ -3,10 +3,13 @@
 // Wire format after the handshake (handshake.h): each message is a 24-byte frame header (tag,
 // payload length, frame type; host byte order) followed by the payload, which is read straight
 // into the posted Region. Frame types: DATA (a message), ABORT (the peer is failing; the payload is
-// its reason), GOODBYE (the peer is shutting down cleanly). A receiver with no posted receive
-// reads at most the next frame header and leaves the payload in the kernel (back-pressure), but it
-// watches every socket for the peer closing, so a dead or aborting peer surfaces in Poll even
-// while the caller waits on someone else.
+// its reason), GOODBYE (the peer is shutting down cleanly), KEEPALIVE (no payload: sent on a
+// connection idle for min(peer timeout / 8, 1 s) while the device is polled, so that a live peer
+// is never silent for long; Device::SilentSeconds reports the silence, and a Poll timeout names
+// the peers silent for half the peer timeout as the ones that stopped). A receiver with no posted
+// receive reads at most the next frame header and leaves the payload in the kernel (back-pressure),
+// but it watches every socket for the peer closing, so a dead or aborting peer surfaces in Poll
+// even while the caller waits on someone else.
 //
 // Errors: a lost connection (EOF without GOODBYE, reset, or a GOODBYE while operations on that
 // pair are still pending) is kUnavailable "connection to rank R lost ..."; an ABORT frame is

@@ -10,9 +10,10 @@
 namespace kolo::transport::tcp {
 
 enum class FrameType : uint32_t {
-  kData = 1,     // a message: `length` payload bytes with `tag`
-  kAbort = 2,    // the sender is failing; the payload is its reason (at most kMaxAbortReason)
-  kGoodbye = 3,  // the sender is shutting down cleanly; no payload, nothing follows
+  kData = 1,       // a message: `length` payload bytes with `tag`
+  kAbort = 2,      // the sender is failing; the payload is its reason (at most kMaxAbortReason)
+  kGoodbye = 3,    // the sender is shutting down cleanly; no payload, nothing follows
+  kKeepalive = 4,  // the sender is alive and waiting; no payload, completes nothing
 };
 
 // Host byte order: every rank of a job runs on the same architecture.

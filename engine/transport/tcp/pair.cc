@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "engine/common/fault_inject.h"
+
 namespace kolo::transport::tcp {
 namespace {
 
@@ -41,6 +43,7 @@ Status TcpPair::Send(const Region& region, size_t offset, size_t nbytes, uint64_
   sends_.push_back(op);
   Status s = FlushSends();
   if (!s.ok()) return state_.Fail(s);
+  if (nbytes >= 4096) FaultPoint(FaultPointId::kSend, state_.rank);
   return Status::OK();
 }
 
@@ -133,6 +136,7 @@ Status TcpPair::FlushSends() {
       return Lost(ErrnoStatus(StatusCode::kUnavailable, "sendmsg", err).message());
     }
     size_t left = static_cast<size_t>(written);
+    if (left > 0) last_tx_ = Clock::now();
     while (left > 0) {
       SendOp& op = sends_.front();
       const size_t need = kHeaderBytes + op.header.length - op.done;
@@ -247,6 +251,12 @@ Status TcpPair::OnHeader() {
       abort_reason_.clear();
       rx_ = Rx::kAbortReason;
       return Status::OK();
+    case FrameType::kKeepalive:
+      if (h.length != 0) {
+        return ProtocolError("rank {} sent a KEEPALIVE frame with {} payload bytes", peer_,
+                             h.length);
+      }
+      return Status::OK();  // the next frame header follows
     case FrameType::kGoodbye:
       if (h.length != 0) {
         return ProtocolError("rank {} sent a GOODBYE frame with {} payload bytes", peer_, h.length);
@@ -314,7 +324,10 @@ ssize_t TcpPair::ReadThen(void* dst, size_t n, void* next, size_t next_n) {
   iovec iov[2] = {{dst, n}, {next, next_n}};
   for (;;) {
     const ssize_t got = ::readv(fd_.get(), iov, next_n > 0 ? 2 : 1);
-    if (got > 0) return got;
+    if (got > 0) {
+      last_rx_ = Clock::now();
+      return got;
+    }
     if (got < 0 && errno == EINTR) continue;
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       readable_ = false;
@@ -336,6 +349,7 @@ void TcpPair::Slurp() {
   while (!eof_ && fd_.valid()) {
     const ssize_t got = ::recv(fd_.get(), chunk, sizeof chunk, 0);
     if (got > 0) {
+      last_rx_ = Clock::now();
       tail_.insert(tail_.end(), chunk, chunk + got);
     } else if (got == 0) {
       eof_ = true;
@@ -413,6 +427,21 @@ std::string TcpPair::DescribePending() const {
                         sends_.front().header.tag, sends_.front().header.length);
   }
   return text;
+}
+
+Status TcpPair::MaybeKeepalive(Clock::time_point now, std::chrono::milliseconds interval) {
+  if (!sends_.empty() || closing_ || !fd_.valid() || now - last_tx_ < interval) return Status::OK();
+  sends_.push_back(SendOp{
+      FrameHeader{0, 0, static_cast<uint32_t>(FrameType::kKeepalive), kFrameCheck}, nullptr, 0});
+  last_tx_ = now;  // one frame per interval, written or not
+  Status s = FlushSends();
+  if (!s.ok()) return state_.Fail(s);
+  return Status::OK();
+}
+
+Clock::duration TcpPair::SilentFor(Clock::time_point now) const {
+  if (rx_ == Rx::kHeaderReady || closing_) return Clock::duration::zero();
+  return now - last_rx_;
 }
 
 void TcpPair::QueueAbort(const std::string& reason) {

@@ -40,6 +40,8 @@ struct DeviceState {
   }
 };
 
+using Clock = std::chrono::steady_clock;
+
 class TcpPair final : public Pair {
  public:
   TcpPair(DeviceState& state, int peer, Fd fd);
@@ -61,6 +63,14 @@ class TcpPair final : public Pair {
   Status CheckArrival(bool* arrived);
   // "rank P: 2 recv (next tag 0x..), 1 send (...)" or "" when nothing is pending.
   std::string DescribePending() const;
+
+  // Liveness. Queues a KEEPALIVE frame when nothing has been written to the peer for `interval`
+  // and nothing is queued (a queued frame that does not drain means the peer is not reading: it
+  // hears from us when it does). An error is also recorded in the device state.
+  Status MaybeKeepalive(Clock::time_point now, std::chrono::milliseconds interval);
+  // How long the peer has been silent: the time since bytes last arrived from it, or zero while a
+  // message of its waits for a receive here (it is waiting on us, not silent).
+  Clock::duration SilentFor(Clock::time_point now) const;
 
   // Shutdown, in two steps so that a device can overlap them over all its pairs: Queue* drops the
   // sends that have not started and queues an ABORT (with `reason`) or GOODBYE frame behind the
@@ -132,6 +142,10 @@ class TcpPair final : public Pair {
   bool goodbye_ = false;
   std::vector<uint8_t> tail_;
   size_t tail_pos_ = 0;
+
+  // When bytes last arrived from the peer, and were last written to it.
+  Clock::time_point last_rx_ = Clock::now();
+  Clock::time_point last_tx_ = Clock::now();
 };
 
 }  // namespace kolo::transport::tcp

@@ -2,6 +2,8 @@
 // trainer's calls dispatch to the kernels. SGD runs as a host loop over the plain buffers.
 #include "models/compute/onednn/onednn_backend.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
 #include <variant>
@@ -92,6 +94,28 @@ Status CheckLayerShape(const Graph& graph, const Layer& layer) {
   return Status::OK();
 }
 
+// Refuses a batch whose activations alone (every layer's output and its gradient, float32) exceed
+// the host's memory, before oneDNN fails to allocate it; the net needs more than this (scratch,
+// weights, workspaces), so the bound only catches what can never fit.
+Status CheckMemory(const Graph& graph, int64_t batch) {
+  double per_image = 0;
+  for (const Layer& layer : graph.layers())
+    per_image += 2.0 * 4.0 * static_cast<double>(layer.out.size());
+  const double need = per_image * static_cast<double>(batch);
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return Status::OK();
+  const double have = static_cast<double>(pages) * static_cast<double>(page);
+  if (need <= have) return Status::OK();
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  return InvalidArgument(
+      "onednn backend: batch {} of '{}' needs at least {:.1f} GiB for activations and their "
+      "gradients ({:.1f} MiB per image), more than this host's {:.1f} GiB of memory; allowed "
+      "here: a batch of at most {}",
+      batch, graph.name(), need / kGiB, per_image / (1024.0 * 1024.0), have / kGiB,
+      static_cast<int64_t>(have / per_image));
+}
+
 Status OneDnnBackend::Prepare(const Graph& graph, const BackendConfig& config) {
   if (net_) return FailedPrecondition("onednn backend: Prepare was already called");
   if (config.batch <= 0) {
@@ -106,6 +130,7 @@ Status OneDnnBackend::Prepare(const Graph& graph, const BackendConfig& config) {
                            graph.name());
   }
   for (const Layer& layer : graph.layers()) KOLO_RETURN_IF_ERROR(CheckLayerShape(graph, layer));
+  KOLO_RETURN_IF_ERROR(CheckMemory(graph, config.batch));
 
   std::unique_ptr<Net> net;
   KOLO_DNNL_CHECK("graph '" + graph.name() + "' buffers",

@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# The fault matrix: real kolo-train jobs (replay compute, ResNet-101) in which one rank is killed
+# (SIGKILL) or stopped (SIGSTOP: a hung rank) at start-up, in steady training or mid-collective,
+# for the ring, MPI and parameter-server backends (the victim a worker or the server), under
+# kolo-run and mpirun. Each cell asserts that the launcher ends the job with a non-zero status
+# within a bound, that the survivors' errors name the victim's rank, and that no process of the
+# job is left (the stopped one included).
+#
+#   start-up        the victim is signalled 0.3 s after its process appears: rendezvous, mesh
+#                   set-up or the first broadcast
+#   steady          after the job's first timed step line, from outside
+#   mid-collective  the victim raises the signal itself (KOLO_FAULT_INJECT) right after posting
+#                   its 600th message of 4 KiB or more (ring, ps), or on entering its 40th MPI
+#                   collective (mpi)
+#
+# Usage: fault_matrix.sh BIN_DIR [--all] [--table FILE]
+#   default: a slice of 6 cells covering every backend, fault, phase and launcher (CI);
+#   --all: every cell (about 40; 10-15 minutes on 2 cores). --table: the results as Markdown.
+# Exit 77 (skip) without kolo-train or kolo-run; mpirun cells are left out without mpirun or the
+# build's MPI (said in the table).
+set -euo pipefail
+
+bin=${1:?usage: fault_matrix.sh BIN_DIR [--all] [--table FILE]}
+shift
+all=0
+table=
+while (($#)); do
+  case $1 in
+    --all) all=1 ;;
+    --table) table=${2:?--table needs a file}; shift ;;
+    *) echo "fault_matrix.sh: unknown argument '$1' (allowed: --all, --table FILE)" >&2; exit 2 ;;
+  esac
+  shift
+done
+train=$bin/kolo-train
+run=$bin/kolo-run
+root=$(cd "$(dirname "$0")/../.." && pwd)
+for tool in "$train" "$run"; do
+  [[ -x $tool ]] || { echo "skip: $tool not built"; exit 77; }
+done
+have_mpi=0
+if command -v mpirun >/dev/null && grep -q "KOLO_HAVE_MPI 1" "$bin/../generated/kolo/config.h" 2>/dev/null; then
+  have_mpi=1
+fi
+
+work=$(mktemp -d)
+# shellcheck source=tests/scripts/lib/job.bash
+source "$(dirname "$0")/lib/job.bash"
+marker="--json $work/run.json"
+trap 'job_cleanup "$marker"; rm -rf "$work"' EXIT
+failures=0
+# Inside a cell's fault phase (a subshell): record why and leave the subshell.
+fail() {
+  echo "$*" >"$work/why"
+  exit 1
+}
+
+timeout_s=5
+# Longest a launcher may take to end the job after the fault: the peer timeout, the survivors'
+# own exit, and kolo-run's stop sequence (3 s for the ranks to fail on their own, 5 s after
+# SIGTERM before SIGKILL, which is what ends a stopped rank).
+bound=25
+mpirun_args=(--oversubscribe --allow-run-as-root --mca btl self,tcp --mca btl_tcp_if_include lo
+  --mca oob_tcp_if_include lo --bind-to none)
+
+rows=()
+# cell LAUNCHER BACKEND FAULT PHASE
+cell() {
+  local launcher=$1 backend=$2 fault=$3 phase=$4
+  local np=3 victim=1 engine=(--backend "$backend") rank_var inject=
+  case $backend in
+    ps-worker) np=4 victim=1 engine=(--backend ps --ps-servers 1) ;;
+    ps-server) np=4 victim=3 engine=(--backend ps --ps-servers 1) ;;
+  esac
+  if [[ $phase == mid-collective ]]; then
+    if [[ $backend == mpi ]]; then inject="$victim:$fault:mpi:40"; else inject="$victim:$fault:send:600"; fi
+  fi
+  local args=(--model resnet101 --batch-size 64 --compute replay
+    --profile "$root/models/profiles/resnet101-h100-b64.json" --num-warmup-batches 1
+    --num-batches 100000 --display-every 2 --peer-timeout-s "$timeout_s" "${engine[@]}"
+    --json "$work/run.json")
+  rm -f "$work/run.json"
+  if [[ $launcher == kolo-run ]]; then
+    rank_var=KOLO_RANK
+    KOLO_FAULT_INJECT=$inject job_start "$run" -np "$np" --timeout-s 200 "$train" "${args[@]}"
+  else
+    rank_var=OMPI_COMM_WORLD_RANK
+    KOLO_FAULT_INJECT=$inject job_start mpirun "${mpirun_args[@]}" -x KOLO_FAULT_INJECT -np "$np" \
+      "$train" "${args[@]}"
+  fi
+  local pid= waited=0 start seconds named=no left= verdict=ok rc=
+  rm -f "$work/why"
+  (
+    case $phase in
+      start-up)
+        until pid=$(job_rank_pid "$marker" "$rank_var=$victim") && [[ -n $pid ]]; do
+          ((waited++ < 300)) || fail "rank $victim did not start within 30 s"
+          sleep 0.1
+        done
+        sleep 0.3
+        kill "-$fault" "$pid"
+        ;;
+      steady)
+        job_wait_step "first step"
+        pid=$(job_rank_pid "$marker" "$rank_var=$victim")
+        [[ -n $pid ]] || fail "rank $victim not found"
+        kill "-$fault" "$pid"
+        ;;
+      mid-collective)
+        until grep -q "KOLO_FAULT_INJECT: rank $victim raises" "$work/out" 2>/dev/null; do
+          kill -0 "$launched" 2>/dev/null || fail "the job ended before the injected fault"
+          ((waited++ < 1200)) || fail "no injected fault within 120 s"
+          sleep 0.1
+        done
+        ;;
+    esac
+  ) || verdict="FAIL: $(cat "$work/why" 2>/dev/null || echo "could not inject the fault")"
+  start=$SECONDS
+  while kill -0 "$launched" 2>/dev/null; do
+    if ((SECONDS - start >= bound)); then
+      [[ $verdict != ok ]] || verdict="FAIL: still running $bound s after the fault"
+      job_cleanup "$marker"
+      break
+    fi
+    sleep 0.2
+  done
+  set +e
+  wait "$launched"
+  rc=$?
+  set -e
+  seconds=$((SECONDS - start))
+  [[ $verdict != ok ]] || ((rc != 0)) || verdict="FAIL: the launcher exited 0"
+  # Named: an error of a survivor (or the launcher's report) points at the victim's rank.
+  local who="rank $victim"
+  if grep -Eq "($who\)? has sent nothing|connection to $who lost|$who\)? (exited|was killed|closed)|noticed that process rank $victim|rank $victim exited|$who shut down)" "$work/out"; then
+    named=yes
+  elif [[ $backend == mpi && $fault == STOP ]] && grep -q "MPI does not say which" "$work/out"; then
+    named="no (MPI does not say which)"
+  fi
+  # And no error blames another rank's silence.
+  local blamed
+  blamed=$(grep -Eo "rank [0-9]+\)? has sent nothing" "$work/out" | grep -Eo "[0-9]+" | sort -u | tr '\n' ' ' || true)
+  [[ -z $blamed || $blamed == "$victim " ]] || verdict="FAIL: errors name the silence of ranks $blamed, not only rank $victim"
+  sleep 1
+  left=$(pgrep -f -- "$marker" || true)
+  [[ -z $left ]] || verdict="FAIL: processes left: $left"
+  if [[ $named == no && $verdict == ok ]]; then verdict="FAIL: no error names rank $victim"; fi
+  job_cleanup "$marker"
+  rows+=("| $launcher | $backend | $victim | $fault | $phase | $rc | $seconds | $named | ${left:+yes}${left:-no} | $verdict |")
+  echo "${rows[-1]}"
+  if [[ $verdict != ok ]]; then
+    failures=$((failures + 1))
+    echo "--- output of the failed cell:"
+    tail -40 "$work/out" || true
+  fi
+  launched=
+}
+
+header="| launcher | backend | victim rank | fault | phase | exit | s to end | victim named | left behind | result |"
+echo "$header"
+echo "|---|---|---|---|---|---|---|---|---|---|"
+if ((all)); then
+  for launcher in kolo-run mpirun; do
+    [[ $launcher == mpirun ]] && ((!have_mpi)) && continue
+    for backend in ring mpi ps-worker ps-server; do
+      [[ $backend == mpi && $launcher == kolo-run ]] && continue  # the mpi backend needs mpirun
+      for fault in KILL STOP; do
+        for phase in start-up steady mid-collective; do
+          cell "$launcher" "$backend" "$fault" "$phase"
+        done
+      done
+    done
+  done
+else
+  cell kolo-run ring STOP mid-collective
+  cell kolo-run ps-server STOP steady
+  cell kolo-run ps-worker KILL mid-collective
+  cell kolo-run ring KILL start-up
+  if ((have_mpi)); then
+    cell mpirun mpi STOP mid-collective
+    cell mpirun ps-worker STOP steady
+  else
+    echo "mpirun cells left out: no mpirun or this build has no MPI"
+  fi
+fi
+
+if [[ -n $table ]]; then
+  {
+    echo "$header"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
+    printf '%s\n' "${rows[@]}"
+  } >"$table"
+fi
+echo "${#rows[@]} cells, $failures failed (peer timeout ${timeout_s} s, bound ${bound} s)"
+((failures == 0)) && echo PASS
+exit $((failures > 0))

@@ -48,6 +48,8 @@ RESULTS = (
     "negotiation_ms",
     "comm_bytes_per_step",
     "comm_gbytes_per_sec",
+    "collectives_per_step",
+    "cycles_per_step",
     "final_loss",
     "kernel_share",
     "scaling_efficiency",
@@ -70,6 +72,8 @@ BREAKDOWN = (
     "negotiation_ms",
     "comm_bytes_per_step",
     "comm_gbytes_per_sec",
+    "collectives_per_step",
+    "cycles_per_step",
 )
 COLUMNS = META + SETTING_COLUMNS + RESULTS
 NUMERIC = (

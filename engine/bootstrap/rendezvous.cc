@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 
 #include "engine/common/logging.h"
 #include "kolo/config.h"
@@ -67,6 +68,11 @@ bool FillRandom(uint8_t* buf, size_t n) {
 
 // Under mpirun: rank 0 serves the store and tells everyone where it is and what the secret is.
 Status StartOverMpi(const Options& options, Rendezvous* rv) {
+#if KOLO_HAVE_MPI
+  std::optional<mpi::StartupWatchdog> watchdog;
+  watchdog.emplace(PeerTimeout(options), options.rank,
+                   "MPI start-up (MPI_Init and the rendezvous broadcast)");
+#endif
   KOLO_RETURN_IF_ERROR(MpiStart(options));
   std::string payload;
   if (options.rank == 0) {
@@ -83,6 +89,9 @@ Status StartOverMpi(const Options& options, Rendezvous* rv) {
     }
   }
   KOLO_RETURN_IF_ERROR(MpiBroadcastFromRoot(&payload));
+#if KOLO_HAVE_MPI
+  watchdog.reset();  // the rest is bounded by the peer timeout itself
+#endif
   if (payload.rfind("error ", 0) == 0) {
     return Unavailable("rank 0 could not start the rendezvous store: {}", payload.substr(6));
   }

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <thread>
 #include <vector>
 
 #include "engine/common/logging.h"
@@ -83,6 +84,31 @@ void FaultPoint(FaultPointId point, int rank) {
            a.signal == SIGSTOP ? "STOP" : "KILL");
   std::fflush(stderr);
   ::raise(a.signal);
+}
+
+namespace {
+std::atomic<double> g_ring_slowdown{0.0};
+}  // namespace
+
+Status ConfigureRingSlowdown(const std::string& value) {
+  double fraction = 0;
+  if (!value.empty()) {
+    KOLO_ASSIGN_OR_RETURN(fraction, ParseDouble("KOLO_FAULT_SLOW_RING", value, 0, 10));
+  }
+  g_ring_slowdown.store(fraction);
+  return Status::OK();
+}
+
+double RingSlowdown() { return g_ring_slowdown.load(std::memory_order_relaxed); }
+
+SlowRingScope::SlowRingScope()
+    : fraction_(RingSlowdown()),
+      start_(fraction_ > 0 ? std::chrono::steady_clock::now()
+                           : std::chrono::steady_clock::time_point{}) {}
+
+SlowRingScope::~SlowRingScope() {
+  if (fraction_ <= 0) return;
+  std::this_thread::sleep_for((std::chrono::steady_clock::now() - start_) * fraction_);
 }
 
 }  // namespace kolo

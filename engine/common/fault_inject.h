@@ -8,8 +8,13 @@
 //         and of parameter servers: the rank stops or dies mid-collective);
 //   mpi   a blocking collective of the MPI backend about to be entered (the other ranks are in it).
 // Unset or empty: nothing is injected (FaultPoint costs one relaxed atomic load).
+//
+// KOLO_FAULT_SLOW_RING=FRACTION (0 to 10) — a deliberately slower ring, for testing that the
+// regression gate catches one: each ring allreduce of the engine sleeps FRACTION of its own
+// duration after it (0.1: a ring 10% slower). Unset or empty: 0.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 #include "engine/common/status.h"
@@ -24,5 +29,22 @@ Status ConfigureFaultInjection(const std::string& value);
 
 // Counts a pass of `point` on `rank` and raises the armed signal on the Nth.
 void FaultPoint(FaultPointId point, int rank);
+
+// Parses KOLO_FAULT_SLOW_RING's value (empty: 0); errors name the value and the range.
+Status ConfigureRingSlowdown(const std::string& value);
+double RingSlowdown();
+
+// Around one ring allreduce: on destruction sleeps RingSlowdown() times the time it lived.
+class SlowRingScope {
+ public:
+  SlowRingScope();
+  ~SlowRingScope();
+  SlowRingScope(const SlowRingScope&) = delete;
+  SlowRingScope& operator=(const SlowRingScope&) = delete;
+
+ private:
+  const double fraction_;
+  const std::chrono::steady_clock::time_point start_;
+};
 
 }  // namespace kolo

@@ -371,6 +371,9 @@ StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string
   if (const std::string* v = Find(env, "KOLO_FAULT_INJECT")) {
     KOLO_RETURN_IF_ERROR(ConfigureFaultInjection(*v));
   }
+  if (const std::string* v = Find(env, "KOLO_FAULT_SLOW_RING")) {
+    KOLO_RETURN_IF_ERROR(ConfigureRingSlowdown(*v));
+  }
   KOLO_RETURN_IF_ERROR(ReadDouble(env, "KOLO_STALL_CHECK_SECONDS", 0, 1e6, &o.stall_warning_s));
   KOLO_RETURN_IF_ERROR(ReadDouble(env, "KOLO_STALL_SHUTDOWN_SECONDS", 0, 1e6, &o.stall_shutdown_s));
   if (const std::string* v = Find(env, "KOLO_PS_SERVER_RANKS")) {

@@ -59,6 +59,8 @@ std::string RunRecordToJson(const RunRecord& r) {
     results["negotiation_ms"] = b.negotiation_ms;
     results["comm_bytes_per_step"] = b.comm_bytes_per_step;
     results["comm_gbytes_per_sec"] = b.comm_gbytes_per_sec;
+    results["collectives_per_step"] = b.collectives_per_step;
+    results["cycles_per_step"] = b.cycles_per_step;
     results["final_loss"] = x.final_loss ? Json(*x.final_loss) : Json(nullptr);
     results["kernel_share"] = x.kernel_share;
     results["engine_stats"] = {{"cycles", e.cycles},

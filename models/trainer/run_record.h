@@ -14,7 +14,8 @@
 //
 // The time breakdown (Breakdown's fields, each a mean per timed step over the steps and the ranks):
 // "step_time_ms_mean", "forward_ms", "backward_ms", "exposed_comm_ms", "update_ms", "comm_ms",
-// "hidden_comm_ms", "negotiation_ms", "comm_bytes_per_step", "comm_gbytes_per_sec".
+// "hidden_comm_ms", "negotiation_ms", "comm_bytes_per_step", "comm_gbytes_per_sec",
+// "collectives_per_step", "cycles_per_step".
 //
 // "ranks" counts training workers; parameter-server ranks are counted in "ps_servers". A failed
 // run carries whatever settings were known and no "results". final_loss is null when the compute
@@ -70,6 +71,11 @@ struct Breakdown {
   // 2(N-1)/N of the payload added to it.
   double comm_bytes_per_step = 0;
   double comm_gbytes_per_sec = 0;  // comm_bytes_per_step / comm_ms, 1e9 bytes per second
+  // The engine's own counters per step, which load does not move the way it moves time: backend
+  // collectives (one per fused buffer: Tensor Fusion's work) and negotiation cycles (how often
+  // the engine agreed on ready tensors: its cycle time's).
+  double collectives_per_step = 0;
+  double cycles_per_step = 0;
 };
 
 struct RunResults {

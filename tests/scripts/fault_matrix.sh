@@ -13,9 +13,10 @@
 #                   its 600th message of 4 KiB or more (ring, ps), or on entering its 40th MPI
 #                   collective (mpi)
 #
-# Usage: fault_matrix.sh BIN_DIR [--all] [--table FILE]
+# Usage: fault_matrix.sh BIN_DIR [--all | --cell "LAUNCHER BACKEND FAULT PHASE"]... [--table FILE]
 #   default: a slice of 6 cells covering every backend, fault, phase and launcher (CI);
-#   --all: every cell (about 40; 10-15 minutes on 2 cores). --table: the results as Markdown.
+#   --all: every cell (42; about 10 minutes on 2 cores); --cell: that one (repeatable), e.g.
+#   --cell "mpirun ps-server STOP start-up". --table: the results as Markdown.
 # Exit 77 (skip) without kolo-train or kolo-run; mpirun cells are left out without mpirun or the
 # build's MPI (said in the table).
 set -euo pipefail
@@ -24,11 +25,13 @@ bin=${1:?usage: fault_matrix.sh BIN_DIR [--all] [--table FILE]}
 shift
 all=0
 table=
+cells=()
 while (($#)); do
   case $1 in
     --all) all=1 ;;
     --table) table=${2:?--table needs a file}; shift ;;
-    *) echo "fault_matrix.sh: unknown argument '$1' (allowed: --all, --table FILE)" >&2; exit 2 ;;
+    --cell) cells+=("${2:?--cell needs \"LAUNCHER BACKEND FAULT PHASE\"}"); shift ;;
+    *) echo "fault_matrix.sh: unknown argument '$1' (allowed: --all, --cell SPEC, --table FILE)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -134,7 +137,7 @@ cell() {
   local who="rank $victim"
   if grep -Eq "($who\)? has sent nothing|connection to $who lost|$who\)? (exited|was killed|closed)|noticed that process rank $victim|rank $victim exited|$who shut down)" "$work/out"; then
     named=yes
-  elif [[ $backend == mpi && $fault == STOP ]] && grep -q "MPI does not say which" "$work/out"; then
+  elif [[ $launcher == mpirun && $fault == STOP ]] && grep -q "MPI does not say which" "$work/out"; then
     named="no (MPI does not say which)"
   fi
   # And no error blames another rank's silence.
@@ -159,7 +162,21 @@ cell() {
 header="| launcher | backend | victim rank | fault | phase | exit | s to end | victim named | left behind | result |"
 echo "$header"
 echo "|---|---|---|---|---|---|---|---|---|---|"
-if ((all)); then
+if ((${#cells[@]})); then
+  for spec in "${cells[@]}"; do
+    read -r launcher backend fault phase <<<"$spec"
+    case "$launcher/$backend/$fault/$phase" in
+      kolo-run/mpi/*) echo "--cell '$spec': the mpi backend needs mpirun" >&2; exit 2 ;;
+      kolo-run/* | mpirun/*) ;;
+      *) echo "--cell '$spec': launcher kolo-run or mpirun" >&2; exit 2 ;;
+    esac
+    [[ $backend =~ ^(ring|mpi|ps-worker|ps-server)$ ]] || { echo "--cell '$spec': backend ring, mpi, ps-worker or ps-server" >&2; exit 2; }
+    [[ $fault =~ ^(KILL|STOP)$ ]] || { echo "--cell '$spec': fault KILL or STOP" >&2; exit 2; }
+    [[ $phase =~ ^(start-up|steady|mid-collective)$ ]] || { echo "--cell '$spec': phase start-up, steady or mid-collective" >&2; exit 2; }
+    [[ $launcher == mpirun ]] && ((!have_mpi)) && { echo "skip: no mpirun or no MPI in this build"; exit 77; }
+    cell "$launcher" "$backend" "$fault" "$phase"
+  done
+elif ((all)); then
   for launcher in kolo-run mpirun; do
     [[ $launcher == mpirun ]] && ((!have_mpi)) && continue
     for backend in ring mpi ps-worker ps-server; do

@@ -1,6 +1,7 @@
 #include <memory>
 
 #include "engine/backends/backend.h"
+#include "engine/common/fault_inject.h"
 
 namespace kolo::backends {
 namespace {
@@ -14,6 +15,7 @@ class RingBackend final : public Backend {
   Status Allreduce(void* buf, size_t count, DataType dtype) override {
     const size_t bytes = count * DataTypeSize(dtype);
     KOLO_ASSIGN_OR_RETURN(auto region, Register(buf, bytes));
+    SlowRingScope slow;
     return collectives::RingAllreduce(*comm_, *region, 0, count, dtype, scratch_);
   }
   bool SupportsScattered() const override { return true; }
@@ -26,6 +28,7 @@ class RingBackend final : public Backend {
       extents.push_back({region.get(), 0, p.bytes});
       regions.push_back(std::move(region));
     }
+    SlowRingScope slow;
     return collectives::RingAllreduce(*comm_, extents, dtype, scratch_);
   }
 

@@ -7,7 +7,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <thread>
 
+#include "engine/common/logging.h"
 #include "engine/common/mutex.h"
 
 static_assert(MPI_SUCCESS == 0, "KOLO_MPI_CHECK relies on MPI_SUCCESS being 0");
@@ -89,6 +91,43 @@ void AbortWorldIfInitialized(int code) {
 void FinalizeAtExit() {
   static std::once_flag once;
   std::call_once(once, [] { std::atexit(FinalizeIfOurs); });
+}
+
+struct StartupWatchdog::State {
+  Mutex mu;
+  CondVar cv;
+  bool done KOLO_GUARDED_BY(mu) = false;
+  std::thread thread;
+};
+
+StartupWatchdog::StartupWatchdog(std::chrono::milliseconds timeout, int rank, std::string what)
+    : state_(std::make_unique<State>()) {
+  State* st = state_.get();
+  st->thread = std::thread([st, timeout, rank, what = std::move(what)] {
+    {
+      MutexLock lock(st->mu);
+      if (st->cv.WaitFor(st->mu, timeout, [&]() KOLO_REQUIRES(st->mu) { return st->done; })) {
+        return;
+      }
+    }
+    KOLO_LOG(kError,
+             "rank {}: {} did not finish within {} ms (the peer timeout): some rank of the job "
+             "did not start or stopped taking part (MPI does not say which); ending the job",
+             rank, what, timeout.count());
+    AbortWorldIfInitialized(1);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(1);
+  });
+}
+
+StartupWatchdog::~StartupWatchdog() {
+  {
+    MutexLock lock(state_->mu);
+    state_->done = true;
+  }
+  state_->cv.notify_all();
+  state_->thread.join();
 }
 
 bool InitializedByKolo() { return g_initialized_by_kolo.load(); }

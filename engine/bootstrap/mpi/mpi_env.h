@@ -5,6 +5,8 @@
 // header.
 #pragma once
 
+#include <chrono>
+#include <memory>
 #include <string>
 
 #include "engine/common/status.h"
@@ -24,6 +26,24 @@ void FinalizeAtExit();
 // finalised; returns otherwise. For a rank that failed for good: MPI_Finalize would wait for the
 // peer that stopped answering, perhaps for ever. Flushes stdout and stderr first.
 void AbortWorldIfInitialized(int code);
+
+// Bounds MPI's start-up, which has no timeout of its own: MPI_Init and the collectives right after
+// it block until every rank takes part, so a rank that never starts, or stops there, would hold
+// the others for ever. If the watchdog is still alive `timeout` after it was made, it logs that
+// `what` did not finish (MPI does not say which rank is missing) and ends this rank: MPI_Abort
+// once MPI is initialised, otherwise an immediate exit with status 1, which mpirun reports and
+// answers by stopping the job.
+class StartupWatchdog {
+ public:
+  StartupWatchdog(std::chrono::milliseconds timeout, int rank, std::string what);
+  ~StartupWatchdog();
+  StartupWatchdog(const StartupWatchdog&) = delete;
+  StartupWatchdog& operator=(const StartupWatchdog&) = delete;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 // True if EnsureInitialized performed the initialisation.
 bool InitializedByKolo();

@@ -28,7 +28,10 @@ nlohmann::json OptionalJson(const std::optional<double>& v) {
 }
 
 nlohmann::json TimeJson(const TimeSummary& t) {
-  return {{"median_us", t.median_us}, {"min_us", t.min_us}, {"max_us", t.max_us}};
+  return {{"median_us", t.median_us},
+          {"min_us", t.min_us},
+          {"max_us", t.max_us},
+          {"iters_us", t.iters_us}};
 }
 
 }  // namespace
@@ -225,6 +228,7 @@ nlohmann::json ToJson(const RunInfo& info, const std::vector<SweepRow>& sweep,
                         {"backend", r.backend},
                         {"kind", BackendKindName(r.kind)},
                         {"time", TimeJson(r.time)},
+                        {"cpu_iters_us", r.cpu_iters_us},
                         {"algbw_gbs", r.algbw_gbs},
                         {"busbw_gbs", r.busbw_gbs},
                         {"best_of_kind", r.best_of_kind},

@@ -1,6 +1,7 @@
 #include "benchmarks/allreduce_bench/sweep.h"
 
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -11,6 +12,14 @@ namespace kolo::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// This process's CPU time (user and system, every thread), microseconds.
+double ProcessCpuUs() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return (static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e6) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -40,6 +49,8 @@ StatusOr<std::vector<SweepRow>> MeasureSize(const BenchConfig& config,
   const int rounds = config.warmup + config.iters;
   std::vector<std::vector<double>> times(rows.size(),
                                          std::vector<double>(static_cast<size_t>(config.iters)));
+  std::vector<std::vector<double>> cpu(rows.size(),
+                                       std::vector<double>(static_cast<size_t>(config.iters)));
   std::vector<CheckResult> checks(rows.size());
   for (int i = 0; s.ok() && i < rounds; ++i) {
     for (size_t r = 0; s.ok() && r < rows.size(); ++r) {
@@ -49,9 +60,11 @@ StatusOr<std::vector<SweepRow>> MeasureSize(const BenchConfig& config,
       std::memcpy(buf.data(), in.data(), static_cast<size_t>(bytes));
       s = control.Barrier();
       if (!s.ok()) break;
+      const double c0 = ProcessCpuUs();
       const auto t0 = Clock::now();
       s = rows[r]->RunOnce();
       const auto t1 = Clock::now();
+      const double c1 = ProcessCpuUs();
       // And no rank restores for the next round while another's clock still runs.
       if (s.ok()) s = control.Barrier();
       if (!s.ok()) {
@@ -61,6 +74,7 @@ StatusOr<std::vector<SweepRow>> MeasureSize(const BenchConfig& config,
       if (i >= config.warmup) {
         times[r][static_cast<size_t>(i - config.warmup)] =
             std::chrono::duration<double, std::micro>(t1 - t0).count();
+        cpu[r][static_cast<size_t>(i - config.warmup)] = c1 - c0;
       }
       // The last round's result of each row is checked before the next row overwrites it.
       if (i == rounds - 1 && config.check && rows[r]->reduces()) {
@@ -85,6 +99,7 @@ StatusOr<std::vector<SweepRow>> MeasureSize(const BenchConfig& config,
     std::vector<double> mine = times[r];
     mine.push_back(static_cast<double>(checks[r].wrong));
     mine.push_back(checks[r].max_error);
+    mine.insert(mine.end(), cpu[r].begin(), cpu[r].end());
     KOLO_ASSIGN_OR_RETURN(std::vector<double> all, control.AllgatherDoubles(mine));
     const size_t stride = mine.size();
     std::vector<double> per_rank_times;
@@ -93,6 +108,8 @@ StatusOr<std::vector<SweepRow>> MeasureSize(const BenchConfig& config,
       per_rank_times.insert(per_rank_times.end(), base, base + config.iters);
       row.wrong += static_cast<int64_t>(base[config.iters]);
       row.max_error = std::max(row.max_error, base[config.iters + 1]);
+      row.cpu_iters_us.resize(static_cast<size_t>(config.iters));
+      for (int i = 0; i < config.iters; ++i) row.cpu_iters_us[i] += base[config.iters + 2 + i];
     }
     row.time = Summarize(per_rank_times, control.size(), config.iters);
     row.algbw_gbs = AlgBandwidth(bytes, row.time.median_us * 1e-6);
@@ -127,6 +144,7 @@ TimeSummary Summarize(const std::vector<double>& per_rank_times, int ranks, int 
   }
   TimeSummary t;
   if (worst.empty()) return t;
+  t.iters_us = worst;
   t.median_us = Median(worst);
   t.min_us = *std::min_element(worst.begin(), worst.end());
   t.max_us = *std::max_element(worst.begin(), worst.end());

@@ -20,6 +20,10 @@ struct TimeSummary {
   double median_us = 0;
   double min_us = 0;
   double max_us = 0;
+  // The slowest rank's time of each timed iteration, in order. Rows of one size run their
+  // iterations in turn, so iteration i of two rows ran moments apart, under the same load: their
+  // ratio, iteration by iteration, is what a loaded host moves least.
+  std::vector<double> iters_us;
 };
 TimeSummary Summarize(const std::vector<double>& per_rank_times, int ranks, int iters);
 
@@ -30,6 +34,10 @@ struct SweepRow {
   std::string backend;  // row label
   BackendKind kind = BackendKind::kRing;
   TimeSummary time;
+  // CPU time (user and system, every thread) the ranks spent in each timed iteration, summed over
+  // the ranks, in order: the work an iteration costs, which other load on the host moves far less
+  // than it moves the time.
+  std::vector<double> cpu_iters_us;
   double algbw_gbs = 0;       // bytes / median time, GB/s (1e9 bytes per second)
   double busbw_gbs = 0;       // algbw * 2 (ranks - 1) / ranks
   bool checked = false;       // false for link and with --check 0

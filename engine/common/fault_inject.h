@@ -10,8 +10,9 @@
 // Unset or empty: nothing is injected (FaultPoint costs one relaxed atomic load).
 //
 // KOLO_FAULT_SLOW_RING=FRACTION (0 to 10) — a deliberately slower ring, for testing that the
-// regression gate catches one: each ring allreduce of the engine sleeps FRACTION of its own
-// duration after it (0.1: a ring 10% slower). Unset or empty: 0.
+// regression gate catches one: each ring allreduce of the engine spins for FRACTION of its own
+// duration after it, as extra work in the ring would (0.1: a ring 10% slower, in time and in
+// CPU). Unset or empty: 0.
 #pragma once
 
 #include <chrono>
@@ -34,7 +35,7 @@ void FaultPoint(FaultPointId point, int rank);
 Status ConfigureRingSlowdown(const std::string& value);
 double RingSlowdown();
 
-// Around one ring allreduce: on destruction sleeps RingSlowdown() times the time it lived.
+// Around one ring allreduce: on destruction spins RingSlowdown() times the time it lived.
 class SlowRingScope {
  public:
   SlowRingScope();

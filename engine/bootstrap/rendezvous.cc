@@ -1,15 +1,11 @@
 #include "engine/bootstrap/rendezvous.h"
 
-#include <fcntl.h>
-#include <sys/random.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
 
 #include "engine/common/logging.h"
+#include "engine/common/random.h"
 #include "kolo/config.h"
 
 #if KOLO_HAVE_MPI
@@ -38,32 +34,6 @@ Status MpiBroadcastFromRoot(std::string*) { return MpiStart(Options()); }
 
 std::chrono::milliseconds PeerTimeout(const Options& options) {
   return std::chrono::milliseconds(static_cast<int64_t>(options.peer_timeout_s * 1000.0));
-}
-
-bool FillRandom(uint8_t* buf, size_t n) {
-  size_t got = 0;
-  while (got < n) {
-    const ssize_t r = ::getrandom(buf + got, n - got, 0);
-    if (r > 0) {
-      got += static_cast<size_t>(r);
-    } else if (r < 0 && errno != EINTR) {
-      break;
-    }
-  }
-  if (got == n) return true;
-  // Kernels without getrandom (ENOSYS) still have the device.
-  UniqueFd fd(::open("/dev/urandom", O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return false;
-  got = 0;
-  while (got < n) {
-    const ssize_t r = ::read(fd.get(), buf + got, n - got);
-    if (r > 0) {
-      got += static_cast<size_t>(r);
-    } else if (r == 0 || errno != EINTR) {
-      return false;
-    }
-  }
-  return true;
 }
 
 // Under mpirun: rank 0 serves the store and tells everyone where it is and what the secret is.
@@ -142,7 +112,7 @@ StatusOr<Rendezvous> StartRendezvous(const Options& options, Store* external) {
     if (options.job_secret.empty()) {
       return InvalidArgument(
           "KOLO_STORE_ADDR={} is set but KOLO_JOB_SECRET is not: the store only serves clients "
-          "that present the job's secret (kolo-run sets both)",
+          "that prove they know the job's secret (kolo-run sets both)",
           options.store_addr);
     }
     rv.secret = options.job_secret;

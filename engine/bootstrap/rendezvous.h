@@ -17,7 +17,7 @@ namespace kolo::bootstrap {
 // every rank.
 struct Rendezvous {
   Store* store = nullptr;   // what the transport uses for address exchange; never null once started
-  std::string secret;       // the job secret every connection presents
+  std::string secret;       // the job secret every connection proves it knows
   std::string listen_addr;  // IPv4 address this rank's transport binds
   // Owned pieces, as the launch needs them. Declared in this order so that the client is destroyed
   // before the server it talks to.

@@ -4,11 +4,18 @@
 // address and secret over MPI. Every rank talks to it through a TcpStoreClient.
 //
 // Wire protocol (all integers little-endian u32 unless noted; sizes bounded, see the constants):
-//   hello    client -> server  magic "KST1" | secret_len | secret
-//   verdict  server -> client  magic "KST1" | u8 accepted (1) or wrong secret (0), then close
-//   request  client -> server  u8 op (1 Set, 2 Get) | key_len | value_len | timeout_ms | key |
-//   value reply    server -> client  u8 code (0 OK, 1 InvalidArgument, 2 DeadlineExceeded) | len |
-//   bytes
+//   challenge server -> client  magic "KST2" | nonce_s (16 random bytes, fresh per connection)
+//   hello     client -> server  magic | nonce_c (16 random bytes) | mac_c (32 bytes)
+//   verdict   server -> client  magic | u8 accepted (1) or wrong secret (0, then close) |
+//                               mac_s (32 bytes; zeros when rejected)
+//   request   client -> server  u8 op (1 Set, 2 Get) | key_len | value_len | timeout_ms | key |
+//                               value
+//   reply     server -> client  u8 code (0 OK, 1 InvalidArgument, 2 DeadlineExceeded) | len |
+//                               bytes
+// mac_c and mac_s are HMAC-SHA-256 under the job secret over a label and both nonces, with a
+// different label each way (tcp_store_wire.h): each side proves it knows the secret without
+// sending it, the client also learns that the server knows it, and a recorded hello is useless on
+// a new connection (the server's nonce is fresh). A client fails when mac_s is wrong.
 // A Get that finds no key waits on the server until the key is set or timeout_ms passes. A client
 // has one request outstanding at a time. A connection that sends anything else (bad magic,
 // oversized frame, unknown op, no hello within the hello timeout) is closed; the server keeps
@@ -32,7 +39,7 @@
 
 namespace kolo::bootstrap {
 
-inline constexpr uint32_t kStoreMagic = 0x3154534b;  // "KST1" on the wire
+inline constexpr uint32_t kStoreMagic = 0x3254534b;  // "KST2" on the wire
 inline constexpr size_t kStoreMaxSecretBytes = 256;
 inline constexpr size_t kStoreMaxKeyBytes = 4096;
 inline constexpr size_t kStoreMaxValueBytes = 16 << 20;
@@ -41,7 +48,7 @@ struct TcpStoreServerOptions {
   // IPv4 address to bind, and port (0 = an ephemeral port; see address()).
   std::string host = "127.0.0.1";
   int port = 0;
-  // The job secret every client must present (at least 16 characters).
+  // The job secret every client must prove it knows (at least 16 characters).
   std::string secret;
   // A connection that has not completed its hello within this long is closed.
   std::chrono::milliseconds hello_timeout{5000};
@@ -85,7 +92,8 @@ class TcpStoreServer {
   Mutex stop_mu_;  // serialises Stop()
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> accepted_{0};
-  // Wrong secrets: a few lines per interval, the rest counted (a local user cannot flood the log).
+  // Wrong proofs of the secret: a few lines per interval, the rest counted (a local user cannot
+  // flood the log).
   LogLimiter security_log_{5, std::chrono::seconds(10)};
 };
 
@@ -93,9 +101,10 @@ class TcpStoreServer {
 // After an I/O error the connection is unusable and every later call fails with that error.
 class TcpStoreClient final : public Store {
  public:
-  // Connects to `addr` ("host:port") and presents `secret`. Retries refused or unreachable
-  // connections until `connect_timeout` passes, so ranks may start before the server. Also the
-  // bound of each Set. Errors name the address; a wrong secret says so.
+  // Connects to `addr` ("host:port") and proves that it knows `secret` (which never goes on the
+  // wire); the server proves it too. Retries refused or unreachable connections until
+  // `connect_timeout` passes, so ranks may start before the server. Also the bound of each Set.
+  // Errors name the address; a wrong secret says so, and so does a server that cannot prove it.
   static StatusOr<std::unique_ptr<TcpStoreClient>> Connect(
       const std::string& addr, const std::string& secret,
       std::chrono::milliseconds connect_timeout = std::chrono::seconds(30));

@@ -11,6 +11,8 @@
 
 #include "engine/bootstrap/tcp_store.h"
 #include "engine/bootstrap/tcp_store_wire.h"
+#include "engine/common/random.h"
+#include "engine/common/sha256.h"
 
 namespace kolo::bootstrap {
 namespace {
@@ -82,27 +84,58 @@ StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(
   // The handshake gets its own short bound, so that a connection made just before the deadline
   // still has time to be answered.
   const auto hs_deadline = std::max(deadline, Clock::now() + std::chrono::seconds(5));
-  std::vector<uint8_t> hello(kHelloHeaderBytes + secret.size());
-  PutU32(hello.data(), kStoreMagic);
-  PutU32(hello.data() + 4, static_cast<uint32_t>(secret.size()));
-  std::copy(secret.begin(), secret.end(), hello.begin() + kHelloHeaderBytes);
   const std::string peer = fmt::format("the store at {}", addr);
-  KOLO_RETURN_IF_ERROR(WriteFully(fd.get(), hello.data(), hello.size(), hs_deadline, peer));
-  uint8_t verdict[kVerdictBytes];
-  Status read = ReadFully(fd.get(), verdict, sizeof(verdict), hs_deadline, peer);
-  if (!read.ok()) {
-    return Status(read.code(), fmt::format("handshake with the store at {} failed ({}); is it a "
-                                           "kolo store of this version?",
-                                           addr, read.message()));
+  const auto handshake_failed = [&](const Status& s) {
+    return Status(s.code(), fmt::format("handshake with the store at {} failed ({}); is it a "
+                                        "kolo store of this version?",
+                                        addr, s.message()));
+  };
+  uint8_t challenge[kChallengeBytes];
+  Status read = ReadFully(fd.get(), challenge, sizeof(challenge), hs_deadline, peer);
+  if (!read.ok()) return handshake_failed(read);
+  if (GetU32(challenge) != kStoreMagic) {
+    return ProtocolError(
+        "the server at {} is not a kolo store of this version (bad magic 0x{:08x})", addr,
+        GetU32(challenge));
   }
+  StoreNonce server_nonce;
+  std::memcpy(server_nonce.data(), challenge + 4, kStoreNonceBytes);
+  StoreNonce client_nonce;
+  if (!FillRandom(client_nonce.data(), client_nonce.size())) {
+    return Internal(
+        "no kernel randomness (getrandom and /dev/urandom both failed) for the "
+        "handshake with the store at {}",
+        addr);
+  }
+  // Only the proof goes on the wire, never the secret.
+  const Digest proof = StoreClientProof(secret, server_nonce, client_nonce);
+  uint8_t hello[kHelloBytes];
+  PutU32(hello, kStoreMagic);
+  std::memcpy(hello + 4, client_nonce.data(), kStoreNonceBytes);
+  std::memcpy(hello + 4 + kStoreNonceBytes, proof.data(), proof.size());
+  KOLO_RETURN_IF_ERROR(WriteFully(fd.get(), hello, sizeof(hello), hs_deadline, peer));
+  uint8_t verdict[kVerdictBytes];
+  read = ReadFully(fd.get(), verdict, sizeof(verdict), hs_deadline, peer);
+  if (!read.ok()) return handshake_failed(read);
   if (GetU32(verdict) != kStoreMagic) {
     return ProtocolError("the server at {} is not a kolo store (bad magic 0x{:08x})", addr,
                          GetU32(verdict));
   }
-  if (verdict[4] != 1) {
+  if (verdict[4] == 0) {
     return InvalidArgument(
         "the store at {} rejected the job secret: KOLO_JOB_SECRET must be the secret of the job "
         "that started the store",
+        addr);
+  }
+  if (verdict[4] != 1) {
+    return ProtocolError("the store at {} sent verdict {} (expected 0 or 1)", addr, verdict[4]);
+  }
+  Digest server_proof;
+  std::memcpy(server_proof.data(), verdict + 5, server_proof.size());
+  if (!DigestsEqual(server_proof, StoreServerProof(secret, server_nonce, client_nonce))) {
+    return Unavailable(
+        "the server at {} failed to prove the job secret: it is not the store of this job (or "
+        "something between this rank and the store is answering for it)",
         addr);
   }
   return std::unique_ptr<TcpStoreClient>(new TcpStoreClient(addr, std::move(fd), connect_timeout));

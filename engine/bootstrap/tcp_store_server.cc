@@ -7,11 +7,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <map>
 
 #include "engine/bootstrap/tcp_store.h"
 #include "engine/bootstrap/tcp_store_wire.h"
 #include "engine/common/logging.h"
+#include "engine/common/random.h"
+#include "engine/common/sha256.h"
 
 namespace kolo::bootstrap {
 
@@ -20,6 +23,7 @@ struct TcpStoreServer::Conn {
   UniqueFd fd;
   std::string peer;
   bool authed = false;
+  StoreNonce nonce{};    // the challenge's nonce_s
   bool closing = false;  // close once `out` is flushed (after a rejection verdict)
   bool dead = false;     // swept at the end of the current loop iteration
   Clock::time_point hello_deadline;
@@ -71,17 +75,6 @@ class TcpStoreServer::Loop {
   std::multimap<std::string, int> waiters_;           // key -> fd of a parked Get
   std::vector<int> ready_;  // conns woken by a Set, to process after the current event
 };
-
-namespace {
-
-// Compares without an early exit, so the time taken does not reveal how much of a guess matched.
-bool SecretsEqual(const uint8_t* a, size_t a_len, const std::string& b) {
-  uint8_t diff = a_len == b.size() ? 0 : 1;
-  for (size_t i = 0; i < a_len; ++i) diff |= a[i] ^ static_cast<uint8_t>(b[i % b.size()]);
-  return diff == 0;
-}
-
-}  // namespace
 
 StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(TcpStoreServerOptions options) {
   if (options.secret.size() < 16 || options.secret.size() > kStoreMaxSecretBytes) {
@@ -192,6 +185,13 @@ void TcpStoreServer::Loop::Accept() {
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     auto c = std::make_unique<Conn>();
     c->peer = peer;
+    if (!FillRandom(c->nonce.data(), c->nonce.size())) {
+      owner_->rejected_++;
+      KOLO_LOG(kError,
+               "store {}: closed connection from {}: no kernel randomness for its challenge",
+               address_, peer);
+      continue;
+    }
     c->hello_deadline = Clock::now() + options_.hello_timeout;
     c->interest = EPOLLIN | EPOLLRDHUP;
     epoll_event ev{};
@@ -202,7 +202,15 @@ void TcpStoreServer::Loop::Accept() {
       continue;
     }
     c->fd = std::move(owned);
+    // The challenge: a fresh nonce that the client's proof must cover.
+    uint8_t challenge[kChallengeBytes];
+    PutU32(challenge, kStoreMagic);
+    std::memcpy(challenge + 4, c->nonce.data(), kStoreNonceBytes);
+    c->out.assign(challenge, challenge + sizeof(challenge));
+    Conn& conn = *c;
     conns_[fd] = std::move(c);
+    Flush(conn);
+    if (!conn.dead) UpdateInterest(conn);
   }
 }
 
@@ -213,6 +221,12 @@ void TcpStoreServer::Loop::OnEvent(Conn& c, uint32_t events) {
       const ssize_t r = ::recv(c.fd.get(), buf, sizeof(buf), 0);
       if (r > 0) {
         c.in.insert(c.in.end(), buf, buf + r);
+        // Before its hello is answered a client has nothing to send but the hello.
+        if (!c.authed && c.in.size() > kHelloBytes) {
+          Reject(c, fmt::format("sent more than the {} bytes of a hello before its verdict",
+                                kHelloBytes));
+          return;
+        }
         if (c.in.size() > kStoreMaxFrameBytes) {
           Reject(c, fmt::format("sent more than {} bytes without waiting for a reply",
                                 kStoreMaxFrameBytes));
@@ -245,23 +259,26 @@ void TcpStoreServer::Loop::Process(Conn& c) {
 }
 
 bool TcpStoreServer::Loop::ProcessHello(Conn& c) {
-  if (c.in.size() < kHelloHeaderBytes) return false;
+  if (c.in.size() < 4) return false;
   const uint32_t magic = GetU32(c.in.data());
-  const uint32_t secret_len = GetU32(c.in.data() + 4);
   if (magic != kStoreMagic) {
-    Reject(c, fmt::format("bad magic 0x{:08x} (not a kolo store client)", magic));
+    Reject(c, fmt::format("bad magic 0x{:08x} (not a kolo store client of this version)", magic));
     return false;
   }
-  if (secret_len == 0 || secret_len > kStoreMaxSecretBytes) {
-    Reject(c, fmt::format("secret length {} is outside [1, {}]", secret_len, kStoreMaxSecretBytes));
-    return false;
-  }
-  if (c.in.size() < kHelloHeaderBytes + secret_len) return false;
-  const bool ok = SecretsEqual(c.in.data() + kHelloHeaderBytes, secret_len, options_.secret);
-  c.in.erase(c.in.begin(), c.in.begin() + kHelloHeaderBytes + secret_len);
-  uint8_t verdict[kVerdictBytes];
+  if (c.in.size() < kHelloBytes) return false;
+  StoreNonce client_nonce;
+  std::memcpy(client_nonce.data(), c.in.data() + 4, kStoreNonceBytes);
+  Digest proof;
+  std::memcpy(proof.data(), c.in.data() + 4 + kStoreNonceBytes, proof.size());
+  const bool ok = DigestsEqual(proof, StoreClientProof(options_.secret, c.nonce, client_nonce));
+  c.in.erase(c.in.begin(), c.in.begin() + kHelloBytes);
+  uint8_t verdict[kVerdictBytes] = {};
   PutU32(verdict, kStoreMagic);
   verdict[4] = ok ? 1 : 0;
+  if (ok) {
+    const Digest answer = StoreServerProof(options_.secret, c.nonce, client_nonce);
+    std::memcpy(verdict + 5, answer.data(), answer.size());
+  }
   c.out.assign(verdict, verdict + sizeof(verdict));
   if (ok) {
     c.authed = true;

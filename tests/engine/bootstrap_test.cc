@@ -10,10 +10,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <set>
 #include <string>
@@ -23,6 +26,7 @@
 #include "engine/bootstrap/rendezvous.h"
 #include "engine/bootstrap/store.h"
 #include "engine/bootstrap/tcp_store.h"
+#include "engine/bootstrap/tcp_store_wire.h"
 #include "gtest/gtest.h"
 
 namespace kolo::bootstrap {
@@ -84,6 +88,214 @@ bool ClosedByPeerWithin(int fd, milliseconds bound) {
 
 void PutLe32(std::string* s, uint32_t v) {
   for (int i = 0; i < 4; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+uint32_t GetLe32(const std::string& s, size_t at) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= uint32_t{static_cast<uint8_t>(s[at + i])} << (8 * i);
+  return v;
+}
+
+// Reads exactly `n` bytes within `bound`; empty on EOF, error or timeout.
+std::string RecvExactly(int fd, size_t n, milliseconds bound) {
+  const auto deadline = Clock::now() + bound;
+  std::string out;
+  char buf[256];
+  while (out.size() < n && Clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0) continue;
+    const ssize_t r = recv(fd, buf, std::min(sizeof(buf), n - out.size()), 0);
+    if (r <= 0) return "";
+    out.append(buf, static_cast<size_t>(r));
+  }
+  return out.size() == n ? out : "";
+}
+
+bool SendAll(int fd, const std::string& bytes) {
+  return send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
+}
+
+StoreNonce NonceAt(const std::string& s, size_t at) {
+  StoreNonce n;
+  std::memcpy(n.data(), s.data() + at, n.size());
+  return n;
+}
+
+std::string DigestBytes(const Digest& d) { return std::string(d.begin(), d.end()); }
+
+// The client's side of the handshake done by hand on a raw connection: reads the challenge, sends
+// a hello proving `secret` and returns the verdict ("" when a step fails).
+std::string RawHandshake(int fd, const std::string& secret) {
+  const std::string challenge = RecvExactly(fd, kChallengeBytes, milliseconds(3000));
+  if (challenge.empty()) return "";
+  StoreNonce mine{};
+  mine[0] = 42;
+  std::string hello;
+  PutLe32(&hello, kStoreMagic);
+  hello.append(mine.begin(), mine.end());
+  hello += DigestBytes(StoreClientProof(secret, NonceAt(challenge, 4), mine));
+  if (!SendAll(fd, hello)) return "";
+  return RecvExactly(fd, kVerdictBytes, milliseconds(3000));
+}
+
+// A listening socket on an ephemeral loopback port; `addr` gets "127.0.0.1:port".
+int ListenLoopback(std::string* addr) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 || listen(fd, 16) != 0) {
+    close(fd);
+    return -1;
+  }
+  socklen_t len = sizeof(sa);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  *addr = "127.0.0.1:" + std::to_string(ntohs(sa.sin_port));
+  return fd;
+}
+
+// Accepts one connection within `bound`; -1 if none came.
+int AcceptWithin(int listen_fd, milliseconds bound) {
+  pollfd p{listen_fd, POLLIN, 0};
+  if (poll(&p, 1, static_cast<int>(bound.count())) <= 0) return -1;
+  return accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+}
+
+// Appends everything `fd` sends until it closes or `bound` passes.
+void RecvUntilClosed(int fd, std::string* out, milliseconds bound) {
+  const auto deadline = Clock::now() + bound;
+  char buf[4096];
+  while (Clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0) continue;
+    const ssize_t r = recv(fd, buf, sizeof(buf), 0);
+    if (r <= 0) return;
+    out->append(buf, static_cast<size_t>(r));
+  }
+}
+
+// Sits between one client and a store server, forwarding both ways and keeping a copy of every
+// byte: `up` what the client sent, `down` what the server sent. Ends when either side closes.
+struct RecordingProxy {
+  std::string address;
+  std::string up, down;
+
+  explicit RecordingProxy(const std::string& server_addr) {
+    listen_fd_ = ListenLoopback(&address);
+    thread_ = std::thread([this, server_addr] { Run(server_addr); });
+  }
+  ~RecordingProxy() {
+    Join();
+    close(listen_fd_);
+  }
+  void Join() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Run(const std::string& server_addr) {
+    const int client = AcceptWithin(listen_fd_, milliseconds(10000));
+    if (client < 0) return;
+    const int server = RawConnect(server_addr);
+    const auto deadline = Clock::now() + std::chrono::seconds(20);
+    char buf[64 << 10];
+    while (server >= 0 && Clock::now() < deadline) {
+      pollfd p[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
+      if (poll(p, 2, 50) <= 0) continue;
+      bool closed = false;
+      for (int i = 0; i < 2 && !closed; ++i) {
+        if (p[i].revents == 0) continue;
+        const ssize_t r = recv(p[i].fd, buf, sizeof(buf), 0);
+        if (r <= 0) {
+          closed = true;
+          break;
+        }
+        (i == 0 ? up : down).append(buf, static_cast<size_t>(r));
+        const std::string chunk(buf, static_cast<size_t>(r));
+        if (!SendAll(i == 0 ? server : client, chunk)) closed = true;
+      }
+      if (closed) break;
+    }
+    if (server >= 0) close(server);
+    close(client);
+  }
+
+  int listen_fd_ = -1;
+  std::thread thread_;
+};
+
+// One client session (connect, Set, Get, disconnect) through a RecordingProxy.
+struct Recorded {
+  std::string up, down;
+};
+Recorded RecordSession(const std::string& server_addr) {
+  RecordingProxy proxy(server_addr);
+  {
+    auto c = TcpStoreClient::Connect(proxy.address, kSecret, milliseconds(5000));
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    if (c.ok()) {
+      EXPECT_TRUE((*c)->Set("recorded/key", B("recorded value")).ok());
+      EXPECT_EQ(*(*c)->Get("recorded/key", milliseconds(1000)), B("recorded value"));
+    }
+  }
+  proxy.Join();
+  return {proxy.up, proxy.down};
+}
+
+// A store impostor for one connection: sends a challenge, reads the hello, answers with the
+// verdict that `answer` makes from (nonce_s, hello), and records every byte the client sends.
+struct FakeServer {
+  using Answer = std::function<std::string(const StoreNonce&, const std::string&)>;
+  std::string address;
+  std::string received;
+
+  explicit FakeServer(Answer answer) {
+    listen_fd_ = ListenLoopback(&address);
+    thread_ = std::thread([this, answer = std::move(answer)] {
+      const int fd = AcceptWithin(listen_fd_, milliseconds(10000));
+      if (fd < 0) return;
+      StoreNonce nonce{};
+      for (size_t i = 0; i < nonce.size(); ++i) nonce[i] = static_cast<uint8_t>(7 * i + 1);
+      std::string challenge;
+      PutLe32(&challenge, kStoreMagic);
+      challenge.append(nonce.begin(), nonce.end());
+      if (SendAll(fd, challenge)) {
+        const std::string hello = RecvExactly(fd, kHelloBytes, milliseconds(5000));
+        received += hello;
+        if (!hello.empty() && SendAll(fd, answer(nonce, hello))) {
+          RecvUntilClosed(fd, &received, milliseconds(5000));
+        }
+      }
+      close(fd);
+    });
+  }
+  ~FakeServer() {
+    Join();
+    close(listen_fd_);
+  }
+  void Join() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  int listen_fd_ = -1;
+  std::thread thread_;
+};
+
+std::string Verdict(uint8_t accepted, const std::string& mac) {
+  std::string v;
+  PutLe32(&v, kStoreMagic);
+  v.push_back(static_cast<char>(accepted));
+  v += mac;
+  return v;
+}
+
+// Whether `haystack` holds `secret` or any 8-byte piece of it.
+bool ContainsSecret(const std::string& haystack, const std::string& secret) {
+  for (size_t i = 0; i + 8 <= secret.size(); ++i) {
+    if (haystack.find(secret.substr(i, 8)) != std::string::npos) return true;
+  }
+  return false;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -274,13 +486,13 @@ TEST(TcpStore, GarbageOversizedAndIdleConnectionsAreDropped) {
   EXPECT_TRUE(ClosedByPeerWithin(g, milliseconds(3000)));
   close(g);
 
-  // A correct hello, then a request announcing a value larger than allowed.
+  // A correct handshake, then a request announcing a value larger than allowed.
   const int o = RawConnect(server->address());
   ASSERT_GE(o, 0);
+  const std::string verdict = RawHandshake(o, kSecret);
+  ASSERT_EQ(verdict.size(), kVerdictBytes);
+  ASSERT_EQ(verdict[4], 1);
   std::string frame;
-  PutLe32(&frame, kStoreMagic);
-  PutLe32(&frame, static_cast<uint32_t>(kSecret.size()));
-  frame += kSecret;
   frame.push_back(1);  // Set
   PutLe32(&frame, 3);
   PutLe32(&frame, static_cast<uint32_t>(kStoreMaxValueBytes + 1));
@@ -305,6 +517,216 @@ TEST(TcpStore, GarbageOversizedAndIdleConnectionsAreDropped) {
   ASSERT_TRUE(fresh);
   EXPECT_TRUE(fresh->Set("after", B("2")).ok());
   EXPECT_EQ(*good->Get("after", milliseconds(1000)), B("2"));
+}
+
+// Every byte a client sends during a whole session (handshake, Set, Get) is recorded between it
+// and the server: the requests are there, the secret is not.
+TEST(TcpStore, ClientNeverSendsTheSecret) {
+  auto server = StartServer();
+  ASSERT_TRUE(server);
+  const Recorded rec = RecordSession(server->address());
+  EXPECT_EQ(server->accepted_clients(), 1u);
+  // The recording holds the session, so the check below looks at real traffic.
+  ASSERT_GE(rec.up.size(), kHelloBytes);
+  EXPECT_NE(rec.up.find("recorded/key"), std::string::npos);
+  EXPECT_NE(rec.up.find("recorded value"), std::string::npos);
+  EXPECT_FALSE(ContainsSecret(rec.up, kSecret)) << "the client sent (part of) the job secret";
+  EXPECT_FALSE(ContainsSecret(rec.down, kSecret)) << "the server sent (part of) the job secret";
+}
+
+// A hello recorded from a successful exchange proves the secret for that exchange's nonce only:
+// replayed on a new connection it is refused, and the server keeps serving.
+TEST(TcpStore, ReplayedHelloIsRejected) {
+  auto server = StartServer();
+  ASSERT_TRUE(server);
+  const Recorded rec = RecordSession(server->address());
+  ASSERT_GE(rec.down.size(), kChallengeBytes);
+  ASSERT_GE(rec.up.size(), kHelloBytes);
+  const std::string old_challenge = rec.down.substr(0, kChallengeBytes);
+  const std::string old_hello = rec.up.substr(0, kHelloBytes);
+  // The recording is a valid proof of the secret for the recorded challenge.
+  ASSERT_EQ(
+      old_hello.substr(4 + kStoreNonceBytes),
+      DigestBytes(StoreClientProof(kSecret, NonceAt(old_challenge, 4), NonceAt(old_hello, 4))));
+
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const int fd = RawConnect(server->address());
+    ASSERT_GE(fd, 0);
+    const std::string challenge = RecvExactly(fd, kChallengeBytes, milliseconds(3000));
+    ASSERT_EQ(challenge.size(), kChallengeBytes);
+    EXPECT_EQ(GetLe32(challenge, 0), kStoreMagic);
+    EXPECT_NE(challenge.substr(4), old_challenge.substr(4)) << "the server reused a nonce";
+    ASSERT_TRUE(SendAll(fd, old_hello));
+    const std::string verdict = RecvExactly(fd, kVerdictBytes, milliseconds(3000));
+    ASSERT_EQ(verdict.size(), kVerdictBytes);
+    EXPECT_EQ(verdict[4], 0) << "a replayed hello was accepted";
+    EXPECT_EQ(verdict.substr(5), std::string(32, '\0')) << "a rejection must carry no proof";
+    EXPECT_TRUE(ClosedByPeerWithin(fd, milliseconds(3000)));
+    close(fd);
+  }
+  EXPECT_EQ(server->rejected_connections(), 3u);
+  EXPECT_EQ(server->accepted_clients(), 1u);
+  auto good = ConnectClient(server->address());
+  ASSERT_TRUE(good);
+  EXPECT_EQ(*good->Get("recorded/key", milliseconds(1000)), B("recorded value"));
+}
+
+// A server that does not know the secret cannot pass itself off as the store: the client checks
+// the server's proof. The impostor also records what the client sent, which holds no secret.
+TEST(TcpStore, ClientRejectsServerThatCannotProveTheSecret) {
+  const std::string other_secret = "fedcba9876543210fedcba9876543210";
+  struct Case {
+    const char* name;
+    FakeServer::Answer answer;
+  };
+  const Case cases[] = {
+      {"no proof",
+       [](const StoreNonce&, const std::string&) { return Verdict(1, std::string(32, '\0')); }},
+      {"proof under another secret",
+       [&](const StoreNonce& nonce, const std::string& hello) {
+         return Verdict(1, DigestBytes(StoreServerProof(other_secret, nonce, NonceAt(hello, 4))));
+       }},
+      {"the client's own proof sent back",
+       [](const StoreNonce&, const std::string& hello) {
+         return Verdict(1, hello.substr(4 + kStoreNonceBytes));
+       }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    FakeServer fake(c.answer);
+    const auto t0 = Clock::now();
+    auto client = TcpStoreClient::Connect(fake.address, kSecret, milliseconds(3000));
+    ASSERT_FALSE(client.ok()) << "the client trusted a server without the secret";
+    EXPECT_EQ(client.status().code(), StatusCode::kUnavailable) << client.status().ToString();
+    EXPECT_NE(client.status().message().find("failed to prove the job secret"), std::string::npos)
+        << client.status().message();
+    EXPECT_NE(client.status().message().find(fake.address), std::string::npos);
+    EXPECT_LT(SecondsSince(t0), 3.0);
+    fake.Join();
+    ASSERT_EQ(fake.received.size(), kHelloBytes);  // the hello, then the client hung up
+    EXPECT_EQ(GetLe32(fake.received, 0), kStoreMagic);
+    EXPECT_FALSE(ContainsSecret(fake.received, kSecret));
+  }
+
+  // The same impostor given the secret passes, so the failures above come from the proof alone.
+  FakeServer knowing([](const StoreNonce& nonce, const std::string& hello) {
+    return Verdict(1, DigestBytes(StoreServerProof(kSecret, nonce, NonceAt(hello, 4))));
+  });
+  auto client = TcpStoreClient::Connect(knowing.address, kSecret, milliseconds(3000));
+  EXPECT_TRUE(client.ok()) << client.status().ToString();
+  client = Internal("closed");  // hang up, so the impostor stops recording
+  knowing.Join();
+  EXPECT_FALSE(ContainsSecret(knowing.received, kSecret));
+
+  // A rejection from the impostor reads as a wrong secret, as from the real store.
+  FakeServer refusing(
+      [](const StoreNonce&, const std::string&) { return Verdict(0, std::string(32, '\0')); });
+  auto refused = TcpStoreClient::Connect(refusing.address, kSecret, milliseconds(3000));
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("rejected the job secret"), std::string::npos);
+}
+
+// Short, malformed and overlong hellos are refused without an answer that proves anything; the
+// server neither crashes nor hangs and keeps serving old and new clients.
+TEST(TcpStore, ShortAndGarbageHellosAreRejected) {
+  auto server = StartServer(milliseconds(300));
+  ASSERT_TRUE(server);
+  auto good = ConnectClient(server->address());
+  ASSERT_TRUE(good);
+  ASSERT_TRUE(good->Set("before", B("1")).ok());
+  std::string magic;
+  PutLe32(&magic, kStoreMagic);
+  std::mt19937 rng(99);
+  const auto random_bytes = [&](size_t n) {
+    std::string out(n, '\0');
+    for (auto& ch : out) ch = static_cast<char>(rng());
+    return out;
+  };
+  uint64_t expected_rejections = 0;
+  const auto connect_and_read_challenge = [&] {
+    const int fd = RawConnect(server->address());
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(RecvExactly(fd, kChallengeBytes, milliseconds(3000)).size(), kChallengeBytes);
+    return fd;
+  };
+
+  {  // A few bytes of a hello, then the client leaves.
+    const int fd = connect_and_read_challenge();
+    ASSERT_TRUE(SendAll(fd, magic + "abc"));
+    close(fd);
+    ++expected_rejections;
+  }
+  {  // A few bytes of a hello, then silence: closed at the hello timeout.
+    const int fd = connect_and_read_challenge();
+    ASSERT_TRUE(SendAll(fd, magic + random_bytes(20)));
+    const auto t0 = Clock::now();
+    EXPECT_TRUE(ClosedByPeerWithin(fd, milliseconds(3000)));
+    EXPECT_GE(SecondsSince(t0), 0.1);
+    close(fd);
+    ++expected_rejections;
+  }
+  {  // A wrong magic: closed at once, without a verdict.
+    const int fd = connect_and_read_challenge();
+    ASSERT_TRUE(SendAll(fd, "KST1"));
+    std::string rest;
+    RecvUntilClosed(fd, &rest, milliseconds(3000));
+    EXPECT_EQ(rest, "");
+    close(fd);
+    ++expected_rejections;
+  }
+  {  // The right magic and a hello's length of random bytes: a wrong proof.
+    const int fd = connect_and_read_challenge();
+    ASSERT_TRUE(SendAll(fd, magic + random_bytes(kHelloBytes - 4)));
+    const std::string verdict = RecvExactly(fd, kVerdictBytes, milliseconds(3000));
+    ASSERT_EQ(verdict.size(), kVerdictBytes);
+    EXPECT_EQ(verdict[4], 0);
+    EXPECT_TRUE(ClosedByPeerWithin(fd, milliseconds(3000)));
+    close(fd);
+    ++expected_rejections;
+  }
+  {  // More than a hello before the verdict: closed without one.
+    const int fd = connect_and_read_challenge();
+    ASSERT_TRUE(SendAll(fd, magic + random_bytes(4096)));
+    std::string rest;
+    RecvUntilClosed(fd, &rest, milliseconds(3000));
+    EXPECT_EQ(rest, "");
+    close(fd);
+    ++expected_rejections;
+  }
+  {  // A valid proof for the secret of another job.
+    const int fd = RawConnect(server->address());
+    ASSERT_GE(fd, 0);
+    const std::string verdict = RawHandshake(fd, "fedcba9876543210fedcba9876543210");
+    ASSERT_EQ(verdict.size(), kVerdictBytes);
+    EXPECT_EQ(verdict[4], 0);
+    close(fd);
+    ++expected_rejections;
+  }
+
+  // Rejections are counted as the server gets to them; wait for the last (bounded).
+  const auto deadline = Clock::now() + std::chrono::seconds(3);
+  while (server->rejected_connections() < expected_rejections && Clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_EQ(server->rejected_connections(), expected_rejections);
+  EXPECT_EQ(*good->Get("before", milliseconds(1000)), B("1"));
+  auto fresh = ConnectClient(server->address());
+  ASSERT_TRUE(fresh);
+  EXPECT_TRUE(fresh->Set("after", B("2")).ok());
+  EXPECT_EQ(*good->Get("after", milliseconds(1000)), B("2"));
+  EXPECT_EQ(server->accepted_clients(), 2u);
+}
+
+// The proofs differ by direction, by nonce and by secret.
+TEST(TcpStore, ProofsDependOnDirectionNoncesAndSecret) {
+  StoreNonce a{}, b{};
+  b[15] = 1;
+  const Digest client = StoreClientProof(kSecret, a, b);
+  EXPECT_NE(client, StoreServerProof(kSecret, a, b));
+  EXPECT_NE(client, StoreClientProof(kSecret, b, a));
+  EXPECT_NE(client, StoreClientProof(kSecret, b, b));
+  EXPECT_NE(client, StoreClientProof("fedcba9876543210fedcba9876543210", a, b));
+  EXPECT_EQ(client, StoreClientProof(kSecret, a, b));
 }
 
 // A port that was free a moment ago (bound and released).

@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "engine/bootstrap/store.h"
+#include "engine/common/sha256.h"
 #include "engine/transport/tcp/accumulation.h"
 #include "engine/transport/tcp/device.h"
 #include "engine/transport/tcp/pair.h"
-#include "engine/transport/tcp/sha256.h"
 #include "engine/transport/tcp/socket.h"
 #include "tests/engine/rank_threads.h"
 

@@ -1,9 +1,9 @@
 #include "engine/transport/tcp/handshake.h"
 
-#include <sys/random.h>
-
-#include <cerrno>
+#include <algorithm>
 #include <cstring>
+
+#include "engine/common/random.h"
 
 namespace kolo::transport::tcp {
 namespace {
@@ -104,14 +104,8 @@ Digest AcceptorProof(std::string_view secret, const Nonce& acceptor_nonce, const
 
 StatusOr<Nonce> RandomNonce() {
   Nonce nonce;
-  size_t got = 0;
-  while (got < nonce.size()) {
-    const ssize_t n = ::getrandom(nonce.data() + got, nonce.size() - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus(StatusCode::kInternal, "getrandom(16 bytes)", errno);
-    }
-    got += static_cast<size_t>(n);
+  if (!FillRandom(nonce.data(), nonce.size())) {
+    return Internal("no kernel randomness (getrandom and /dev/urandom both failed) for a nonce");
   }
   return nonce;
 }

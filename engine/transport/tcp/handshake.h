@@ -15,8 +15,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "engine/common/sha256.h"
 #include "engine/common/status.h"
-#include "engine/transport/tcp/sha256.h"
 
 namespace kolo::transport::tcp {
 

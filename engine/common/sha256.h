@@ -1,5 +1,6 @@
-// SHA-256 (FIPS 180-4) and HMAC-SHA-256 (RFC 2104), for the connection handshake: a peer proves
-// it knows the job secret without sending it. Small inputs only; not tuned for throughput.
+// SHA-256 (FIPS 180-4) and HMAC-SHA-256 (RFC 2104), for the handshakes of the rendezvous store and
+// the TCP transport: a peer proves it knows the job secret without sending it. Small inputs only;
+// not tuned for throughput.
 #pragma once
 
 #include <array>
@@ -7,7 +8,7 @@
 #include <cstdint>
 #include <string_view>
 
-namespace kolo::transport::tcp {
+namespace kolo {
 
 using Digest = std::array<uint8_t, 32>;
 
@@ -34,4 +35,4 @@ Digest HmacSha256(std::string_view key, const void* message, size_t size);
 // Compares two digests in time independent of where they differ.
 bool DigestsEqual(const Digest& a, const Digest& b);
 
-}  // namespace kolo::transport::tcp
+}  // namespace kolo

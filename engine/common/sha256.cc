@@ -1,9 +1,9 @@
-#include "engine/transport/tcp/sha256.h"
+#include "engine/common/sha256.h"
 
 #include <algorithm>
 #include <cstring>
 
-namespace kolo::transport::tcp {
+namespace kolo {
 namespace {
 
 constexpr std::array<uint32_t, 64> kRound = {
@@ -121,4 +121,4 @@ bool DigestsEqual(const Digest& a, const Digest& b) {
   return diff == 0;
 }
 
-}  // namespace kolo::transport::tcp
+}  // namespace kolo

@@ -171,6 +171,9 @@ class Engine {
     double execute_us = 0;
     // Payload bytes of the allreduces this rank completed, every tensor (fused or not).
     int64_t allreduce_bytes = 0;
+    // Time this rank held submitted work back to gather it on its cycle grid (KOLO_CYCLE_TIME_MS)
+    // before an exchange: what the cycle time costs in latency, which other load does not add to.
+    double gather_us = 0;
     // Bytes kolo's own transport sent and received for this rank (ring, negotiation, broadcast,
     // allgather; not what MPI or NCCL move themselves), as of the last cycle.
     int64_t transport_bytes_sent = 0;

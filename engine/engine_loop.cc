@@ -80,6 +80,13 @@ bool Engine::Impl::HasNews(SteadyClock::time_point now) {
 
 Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_point last_start) {
   std::optional<SteadyClock::time_point> tick;
+  // Time spent holding news back for the cycle grid (counted in stats.gather_us).
+  SteadyClock::duration held{0};
+  const auto count_held = [&] {
+    if (held.count() == 0) return;
+    MutexLock lock(mu);
+    stats.gather_us += std::chrono::duration<double, std::micro>(held).count();
+  };
   for (;;) {
     const auto now = SteadyClock::now();
     SteadyClock::time_point until;
@@ -90,7 +97,10 @@ Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_p
         const auto ticks = (now - last_start + cycle - SteadyClock::duration(1)) / cycle;
         tick = last_start + std::max<int64_t>(ticks, 1) * cycle;
       }
-      if (*tick <= now) return Status::OK();
+      if (*tick <= now) {
+        count_held();
+        return Status::OK();
+      }
       until = *tick;
     } else {
       tick.reset();
@@ -103,7 +113,11 @@ Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_p
         device->WaitForArrival(std::chrono::duration_cast<std::chrono::microseconds>(until - now) +
                                    std::chrono::microseconds(1),
                                &arrived));
-    if (arrived) return Status::OK();
+    if (tick) held += SteadyClock::now() - now;
+    if (arrived) {
+      count_held();
+      return Status::OK();
+    }
   }
 }
 

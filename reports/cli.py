@@ -3,7 +3,7 @@
     python -m reports.cli sweep FILE --out DIR [--bin-dir DIR] [--only KEY=V,...]... [--dry-run]
                                 [--retry-failed] [--no-report]
     python -m reports.cli report DIR
-    python -m reports.cli check-regression CSV --baseline FILE
+    python -m reports.cli check-regression CSV --baseline FILE [--bench JSON]...
 
 Exit status: 0 success; 1 a point failed, the gate fell short, or something could not run;
 2 a bad command line, sweep file, baseline or CSV; 128 + N when stopped by signal N.
@@ -53,6 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("check-regression", help="compare a results CSV with a baseline")
     p.add_argument("csv", help="results.csv of a sweep")
     p.add_argument("--baseline", help="baseline file (TOML; format in reports/README.md)")
+    p.add_argument(
+        "--bench",
+        action="append",
+        default=[],
+        metavar="JSON",
+        help="kolo-allreduce-bench --json output for the baseline's [[ring]] checks (repeatable)",
+    )
     p.add_argument(
         "--write-baseline",
         metavar="FILE",
@@ -183,22 +190,30 @@ def _check(args) -> int:
         print("check-regression: --baseline FILE is required (or --write-baseline FILE)", file=sys.stderr)
         return 2
     try:
-        checks = gate.load_baseline(args.baseline)
+        baseline = gate.load(args.baseline)
         rows = schema.read_rows(args.csv)
+        benches = [gate.load_bench(path) for path in args.bench]
     except (gate.BaselineError, schema.SchemaError) as e:
         print(f"check-regression: {e}", file=sys.stderr)
         return 2
     if not os.path.exists(args.csv):
         print(f"check-regression: {args.csv} does not exist", file=sys.stderr)
         return 2
-    verdicts = gate.evaluate(rows, checks)
+    verdicts = gate.evaluate(rows, baseline.checks) + gate.evaluate_rings(benches, baseline.rings)
     failed = [v for v in verdicts if not v.ok]
+    unjudged = [v for v in verdicts if not v.judged]
     print(gate.table(verdicts))
+    if unjudged:
+        print(
+            f"\ncheck-regression: {len(unjudged)} time-based check(s) not judged: other work kept the "
+            "host busy during those points (host_other_cores)"
+        )
     if failed:
         print(f"\ncheck-regression: {len(failed)} of {len(verdicts)} check(s) fell short of {args.baseline}:")
         print(gate.table(failed))
         return 1
-    print(f"\ncheck-regression: all {len(verdicts)} check(s) passed against {args.baseline}")
+    judged = len(verdicts) - len(unjudged)
+    print(f"\ncheck-regression: all {judged} judged check(s) passed against {args.baseline}")
     return 0
 
 

@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from reports import efficiency, launch, schema, settings, sweepfile
+from reports import efficiency, hostload, launch, schema, settings, sweepfile
 from reports.sweepfile import Sweep
 
 RESULTS = "results.csv"
@@ -215,6 +215,7 @@ def _run_point(point: dict, sweep: Sweep, out_dir: str, run_id: str, program: st
     env.update(sweep.launcher.env)
     token = f"{run_id}-{pid}"
     started = time.monotonic()
+    load = hostload.HostLoad()
     proc = launch.start(argv, env, log_path, token)
     timed_out = False
     try:
@@ -229,6 +230,7 @@ def _run_point(point: dict, sweep: Sweep, out_dir: str, run_id: str, program: st
         raise
     leftovers = launch.reap_leftovers(token)
     duration = time.monotonic() - started
+    other_cores = load.other_cores()
     rel_log = os.path.relpath(log_path, out_dir)
     nodes = sweep.launcher.nodes_for(settings.process_count(point))
 
@@ -259,6 +261,7 @@ def _run_point(point: dict, sweep: Sweep, out_dir: str, run_id: str, program: st
         error=error,
         nodes=nodes,
         duration_s=round(duration, 2),
+        host_other_cores=None if other_cores is None else round(other_cores, 2),
         log=rel_log,
     )
     if not row["timestamp"]:

@@ -50,6 +50,7 @@ RESULTS = (
     "comm_gbytes_per_sec",
     "collectives_per_step",
     "cycles_per_step",
+    "cycle_hold_ms",
     "final_loss",
     "kernel_share",
     "scaling_efficiency",
@@ -57,6 +58,7 @@ RESULTS = (
     "efficiency_vs_own_base",
     "efficiency_base_ranks",
     "duration_s",
+    "host_other_cores",
     "status",
     "error",
     "log",
@@ -74,6 +76,7 @@ BREAKDOWN = (
     "comm_gbytes_per_sec",
     "collectives_per_step",
     "cycles_per_step",
+    "cycle_hold_ms",
 )
 COLUMNS = META + SETTING_COLUMNS + RESULTS
 NUMERIC = (
@@ -101,6 +104,7 @@ NUMERIC = (
     "efficiency_vs_own_base",
     "efficiency_base_ranks",
     "duration_s",
+    "host_other_cores",
 )
 STATUSES = ("ok", "failed")
 _RESULT_FIELDS = (
@@ -142,6 +146,7 @@ def make_row(
     error: str = "",
     nodes: int | None = None,
     duration_s: float | None = None,
+    host_other_cores: float | None = None,
     log: str = "",
 ) -> dict:
     """A CSV row for a finished point. Settings come from kolo-train's record where it has them
@@ -173,7 +178,7 @@ def make_row(
     if status == "ok":
         for name in _RESULT_FIELDS:
             row[name] = results.get(name)
-    row.update(status=status, error=error, duration_s=duration_s, log=log)
+    row.update(status=status, error=error, duration_s=duration_s, host_other_cores=host_other_cores, log=log)
     return {k: cell(v) for k, v in row.items()}
 
 

@@ -61,6 +61,7 @@ std::string RunRecordToJson(const RunRecord& r) {
     results["comm_gbytes_per_sec"] = b.comm_gbytes_per_sec;
     results["collectives_per_step"] = b.collectives_per_step;
     results["cycles_per_step"] = b.cycles_per_step;
+    results["cycle_hold_ms"] = b.cycle_hold_ms;
     results["final_loss"] = x.final_loss ? Json(*x.final_loss) : Json(nullptr);
     results["kernel_share"] = x.kernel_share;
     results["engine_stats"] = {{"cycles", e.cycles},
@@ -77,6 +78,7 @@ std::string RunRecordToJson(const RunRecord& r) {
                                {"ps_busy_us", e.ps_busy_us},
                                {"execute_us", e.execute_us},
                                {"allreduce_bytes", e.allreduce_bytes},
+                               {"gather_us", e.gather_us},
                                {"transport_bytes_sent", e.transport_bytes_sent},
                                {"transport_bytes_received", e.transport_bytes_received}};
     j["results"] = std::move(results);

@@ -15,7 +15,7 @@
 // The time breakdown (Breakdown's fields, each a mean per timed step over the steps and the ranks):
 // "step_time_ms_mean", "forward_ms", "backward_ms", "exposed_comm_ms", "update_ms", "comm_ms",
 // "hidden_comm_ms", "negotiation_ms", "comm_bytes_per_step", "comm_gbytes_per_sec",
-// "collectives_per_step", "cycles_per_step".
+// "collectives_per_step", "cycles_per_step", "cycle_hold_ms".
 //
 // "ranks" counts training workers; parameter-server ranks are counted in "ps_servers". A failed
 // run carries whatever settings were known and no "results". final_loss is null when the compute
@@ -76,6 +76,10 @@ struct Breakdown {
   // the engine agreed on ready tensors: its cycle time's).
   double collectives_per_step = 0;
   double cycles_per_step = 0;
+  // Per exchange, the time the engine held submitted work back for its cycle grid
+  // (Stats::gather_us over the cycles): bounded by the cycle time whatever the host's load, so a
+  // longer cycle shows here and a busy host hardly does.
+  double cycle_hold_ms = 0;
 };
 
 struct RunResults {

@@ -73,7 +73,7 @@ StatusOr<std::vector<std::string>> GatherHostNames(Engine& engine) {
 
 // The engine's communication over the timed steps, per rank and step (see Breakdown).
 struct CommPerStep {
-  double comm_ms = 0, negotiation_ms = 0, bytes = 0, collectives = 0, cycles = 0;
+  double comm_ms = 0, negotiation_ms = 0, bytes = 0, collectives = 0, cycles = 0, hold_ms = 0;
 };
 
 CommPerStep CommBetween(const Engine::Stats& a, const Engine::Stats& b, const std::string& backend,
@@ -84,6 +84,9 @@ CommPerStep CommBetween(const Engine::Stats& a, const Engine::Stats& b, const st
   c.negotiation_ms = (b.coordination_us - a.coordination_us) / 1e3 / n;
   c.collectives = static_cast<double>(b.collectives - a.collectives) / n;
   c.cycles = static_cast<double>(b.cycles - a.cycles) / n;
+  if (b.cycles > a.cycles) {
+    c.hold_ms = (b.gather_us - a.gather_us) / 1e3 / static_cast<double>(b.cycles - a.cycles);
+  }
   if (backend == "ps") {
     c.comm_ms = (b.ps_busy_us - a.ps_busy_us) / 1e3 / n;
     c.bytes = static_cast<double>(b.ps_bytes_sent - a.ps_bytes_sent) / n;
@@ -347,7 +350,8 @@ Status Run::Finish(const Trainer& trainer) {
                 comm.negotiation_ms,
                 comm.bytes,
                 comm.collectives,
-                comm.cycles};
+                comm.cycles,
+                comm.hold_ms};
   constexpr int64_t kValues = sizeof v / sizeof v[0];
   if (distributed()) {
     KOLO_ASSIGN_OR_RETURN(Handle h, engine_->AllreduceAsync("results", v, v, DataType::kFloat64,
@@ -375,6 +379,7 @@ Status Run::Finish(const Trainer& trainer) {
   b.comm_gbytes_per_sec = b.comm_ms > 0 ? b.comm_bytes_per_step / b.comm_ms / 1e6 : 0;
   b.collectives_per_step = v[15] / ranks;
   b.cycles_per_step = v[16] / ranks;
+  b.cycle_hold_ms = v[17] / ranks;
   if (o_.compute != "replay") res.final_loss = last_loss_;
   res.kernel_share = seconds > 0 ? kernel / seconds : 0;
   if (distributed()) res.engine_stats = engine_->stats();

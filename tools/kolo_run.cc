@@ -7,11 +7,11 @@
 // KOLO_STORE_ADDR and KOLO_JOB_SECRET set (KOLO_IFACE too with --iface). Ranks inherit stdin,
 // stdout and stderr unchanged. When a rank fails (non-zero exit or a signal), the launcher says
 // which, gives the others a few seconds to fail on their own (so that each reports the loss it saw,
-// not the launcher's signal), then sends SIGTERM and SIGKILL after a grace period, and exits
-// non-zero; the exit
-// code is the failing rank's code (128 + signal if it was killed), 124 on --timeout-s, or
-// 128 + signal when the launcher itself was interrupted. Each rank runs in its own process group,
-// which is killed as a whole, and dies with the launcher (PR_SET_PDEATHSIG).
+// not the launcher's signal), then sends SIGTERM and SIGKILL after a grace period (a stopped rank,
+// which cannot act on SIGTERM, gets SIGKILL at once), and exits non-zero; the exit code is the
+// failing rank's code (128 + signal if it was killed), 124 on --timeout-s, or 128 + signal when the
+// launcher itself was interrupted. Each rank runs in its own process group, which is killed as a
+// whole, and dies with the launcher (PR_SET_PDEATHSIG).
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -112,6 +112,8 @@ class Launcher {
              const std::vector<std::string>& env);
   void Reap();
   void SignalAll(int sig);
+  // SIGTERM to every rank, SIGKILL to a stopped one (it cannot act on SIGTERM).
+  void TerminateAll();
   // Stops the job with `exit_code`: SIGTERM to every rank after `settle` (a rank failed: the rest
   // may notice by themselves first), SIGKILL kKillGrace later.
   void BeginTermination(int exit_code, Clock::duration settle = Clock::duration::zero());
@@ -185,6 +187,33 @@ void Launcher::SignalAll(int sig) {
   for (const auto& [pid, rank] : alive_) ::kill(-pid, sig);
 }
 
+// True when the process is stopped (SIGSTOP, or a tracer's stop): it cannot act on SIGTERM.
+bool IsStopped(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "re");
+  if (f == nullptr) return false;
+  char buf[512] = {};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  // "pid (comm) S ...": the state follows the last ')' (comm may hold parentheses).
+  const char* close = std::strrchr(buf, ')');
+  return n > 0 && close != nullptr && close[1] == ' ' && (close[2] == 'T' || close[2] == 't');
+}
+
+void Launcher::TerminateAll() {
+  for (const auto& [pid, rank] : alive_) {
+    if (IsStopped(pid)) {
+      // A stopped rank would sit on SIGTERM until the grace period ends; it cannot shut down
+      // cleanly anyway.
+      Say(fmt::format("rank {} is stopped (SIGSTOP or a debugger); sending SIGKILL", rank));
+      ::kill(-pid, SIGKILL);
+    } else {
+      ::kill(-pid, SIGTERM);
+    }
+  }
+}
+
 void Launcher::BeginTermination(int exit_code, Clock::duration settle) {
   if (terminating_) return;
   terminating_ = true;
@@ -194,7 +223,7 @@ void Launcher::BeginTermination(int exit_code, Clock::duration settle) {
     kill_at_ = term_at_ + kKillGrace;
     return;
   }
-  SignalAll(SIGTERM);
+  TerminateAll();
   kill_at_ = Clock::now() + kKillGrace;
 }
 
@@ -272,7 +301,7 @@ int Launcher::Run(const std::string& exe, const std::vector<std::string>& comman
     if (terminating_ && now >= term_at_) {
       Say(fmt::format("{} ranks still running {} s after the failure; sending SIGTERM",
                       alive_.size(), kSettle.count()));
-      SignalAll(SIGTERM);
+      TerminateAll();
       term_at_ = Clock::time_point::max();
     }
     if (terminating_ && now >= kill_at_ && give_up_at_ == Clock::time_point::max()) {

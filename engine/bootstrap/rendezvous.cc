@@ -40,8 +40,11 @@ std::chrono::milliseconds PeerTimeout(const Options& options) {
 Status StartOverMpi(const Options& options, Rendezvous* rv) {
 #if KOLO_HAVE_MPI
   std::optional<mpi::StartupWatchdog> watchdog;
-  watchdog.emplace(PeerTimeout(options), options.rank,
-                   "MPI start-up (MPI_Init and the rendezvous broadcast)");
+  watchdog.emplace(
+      std::max(PeerTimeout(options),
+               std::chrono::milliseconds(static_cast<int64_t>(options.start_timeout_s * 1000.0))),
+      options.rank,
+      "MPI start-up (MPI_Init and the rendezvous broadcast; KOLO_START_TIMEOUT_SECONDS)");
 #endif
   KOLO_RETURN_IF_ERROR(MpiStart(options));
   std::string payload;

@@ -32,6 +32,9 @@ void EngineFlags::Add(CLI::App& app) {
   app.add_option("--peer-timeout-s", peer_timeout_s_,
                  "longest wait on a peer before failing (default 30)")
       ->group(g);
+  app.add_option("--start-timeout-s", start_timeout_s_,
+                 "under mpirun, longest MPI start-up before the job is ended (default 120)")
+      ->group(g);
   app.add_option("--iface", iface_, "interface or IPv4 address to listen on")->group(g);
   app.add_option("--log-level", log_level_, "trace | debug | info | warning | error")->group(g);
   app.add_option("--ring-chunk-kb", ring_chunk_kb_, "ring pipeline chunk in KiB")->group(g);
@@ -77,6 +80,7 @@ Status EngineFlags::Apply(Options* o) const {
   if (stall_check_s_) o->stall_warning_s = *stall_check_s_;
   if (stall_shutdown_s_) o->stall_shutdown_s = *stall_shutdown_s_;
   if (peer_timeout_s_) o->peer_timeout_s = *peer_timeout_s_;
+  if (start_timeout_s_) o->start_timeout_s = *start_timeout_s_;
   if (ring_chunk_kb_) o->ring_chunk_bytes = *ring_chunk_kb_ * 1024;
   if (socket_buffer_kb_) o->socket_buffer_bytes = *socket_buffer_kb_ * 1024;
   if (ps_server_ranks_) {

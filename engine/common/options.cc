@@ -65,9 +65,9 @@ const char* const kKnownVariables[] = {
     "KOLO_JOB_SECRET", "KOLO_IFACE", "KOLO_BACKEND", "KOLO_TRANSPORT", "KOLO_TIMELINE",
     "KOLO_LOG_LEVEL", "KOLO_BUSY_POLL", "KOLO_ENGINE_SCHED", "KOLO_SOCKET_BUFFER_BYTES",
     "KOLO_RING_CHUNK_BYTES", "KOLO_FUSION_THRESHOLD_BYTES", "KOLO_CACHE_CAPACITY",
-    "KOLO_CYCLE_TIME_MS", "KOLO_PEER_TIMEOUT_SECONDS", "KOLO_FAULT_INJECT",
-    "KOLO_STALL_CHECK_SECONDS", "KOLO_STALL_SHUTDOWN_SECONDS", "KOLO_SKIP_BOOTSTRAP",
-    "KOLO_PS_SERVERS", "KOLO_PS_SERVER_RANKS", "KOLO_PS_PLACEMENT",
+    "KOLO_CYCLE_TIME_MS", "KOLO_PEER_TIMEOUT_SECONDS", "KOLO_START_TIMEOUT_SECONDS",
+    "KOLO_FAULT_INJECT", "KOLO_STALL_CHECK_SECONDS", "KOLO_STALL_SHUTDOWN_SECONDS",
+    "KOLO_SKIP_BOOTSTRAP", "KOLO_PS_SERVERS", "KOLO_PS_SERVER_RANKS", "KOLO_PS_PLACEMENT",
     // Read by scripts/ (and exported to the ranks they start).
     "KOLO_ROOT", "KOLO_VENV", "KOLO_OUT", "KOLO_BIN_DIR", "KOLO_SKIP_BUILD", "KOLO_RECONFIGURE",
     "KOLO_MPIRUN_ARGS", "KOLO_MAIN_TIMEOUT"};
@@ -266,6 +266,9 @@ Status Options::Validate() const {
   if (!(peer_timeout_s > 0)) {
     return InvalidArgument("peer timeout {} s must be positive", peer_timeout_s);
   }
+  if (!(start_timeout_s > 0)) {
+    return InvalidArgument("start timeout {} s must be positive", start_timeout_s);
+  }
   if (socket_buffer_bytes < 4096 || socket_buffer_bytes > (1ll << 30)) {
     return InvalidArgument("socket buffer {} bytes is outside [4096, 1 GiB]", socket_buffer_bytes);
   }
@@ -368,6 +371,8 @@ StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string
   KOLO_RETURN_IF_ERROR(ReadInt32(env, "KOLO_CACHE_CAPACITY", 0, 1 << 20, &o.cache_capacity));
   KOLO_RETURN_IF_ERROR(ReadDouble(env, "KOLO_CYCLE_TIME_MS", 1e-3, 10000, &o.cycle_time_ms));
   KOLO_RETURN_IF_ERROR(ReadDouble(env, "KOLO_PEER_TIMEOUT_SECONDS", 1e-3, 1e6, &o.peer_timeout_s));
+  KOLO_RETURN_IF_ERROR(
+      ReadDouble(env, "KOLO_START_TIMEOUT_SECONDS", 1e-3, 1e6, &o.start_timeout_s));
   if (const std::string* v = Find(env, "KOLO_FAULT_INJECT")) {
     KOLO_RETURN_IF_ERROR(ConfigureFaultInjection(*v));
   }

@@ -48,6 +48,10 @@ struct Options {
   // KOLO_PEER_TIMEOUT_SECONDS: longest any blocking wait on a peer may take before it fails with
   // an error naming the peer (connection set-up, a collective, a control message).
   double peer_timeout_s = 30.0;
+  // KOLO_START_TIMEOUT_SECONDS: longest MPI's start-up (MPI_Init and the rendezvous broadcast that
+  // follows) may take under mpirun before the job is ended; at least the peer timeout. MPI_Init
+  // of a large job, or on a slow host, can take far longer than a peer may stay silent.
+  double start_timeout_s = 120.0;
   // KOLO_BUSY_POLL: spin on the sockets instead of sleeping in epoll (only for dedicated cores).
   bool busy_poll = false;
   // KOLO_ENGINE_SCHED: scheduling policy of the background thread. "batch" (SCHED_BATCH: when a

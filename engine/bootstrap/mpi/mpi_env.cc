@@ -111,8 +111,8 @@ StartupWatchdog::StartupWatchdog(std::chrono::milliseconds timeout, int rank, st
       }
     }
     KOLO_LOG(kError,
-             "rank {}: {} did not finish within {} ms (the peer timeout): some rank of the job "
-             "did not start or stopped taking part (MPI does not say which); ending the job",
+             "rank {}: {} did not finish within {} ms: some rank of the job did not start or "
+             "stopped taking part (MPI does not say which); ending the job",
              rank, what, timeout.count());
     AbortWorldIfInitialized(1);
     std::fflush(stdout);

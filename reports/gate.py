@@ -361,6 +361,17 @@ def load_bench(path: str) -> dict:
     return doc
 
 
+def paired_ratio(ref: dict, mine: dict, what: str) -> float | None:
+    """Median over the iterations of ref's cost over mine's in the same iteration, from two bench
+    rows of one size: `what` "cpu" (every rank's CPU time) or "time" (wall time). None when the
+    rows lack per-iteration values."""
+    try:
+        a, b = (r["cpu_iters_us"] if what == "cpu" else r["time"]["iters_us"] for r in (ref, mine))
+        return statistics.median(x / y for x, y in zip(a, b, strict=True) if y > 0)
+    except (KeyError, TypeError, ValueError, statistics.StatisticsError):
+        return None
+
+
 def evaluate_rings(benches: list[dict], rings: list[RingCheck]) -> list[Verdict]:
     """One verdict per [[ring]] check, from the bench run with its rank count."""
     verdicts = []
@@ -396,19 +407,13 @@ def evaluate_rings(benches: list[dict], rings: list[RingCheck]) -> list[Verdict]
         if mine.get("wrong"):
             verdicts.append(fail(f"kolo's ring computed {mine['wrong']} wrong element(s)"))
             continue
-        try:
-            pairs = [a / b for a, b in zip(ref["cpu_iters_us"], mine["cpu_iters_us"], strict=True) if b > 0]
-            wall = statistics.median(
-                a / b for a, b in zip(ref["time"]["iters_us"], mine["time"]["iters_us"], strict=True) if b > 0
-            )
-        except (KeyError, TypeError, ValueError, statistics.StatisticsError):
-            pairs, wall = [], None
-        if not pairs:
+        ratio = paired_ratio(ref, mine, "cpu")
+        wall = paired_ratio(ref, mine, "time")
+        if ratio is None:
             verdicts.append(
                 fail("the bench rows have no per-iteration CPU times (an older kolo-allreduce-bench?)")
             )
             continue
-        ratio = statistics.median(pairs)
         drop = ring.cpu_ratio - ratio
         info = f"wall-time ratio {wall:.3f}, not judged" if wall is not None else ""
         if drop > ring.max_drop:

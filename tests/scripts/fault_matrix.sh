@@ -126,18 +126,11 @@ cell() {
     esac
   ) || verdict="FAIL: $(cat "$work/why" 2>/dev/null || echo "could not inject the fault")"
   start=$SECONDS
-  while kill -0 "$launched" 2>/dev/null; do
-    if ((SECONDS - start >= limit)); then
-      [[ $verdict != ok ]] || verdict="FAIL: still running $limit s after the fault"
-      job_cleanup "$marker"
-      break
-    fi
-    sleep 0.2
-  done
-  set +e
-  wait "$launched"
-  rc=$?
-  set -e
+  if ! job_wait_bounded "$limit"; then
+    [[ $verdict != ok ]] || verdict="FAIL: still running $limit s after the fault"
+    job_cleanup "$marker"
+    job_wait_bounded 15 || true
+  fi
   seconds=$((SECONDS - start))
   [[ $verdict != ok ]] || ((rc != 0)) || verdict="FAIL: the launcher exited 0"
   # Named: an error of a survivor (or the launcher's report) points at the victim's rank.

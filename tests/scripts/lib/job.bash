@@ -31,13 +31,12 @@ job_rank_pid() {
   done
 }
 
-# job_wait_exit SECONDS WHAT: waits up to SECONDS for the launcher to exit; sets `rc`, and SECONDS
-# to how long it took.
-job_wait_exit() {
-  local bound=$1
-  SECONDS=0
+# job_wait_bounded SECONDS: waits up to SECONDS for the launcher to exit. Returns 0 once it has,
+# with its exit status in `rc` (and `launched` cleared); 1 if it is still running then.
+job_wait_bounded() {
+  local bound=$1 start=$SECONDS
   while kill -0 "$launched" 2>/dev/null; do
-    ((SECONDS < bound)) || fail "$2: still running ${bound} s after the fault"
+    ((SECONDS - start < bound)) || return 1
     sleep 0.2
   done
   set +e
@@ -45,6 +44,13 @@ job_wait_exit() {
   rc=$?
   set -e
   launched=
+}
+
+# job_wait_exit SECONDS WHAT: waits up to SECONDS for the launcher to exit (fails naming WHAT if it
+# does not); sets `rc`, and SECONDS to how long it took.
+job_wait_exit() {
+  SECONDS=0
+  job_wait_bounded "$1" || fail "$2: still running ${1} s after the fault"
 }
 
 # job_cleanup PATTERN: resumes and kills whatever is left of the job (a stopped process ignores

@@ -74,9 +74,13 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
   } else {
     KOLO_ASSIGN_OR_RETURN(e.rendezvous, bootstrap::StartRendezvous(options, store));
   }
-  const transport::ConnectSettings link =
+  transport::ConnectSettings link =
       transport::SettingsFrom(options, e.rendezvous.listen_addr, e.rendezvous.secret);
   bootstrap::Store& addresses = ps_job != nullptr ? *ps_job->worker_store : *e.rendezvous.store;
+  KOLO_ASSIGN_OR_RETURN(const std::string host, bootstrap::ThisHostName(options.host_name));
+  KOLO_ASSIGN_OR_RETURN(link.hosts, bootstrap::ExchangeHostLayout(addresses, host, options.rank,
+                                                                  options.size, link.timeout));
+  e.hosts = link.hosts;
   auto device = transport::Connect(options.transport, link, addresses, options.rank, options.size);
   if (!device.ok())
     return device.status().WithContext(fmt::format("rank {}: connecting to peers", options.rank));

@@ -16,6 +16,7 @@
 #include "engine/backends/device_collectives.h"
 #include "engine/backends/ps/server.h"
 #include "engine/backends/ps/worker.h"
+#include "engine/bootstrap/host_layout.h"
 #include "engine/bootstrap/rendezvous.h"
 #include "engine/collectives/collectives.h"
 #include "engine/collectives/negotiation_peers.h"
@@ -90,6 +91,8 @@ struct Engine::Impl final : execution::Operations {
 
   const Options options;
   bootstrap::Rendezvous rendezvous;
+  // Which host each rank is on, as the ranks agreed before connecting.
+  bootstrap::HostLayout hosts;
   std::unique_ptr<transport::Device> device;
   collectives::Comm comm;
   std::vector<std::unique_ptr<backends::Backend>> backends;  // ordered; the last accepts all

@@ -36,6 +36,14 @@ void EngineFlags::Add(CLI::App& app) {
                  "under mpirun, longest MPI start-up before the job is ended (default 120)")
       ->group(g);
   app.add_option("--iface", iface_, "interface or IPv4 address to listen on")->group(g);
+  app.add_option("--host-name", host_name_,
+                 "the name ranks are grouped by host with (KOLO_HOST_NAME; default: the system's "
+                 "host name)")
+      ->group(g);
+  app.add_flag("--hierarchical-allreduce", hierarchical_,
+               "allreduce within each host, then across hosts, then within each host again "
+               "(KOLO_HIERARCHICAL_ALLREDUCE=1)")
+      ->group(g);
   app.add_option("--log-level", log_level_, "trace | debug | info | warning | error")->group(g);
   app.add_option("--ring-chunk-kb", ring_chunk_kb_, "ring pipeline chunk in KiB")->group(g);
   app.add_option("--socket-buffer-kb", socket_buffer_kb_, "socket buffer size in KiB")->group(g);
@@ -59,6 +67,11 @@ Status EngineFlags::Apply(Options* o) const {
   if (transport_) o->transport = *transport_;
   if (timeline_) o->timeline_path = *timeline_;
   if (iface_) o->iface = *iface_;
+  if (host_name_) {
+    if (host_name_->empty()) return InvalidArgument("--host-name is empty; give a host name");
+    o->host_name = *host_name_;
+  }
+  if (hierarchical_) o->hierarchical_allreduce = true;
   if (log_level_) {
     auto level = ParseLogLevel(*log_level_);
     if (!level.ok())

@@ -20,7 +20,8 @@ class EngineFlags {
   // Registers --backend, --transport, --fusion-threshold-mb, --cycle-time-ms, --cache-capacity,
   // --timeline,
   // --stall-check-s, --stall-shutdown-s, --peer-timeout-s, --iface, --log-level,
-  // --ring-chunk-kb, --socket-buffer-kb in group "Engine", and --ps-servers, --ps-server-ranks,
+  // --ring-chunk-kb, --socket-buffer-kb, --host-name, --hierarchical-allreduce in group "Engine",
+  // and --ps-servers, --ps-server-ranks,
   // --ps-placement in group "Parameter server".
   void Add(CLI::App& app);
   // Writes the flags that were given into *options and validates the result.
@@ -33,6 +34,8 @@ class EngineFlags {
   std::optional<int> cache_capacity_;
   std::optional<int64_t> ring_chunk_kb_, socket_buffer_kb_;
   std::optional<int> ps_servers_;
+  std::optional<std::string> host_name_;
+  bool hierarchical_ = false;
   std::optional<std::string> ps_server_ranks_, ps_placement_;
 };
 

@@ -62,12 +62,13 @@ Status ReadDouble(const std::map<std::string, std::string>& env, const char* nam
 // Every KOLO_* variable kolo reads, in this file or in the tools' launch scripts.
 const char* const kKnownVariables[] = {
     "KOLO_RANK", "KOLO_SIZE", "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE", "KOLO_STORE_ADDR",
-    "KOLO_JOB_SECRET", "KOLO_IFACE", "KOLO_BACKEND", "KOLO_TRANSPORT", "KOLO_TIMELINE",
-    "KOLO_LOG_LEVEL", "KOLO_BUSY_POLL", "KOLO_ENGINE_SCHED", "KOLO_SOCKET_BUFFER_BYTES",
-    "KOLO_RING_CHUNK_BYTES", "KOLO_FUSION_THRESHOLD_BYTES", "KOLO_CACHE_CAPACITY",
-    "KOLO_CYCLE_TIME_MS", "KOLO_PEER_TIMEOUT_SECONDS", "KOLO_START_TIMEOUT_SECONDS",
-    "KOLO_FAULT_INJECT", "KOLO_STALL_CHECK_SECONDS", "KOLO_STALL_SHUTDOWN_SECONDS",
-    "KOLO_SKIP_BOOTSTRAP", "KOLO_PS_SERVERS", "KOLO_PS_SERVER_RANKS", "KOLO_PS_PLACEMENT",
+    "KOLO_JOB_SECRET", "KOLO_IFACE", "KOLO_HOST_NAME", "KOLO_HIERARCHICAL_ALLREDUCE",
+    "KOLO_BACKEND", "KOLO_TRANSPORT", "KOLO_TIMELINE", "KOLO_LOG_LEVEL", "KOLO_BUSY_POLL",
+    "KOLO_ENGINE_SCHED", "KOLO_SOCKET_BUFFER_BYTES", "KOLO_RING_CHUNK_BYTES",
+    "KOLO_FUSION_THRESHOLD_BYTES", "KOLO_CACHE_CAPACITY", "KOLO_CYCLE_TIME_MS",
+    "KOLO_PEER_TIMEOUT_SECONDS", "KOLO_START_TIMEOUT_SECONDS", "KOLO_FAULT_INJECT",
+    "KOLO_STALL_CHECK_SECONDS", "KOLO_STALL_SHUTDOWN_SECONDS", "KOLO_SKIP_BOOTSTRAP",
+    "KOLO_PS_SERVERS", "KOLO_PS_SERVER_RANKS", "KOLO_PS_PLACEMENT",
     // Read by scripts/ (and exported to the ranks they start).
     "KOLO_ROOT", "KOLO_VENV", "KOLO_OUT", "KOLO_BIN_DIR", "KOLO_SKIP_BUILD", "KOLO_RECONFIGURE",
     "KOLO_MPIRUN_ARGS", "KOLO_MAIN_TIMEOUT"};
@@ -352,6 +353,11 @@ StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string
   if (const std::string* v = Find(env, "KOLO_STORE_ADDR")) o.store_addr = *v;
   if (const std::string* v = Find(env, "KOLO_JOB_SECRET")) o.job_secret = *v;
   if (const std::string* v = Find(env, "KOLO_IFACE")) o.iface = *v;
+  KOLO_RETURN_IF_ERROR(RefuseEmpty(env, "KOLO_HOST_NAME", "a host name"));
+  if (const std::string* v = Find(env, "KOLO_HOST_NAME")) o.host_name = *v;
+  if (const std::string* v = Find(env, "KOLO_HIERARCHICAL_ALLREDUCE")) {
+    KOLO_ASSIGN_OR_RETURN(o.hierarchical_allreduce, ParseBool("KOLO_HIERARCHICAL_ALLREDUCE", *v));
+  }
   if (const std::string* v = Find(env, "KOLO_BACKEND")) o.backend = *v;
   if (const std::string* v = Find(env, "KOLO_TRANSPORT")) o.transport = *v;
   if (const std::string* v = Find(env, "KOLO_TIMELINE")) o.timeline_path = *v;

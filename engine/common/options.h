@@ -36,6 +36,10 @@ struct Options {
   // --- Network. KOLO_IFACE: the interface or IPv4 address to listen on. Empty: 127.0.0.1 when
   // every rank is on this host (local_size == size), else the address of the host name.
   std::string iface;
+  // KOLO_HOST_NAME: the name this rank's host goes by when ranks are grouped by host (the
+  // shared-memory transport within a host, hierarchical allreduce, error messages). Empty: the
+  // system's host name (gethostname). Ranks with the same name are on the same host.
+  std::string host_name;
   // KOLO_SOCKET_BUFFER_BYTES: SO_SNDBUF and SO_RCVBUF of every data connection. Unset,
   // OptionsFromEnvironment sizes it by AutoSocketBufferBytes: the bytes every local rank keeps in
   // flight should stay within the shared last-level cache, so the more ranks on the host (and per
@@ -72,6 +76,12 @@ struct Options {
   // KOLO_TRANSPORT: how the ring's bytes (and negotiation's, and the parameter server's) move
   // between ranks, by name in the transport registry (engine/transport/registry.h): "tcp".
   std::string transport = "tcp";
+  // KOLO_HIERARCHICAL_ALLREDUCE: ring allreduces in three steps instead of one flat ring:
+  // reduce-scatter among the ranks of each host, an allreduce of each rank's slice across hosts
+  // (one ring per local rank, all in parallel), allgather within each host. Needs the same number
+  // of ranks on every host (engine creation fails naming the hosts otherwise). See
+  // engine/docs/collectives.md.
+  bool hierarchical_allreduce = false;
   // KOLO_FUSION_THRESHOLD_BYTES: largest fusion buffer; 0 disables Tensor Fusion.
   int64_t fusion_threshold_bytes = 64ll << 20;
   // KOLO_CYCLE_TIME_MS: the background thread's cycle: a rank with new submissions starts the

@@ -50,6 +50,7 @@ ConnectSettings SettingsFrom(const Options& options, const std::string& listen_a
   s.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.peer_timeout_s * 1000));
   s.socket_buffer_bytes = options.socket_buffer_bytes;
   s.busy_poll = options.busy_poll;
+  s.host_name = options.host_name;
   return s;
 }
 
@@ -75,7 +76,18 @@ Status CheckTransport(const std::string& name) {
 StatusOr<std::unique_ptr<Device>> Connect(const std::string& name, const ConnectSettings& settings,
                                           bootstrap::Store& store, int rank, int size) {
   KOLO_RETURN_IF_ERROR(CheckTransport(name));
-  return Find(name)->connect(settings, store, rank, size);
+  if (settings.hosts.known()) {
+    if (settings.hosts.size() != size) {
+      return InvalidArgument("the host layout covers {} ranks, the job has {}",
+                             settings.hosts.size(), size);
+    }
+    return Find(name)->connect(settings, store, rank, size);
+  }
+  ConnectSettings with_hosts = settings;
+  KOLO_ASSIGN_OR_RETURN(const std::string host, bootstrap::ThisHostName(settings.host_name));
+  KOLO_ASSIGN_OR_RETURN(with_hosts.hosts,
+                        bootstrap::ExchangeHostLayout(store, host, rank, size, settings.timeout));
+  return Find(name)->connect(with_hosts, store, rank, size);
 }
 
 }  // namespace kolo::transport

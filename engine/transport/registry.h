@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/bootstrap/host_layout.h"
 #include "engine/bootstrap/store.h"
 #include "engine/common/options.h"
 #include "engine/common/status.h"
@@ -30,6 +31,11 @@ struct ConnectSettings {
   // Options::socket_buffer_bytes (TCP), Options::busy_poll.
   int64_t socket_buffer_bytes = 2 << 20;
   bool busy_poll = false;
+  // Which host each rank is on (bootstrap::ExchangeHostLayout). Unknown (empty): Connect
+  // exchanges it through the store first, under this rank's `host_name`.
+  bootstrap::HostLayout hosts;
+  // Options::host_name, or empty for the system's host name.
+  std::string host_name;
 };
 
 // The settings an engine's options give, with the rendezvous's listen address and secret.

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <optional>
+
 #include "engine/backends/ring/staged_ring.h"
 #include "engine/common/logging.h"
 #include "engine/engine_impl.h"
@@ -15,8 +17,9 @@ using coordinator::CollectiveType;
 // Settings every rank must share: they decide fusion groups and cache bits, which every rank
 // computes on its own.
 std::string AgreementKey(const Options& o) {
-  return fmt::format("size={} backend={} fusion_threshold_bytes={} cache_capacity={}", o.size,
-                     o.backend, o.fusion_threshold_bytes, o.cache_capacity);
+  return fmt::format(
+      "size={} backend={} fusion_threshold_bytes={} cache_capacity={} hierarchical_allreduce={}",
+      o.size, o.backend, o.fusion_threshold_bytes, o.cache_capacity, o.hierarchical_allreduce);
 }
 
 Status CheckAgreement(collectives::Comm& comm, const Options& o) {
@@ -97,7 +100,20 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
     if (!mpi) return InvalidArgument("backend 'mpi' is not available: {}", why);
     e.backends.push_back(std::move(mpi));
   }
-  e.backends.push_back(backends::MakeRingBackend(&e.comm));
+  std::optional<collectives::HostGroups> hierarchical;
+  if (options.hierarchical_allreduce) {
+    if (!e.hosts.uniform()) {
+      return InvalidArgument(
+          "hierarchical allreduce needs the same number of ranks on every host, but this job has "
+          "{}; run without KOLO_HIERARCHICAL_ALLREDUCE, or launch as many ranks on each host",
+          e.hosts.Summary());
+    }
+    hierarchical = collectives::HostGroups{e.hosts.ranks_on(e.hosts.host(options.rank)),
+                                           e.hosts.CrossGroup(options.rank)};
+    KOLO_LOG(kInfo, "hierarchical allreduce: {} hosts x {} ranks ({})", e.hosts.num_hosts(),
+             hierarchical->local.size(), e.hosts.Summary());
+  }
+  e.backends.push_back(backends::MakeRingBackend(&e.comm, std::move(hierarchical)));
   if (options.backend == "nccl") {
     // One GPU per rank: the rank's local index picks it.
     std::string why;

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "engine/collectives/collectives.h"
@@ -54,8 +55,11 @@ class Backend {
   virtual Status Allgatherv(void* buf, const std::vector<size_t>& bytes_per_rank) = 0;
 };
 
-// Ring collectives over the engine's transport device (engine/collectives).
-std::unique_ptr<Backend> MakeRingBackend(collectives::Comm* comm);
+// Ring collectives over the engine's transport device (engine/collectives). With `hierarchical`
+// set, allreduces run as collectives::HierarchicalAllreduce over those groups; broadcast and
+// allgather stay on the flat ring.
+std::unique_ptr<Backend> MakeRingBackend(
+    collectives::Comm* comm, std::optional<collectives::HostGroups> hierarchical = std::nullopt);
 
 // MPI_Allreduce / MPI_Bcast / MPI_Allgatherv on a duplicate of MPI_COMM_WORLD, watched: a call
 // still blocked after `timeout` (the peer timeout: some rank stopped taking part) is logged and

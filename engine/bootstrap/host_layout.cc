@@ -56,6 +56,14 @@ bool HostLayout::uniform() const {
                      [&](const std::vector<int>& r) { return r.size() == ranks_[0].size(); });
 }
 
+std::vector<int> HostLayout::CrossGroup(int rank) const {
+  std::vector<int> group;
+  for (const std::vector<int>& on_host : ranks_) {
+    group.push_back(on_host[static_cast<size_t>(local_index(rank))]);
+  }
+  return group;
+}
+
 std::string HostLayout::Describe(int rank) const {
   if (rank < 0 || rank >= size()) return fmt::format("rank {}", rank);
   return fmt::format("rank {} (host {})", rank, host_name(host(rank)));

@@ -33,6 +33,8 @@ class HostLayout {
   bool same_host(int a, int b) const { return host(a) == host(b); }
   // Every host has the same number of ranks.
   bool uniform() const;
+  // The rank at `rank`'s local index on every host, in host order. REQUIRES: uniform().
+  std::vector<int> CrossGroup(int rank) const;
   // "rank 3 (host h1)"; "rank 3" when the layout is not known.
   std::string Describe(int rank) const;
   // "h0: ranks 0-1, h1: ranks 2-3"-style summary, one entry per host.

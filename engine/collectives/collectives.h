@@ -82,6 +82,31 @@ Status RingAllreduce(Comm& comm, transport::Region& buf, size_t offset_bytes, si
 Status RingAllreduce(Comm& comm, const std::vector<Extent>& extents, DataType dtype,
                      Scratch& scratch);
 
+// The ranks a hierarchical allreduce groups this rank with: `local`, the ranks on its host, and
+// `cross`, the rank at the same position on every host, one per host in host order. Both list
+// this rank, every rank of the job lies in exactly one local group, and every host has the same
+// number of ranks (local.size() * cross.size() == comm.size()). All ranks of a host must pass the
+// same `local`, all ranks of a cross group the same `cross`.
+struct HostGroups {
+  std::vector<int> local;
+  std::vector<int> cross;
+};
+
+// Allreduce (sum, in place on buf[offset, offset + count)) in three rings: a reduce-scatter among
+// the ranks of each host leaves local position i holding slice i + 1 (mod ranks per host) summed
+// over its host; each slice is then allreduced across hosts by the ranks holding it (one ring per
+// local position, all at once); an allgather among the ranks of each host spreads the slices.
+// Each rank sends 2 (R-1)/R of the buffer within its host and 2 (H-1)/(H R) of it across hosts
+// (R ranks per host, H hosts), against 2 (N-1)/N over the flat ring's links, most of them
+// between hosts: when links between hosts are the bottleneck, about R times fewer bytes cross
+// them per rank. The result equals RingAllreduce's up to the order of the additions.
+Status HierarchicalAllreduce(Comm& comm, const HostGroups& groups, transport::Region& buf,
+                             size_t offset_bytes, size_t count, DataType dtype, Scratch& scratch);
+
+// The same, in place on the concatenation of `extents` (zero-copy Tensor Fusion).
+Status HierarchicalAllreduce(Comm& comm, const HostGroups& groups,
+                             const std::vector<Extent>& extents, DataType dtype, Scratch& scratch);
+
 // Moves exactly the bytes RingAllreduce moves, along the same ring and in the same order, with no
 // reduction: every piece received is written into the buffer where it belongs (the
 // reduce-scatter's over the data there), as a send/receive test writes into its receive buffer.

@@ -24,8 +24,14 @@ Status CheckRange(const transport::Region& buf, size_t offset, size_t nbytes, co
   return Status::OK();
 }
 
+// Which part of the allreduce a plan covers: the whole of it, only its reduce-scatter (rank r of
+// n ends holding segment r + 1 mod n summed over the ring), or only its allgather (rank r starts
+// holding that segment and ends with every segment).
+enum class Steps { kAll, kReduceScatter, kAllgather };
+
+// The plan for `rank` of a ring of `n` (positions 0..n-1; left and right are positions too).
 RingPlan AllreducePlan(int rank, int n, size_t offset, size_t count, size_t elem,
-                       size_t chunk_bytes, const ExtentMap& map) {
+                       size_t chunk_bytes, const ExtentMap& map, Steps which = Steps::kAll) {
   const size_t piece = std::max(elem, chunk_bytes / elem * elem);
   const std::vector<size_t> bounds = EvenSplit(count, n);
   auto segment = [&](int s) {
@@ -39,12 +45,19 @@ RingPlan AllreducePlan(int rank, int n, size_t offset, size_t count, size_t elem
   plan.second = Phase::kAllgather;
   std::vector<Span> steps;
   std::vector<bool> combine;
-  for (int t = 0; t < 2 * (n - 1); ++t) {
+  const int first = which == Steps::kAllgather ? n - 1 : 0;
+  const int end = which == Steps::kReduceScatter ? n - 1 : 2 * (n - 1);
+  for (int t = first; t < end; ++t) {
     const bool scatter = t < n - 1;
     steps.push_back(segment(scatter ? rank - 1 - t : rank - (t - n + 1)));
     combine.push_back(scatter);
   }
-  LayOutRing(steps, combine, segment(rank), piece, &plan, &map);
+  // The first send: this rank's own segment, or, for an allgather, the segment its
+  // reduce-scatter left summed here.
+  const Span own = segment(which == Steps::kAllgather ? rank + 1 : rank);
+  LayOutRing(steps, combine, own, piece, &plan, &map);
+  if (which == Steps::kAllgather) plan.first = Phase::kAllgather;
+  if (which == Steps::kReduceScatter) plan.second = Phase::kReduceScatter;
   // The steps overlap; the reduce-scatter phase ends with its last piece.
   for (size_t i = 0; i < plan.recvs.size(); ++i) {
     if (plan.recvs[i].combine) plan.split = i + 1;
@@ -74,7 +87,126 @@ Status Allreduce(Comm& comm, const ExtentMap& buf, size_t offset_bytes, size_t c
                  });
 }
 
+// Where `rank` sits in `group`, or -1.
+int PositionIn(const std::vector<int>& group, int rank) {
+  const auto it = std::find(group.begin(), group.end(), rank);
+  return it == group.end() ? -1 : static_cast<int>(it - group.begin());
+}
+
+Status CheckGroups(const Comm& comm, const HostGroups& g) {
+  const int n = comm.size();
+  for (const std::vector<int>* group : {&g.local, &g.cross}) {
+    for (int r : *group) {
+      if (r < 0 || r >= n) {
+        return InvalidArgument("hierarchical allreduce: rank {} in a group is not a rank (size {})",
+                               r, n);
+      }
+    }
+  }
+  if (PositionIn(g.local, comm.rank()) < 0 || PositionIn(g.cross, comm.rank()) < 0) {
+    return InvalidArgument(
+        "hierarchical allreduce: rank {} is missing from its own groups (local [{}], cross [{}])",
+        comm.rank(), fmt::join(g.local, ","), fmt::join(g.cross, ","));
+  }
+  if (g.local.size() * g.cross.size() != static_cast<size_t>(n)) {
+    return InvalidArgument(
+        "hierarchical allreduce: {} ranks per host times {} hosts is not the job's {} ranks (every "
+        "host must have the same number of ranks)",
+        g.local.size(), g.cross.size(), n);
+  }
+  return Status::OK();
+}
+
+// Runs `plan`, laid out on positions of `group`, with the positions replaced by their ranks.
+Status RunOnGroup(Comm& comm, const std::vector<int>& group, const ExtentMap& buf, RingPlan plan,
+                  OpCode op, uint32_t sequence, DataType dtype, bool reduce, Scratch& scratch,
+                  DescribeFn what) {
+  plan.left = group[static_cast<size_t>(plan.left)];
+  plan.right = group[static_cast<size_t>(plan.right)];
+  return RunRing(comm, buf, plan, op, sequence, dtype, reduce, scratch, what);
+}
+
+Status Hierarchical(Comm& comm, const HostGroups& groups, const ExtentMap& buf, size_t offset_bytes,
+                    size_t count, DataType dtype, Scratch& scratch) {
+  KOLO_RETURN_IF_ERROR(CheckComm(comm));
+  // Three sequence numbers, taken by every rank whatever it then skips, so that the counts stay
+  // equal across the job.
+  const uint32_t local_sequence = comm.sequence++;
+  const uint32_t cross_sequence = comm.sequence++;
+  const uint32_t gather_sequence = comm.sequence++;
+  KOLO_RETURN_IF_ERROR(CheckGroups(comm, groups));
+  const size_t elem = DataTypeSize(dtype);
+  if (offset_bytes > buf.size() || count > (buf.size() - offset_bytes) / elem) {
+    return InvalidArgument(
+        "hierarchical allreduce: {} {} elements at byte {} exceed the {}-byte "
+        "buffer",
+        count, DataTypeName(dtype), offset_bytes, buf.size());
+  }
+  if (comm.size() == 1 || count == 0) return Status::OK();
+  const int per_host = static_cast<int>(groups.local.size());
+  const int hosts = static_cast<int>(groups.cross.size());
+  const int local = PositionIn(groups.local, comm.rank());
+  const int host = PositionIn(groups.cross, comm.rank());
+  auto what = [&] {
+    return fmt::format("hierarchical allreduce of {} {} elements ({} hosts x {} ranks)", count,
+                       DataTypeName(dtype), hosts, per_host);
+  };
+  if (per_host > 1) {
+    KOLO_RETURN_IF_ERROR(RunOnGroup(comm, groups.local, buf,
+                                    AllreducePlan(local, per_host, offset_bytes, count, elem,
+                                                  comm.chunk_bytes, buf, Steps::kReduceScatter),
+                                    OpCode::kHierReduceScatter, local_sequence, dtype,
+                                    /*reduce=*/true, scratch, what));
+  }
+  // The slice the reduce-scatter left summed here, the one this rank carries across hosts.
+  const std::vector<size_t> bounds = EvenSplit(count, per_host);
+  const size_t slice = static_cast<size_t>((local + 1) % per_host);
+  const size_t slice_count = bounds[slice + 1] - bounds[slice];
+  if (hosts > 1 && slice_count > 0) {
+    KOLO_RETURN_IF_ERROR(RunOnGroup(comm, groups.cross, buf,
+                                    AllreducePlan(host, hosts, offset_bytes + bounds[slice] * elem,
+                                                  slice_count, elem, comm.chunk_bytes, buf),
+                                    OpCode::kHierCross, cross_sequence, dtype, /*reduce=*/true,
+                                    scratch, what));
+  }
+  if (per_host > 1) {
+    KOLO_RETURN_IF_ERROR(RunOnGroup(comm, groups.local, buf,
+                                    AllreducePlan(local, per_host, offset_bytes, count, elem,
+                                                  comm.chunk_bytes, buf, Steps::kAllgather),
+                                    OpCode::kHierAllgather, gather_sequence, dtype,
+                                    /*reduce=*/false, scratch, what));
+  }
+  return Status::OK();
+}
+
+// The extents as a map, after checking each holds whole elements inside its region.
+StatusOr<ExtentMap> MapExtents(const std::vector<Extent>& extents, DataType dtype,
+                               const char* name) {
+  const size_t elem = DataTypeSize(dtype);
+  for (const Extent& e : extents) {
+    if (e.region == nullptr || e.offset > e.region->size() ||
+        e.nbytes > e.region->size() - e.offset || e.nbytes % elem != 0) {
+      return InvalidArgument(
+          "{}: an extent of {} bytes at offset {} is not a whole number of {} elements inside its "
+          "region",
+          name, e.nbytes, e.offset, DataTypeName(dtype));
+    }
+  }
+  return ExtentMap(extents);
+}
+
 }  // namespace
+
+Status HierarchicalAllreduce(Comm& comm, const HostGroups& groups, transport::Region& buf,
+                             size_t offset_bytes, size_t count, DataType dtype, Scratch& scratch) {
+  return Hierarchical(comm, groups, ExtentMap(buf), offset_bytes, count, dtype, scratch);
+}
+
+Status HierarchicalAllreduce(Comm& comm, const HostGroups& groups,
+                             const std::vector<Extent>& extents, DataType dtype, Scratch& scratch) {
+  KOLO_ASSIGN_OR_RETURN(ExtentMap map, MapExtents(extents, dtype, "hierarchical allreduce"));
+  return Hierarchical(comm, groups, map, 0, map.size() / DataTypeSize(dtype), dtype, scratch);
+}
 
 Status RingAllreduce(Comm& comm, transport::Region& buf, size_t offset_bytes, size_t count,
                      DataType dtype, Scratch& scratch) {
@@ -83,18 +215,9 @@ Status RingAllreduce(Comm& comm, transport::Region& buf, size_t offset_bytes, si
 
 Status RingAllreduce(Comm& comm, const std::vector<Extent>& extents, DataType dtype,
                      Scratch& scratch) {
-  const size_t elem = DataTypeSize(dtype);
-  for (const Extent& e : extents) {
-    if (e.region == nullptr || e.offset > e.region->size() ||
-        e.nbytes > e.region->size() - e.offset || e.nbytes % elem != 0) {
-      return InvalidArgument(
-          "ring allreduce: an extent of {} bytes at offset {} is not a whole number of {} "
-          "elements inside its region",
-          e.nbytes, e.offset, DataTypeName(dtype));
-    }
-  }
-  ExtentMap map(extents);
-  return Allreduce(comm, map, 0, map.size() / elem, dtype, scratch, /*reduce=*/true);
+  KOLO_ASSIGN_OR_RETURN(ExtentMap map, MapExtents(extents, dtype, "ring allreduce"));
+  return Allreduce(comm, map, 0, map.size() / DataTypeSize(dtype), dtype, scratch,
+                   /*reduce=*/true);
 }
 
 Status RingExchangeNoReduce(Comm& comm, transport::Region& buf, size_t offset_bytes, size_t count,

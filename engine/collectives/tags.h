@@ -18,6 +18,10 @@ enum class OpCode : uint8_t {
   kGather = 8,
   kBroadcastMessage = 9,
   kBarrier = 10,
+  // The three rings of a hierarchical allreduce.
+  kHierReduceScatter = 11,
+  kHierCross = 12,
+  kHierAllgather = 13,
 };
 
 // [63:56] operation, [55:32] sequence (mod 2^24), [31:0] message index within the call.

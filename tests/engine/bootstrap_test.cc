@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/bootstrap/host_layout.h"
 #include "engine/bootstrap/rendezvous.h"
 #include "engine/bootstrap/store.h"
 #include "engine/bootstrap/tcp_store.h"
@@ -1021,6 +1022,71 @@ TEST(Launched, RanksMeetThroughTheStore) {
     }
   }
   std::printf("launched rank %d of %d met %d ranks\n", rank, size, size);
+}
+
+TEST(HostLayout, GroupsRanksByHostName) {
+  const HostLayout layout({"b", "a", "b", "a", "c", "c"});
+  ASSERT_TRUE(layout.known());
+  EXPECT_EQ(layout.size(), 6);
+  EXPECT_EQ(layout.num_hosts(), 3);
+  // Hosts are numbered by their lowest rank.
+  EXPECT_EQ(layout.host_name(0), "b");
+  EXPECT_EQ(layout.host_name(1), "a");
+  EXPECT_EQ(layout.ranks_on(0), (std::vector<int>{0, 2}));
+  EXPECT_EQ(layout.ranks_on(1), (std::vector<int>{1, 3}));
+  EXPECT_EQ(layout.ranks_on(2), (std::vector<int>{4, 5}));
+  EXPECT_EQ(layout.local_index(3), 1);
+  EXPECT_EQ(layout.local_index(4), 0);
+  EXPECT_TRUE(layout.same_host(1, 3));
+  EXPECT_FALSE(layout.same_host(0, 1));
+  EXPECT_TRUE(layout.uniform());
+  EXPECT_EQ(layout.CrossGroup(3), (std::vector<int>{2, 3, 5}));
+  EXPECT_EQ(layout.Describe(4), "rank 4 (host c)");
+  EXPECT_EQ(layout.Summary(), "b: ranks 0,2, a: ranks 1,3, c: ranks 4-5");
+  EXPECT_FALSE(HostLayout({"x", "x", "y"}).uniform());
+  EXPECT_FALSE(HostLayout().known());
+  EXPECT_EQ(HostLayout().Describe(2), "rank 2");
+}
+
+TEST(HostLayout, RanksAgreeThroughTheStore) {
+  const int n = 4;
+  InMemoryStore store;
+  std::vector<StatusOr<HostLayout>> got(n, Internal("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      got[static_cast<size_t>(r)] =
+          ExchangeHostLayout(store, r % 2 == 0 ? "even" : "odd", r, n, milliseconds(5000));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(got[static_cast<size_t>(r)].ok())
+        << got[static_cast<size_t>(r)].status().ToString();
+    EXPECT_EQ(got[static_cast<size_t>(r)]->Summary(), "even: ranks 0,2, odd: ranks 1,3");
+  }
+}
+
+TEST(HostLayout, BadNamesAndMissingRanksAreErrors) {
+  InMemoryStore store;
+  auto s = ExchangeHostLayout(store, "has space", 0, 1, milliseconds(100));
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << s.status().ToString();
+  EXPECT_EQ(ExchangeHostLayout(store, "", 0, 1, milliseconds(100)).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ThisHostName("tab\there").status().code(), StatusCode::kInvalidArgument);
+  auto named = ThisHostName("node-7");
+  ASSERT_TRUE(named.ok());
+  EXPECT_EQ(*named, "node-7");
+  auto system = ThisHostName("");
+  ASSERT_TRUE(system.ok()) << system.status().ToString();
+  EXPECT_FALSE(system->empty());
+  // Rank 1 of 2 never publishes: rank 0's wait is bounded and names what it waited for.
+  const auto t0 = Clock::now();
+  auto missing = ExchangeHostLayout(store, "alone", 0, 2, milliseconds(200));
+  EXPECT_EQ(missing.status().code(), StatusCode::kDeadlineExceeded) << missing.status().ToString();
+  EXPECT_NE(missing.status().message().find("host name of rank 1"), std::string::npos)
+      << missing.status().ToString();
+  EXPECT_LT(SecondsSince(t0), 5.0);
 }
 
 }  // namespace

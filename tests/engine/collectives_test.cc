@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "engine/bootstrap/host_layout.h"
 #include "engine/bootstrap/store.h"
 #include "engine/transport/tcp/device.h"
 #include "tests/engine/rank_threads.h"
@@ -127,9 +128,10 @@ int64_t Value(int rank, size_t i) { return static_cast<int64_t>((i * 7 + rank * 
 
 constexpr size_t kGuard = 24;  // bytes before and after the data that must stay untouched
 
-// Fills rank r's buffer (with guards), runs RingAllreduce on every rank and checks every buffer
-// against the reference sum.
-void CheckAllreduce(Job& job, DataType dtype, size_t count) {
+// Fills rank r's buffer (with guards), runs RingAllreduce on every rank (HierarchicalAllreduce
+// with groups[r] when `groups` is given) and checks every buffer against the reference sum.
+void CheckAllreduce(Job& job, DataType dtype, size_t count,
+                    const std::vector<HostGroups>* groups = nullptr) {
   const int n = job.size();
   const size_t elem = DataTypeSize(dtype);
   std::vector<uint8_t> expected(count * elem);
@@ -147,6 +149,10 @@ void CheckAllreduce(Job& job, DataType dtype, size_t count) {
   auto statuses = job.Run([&](int r) -> Status {
     auto& b = bufs[static_cast<size_t>(r)];
     KOLO_ASSIGN_OR_RETURN(auto region, job.device(r).Register(b.data(), b.size()));
+    if (groups != nullptr) {
+      return HierarchicalAllreduce(job.comm(r), (*groups)[static_cast<size_t>(r)], *region, kGuard,
+                                   count, dtype, job.scratch(r));
+    }
     return RingAllreduce(job.comm(r), *region, kGuard, count, dtype, job.scratch(r));
   });
   ExpectAllOk(statuses);
@@ -221,6 +227,133 @@ TEST(RingAllreduce, OddChunkSizesAndPhases) {
   const std::vector<std::string> want = {"+REDUCE_SCATTER", "-REDUCE_SCATTER", "+ALLGATHER",
                                          "-ALLGATHER"};
   for (int r = 0; r < 3; ++r) EXPECT_EQ(phases[static_cast<size_t>(r)], want) << "rank " << r;
+}
+
+// The hierarchical groups of every rank of a job whose ranks sit on hosts named `host_of_rank`,
+// as the engine derives them from the agreed host layout.
+std::vector<HostGroups> GroupsFromNames(const std::vector<std::string>& host_of_rank) {
+  const bootstrap::HostLayout layout(host_of_rank);
+  std::vector<HostGroups> groups;
+  for (int r = 0; r < layout.size(); ++r) {
+    groups.push_back({layout.ranks_on(layout.host(r)), layout.CrossGroup(r)});
+  }
+  return groups;
+}
+
+// Hosts h0.. with `per_host` ranks each, ranks numbered host by host (or dealt round-robin).
+std::vector<std::string> HostNames(int hosts, int per_host, bool round_robin) {
+  std::vector<std::string> names;
+  for (int r = 0; r < hosts * per_host; ++r) {
+    names.push_back("h" + std::to_string(round_robin ? r % hosts : r / per_host));
+  }
+  return names;
+}
+
+class HierarchicalAllreduceTest
+    : public ::testing::TestWithParam<std::tuple<std::pair<int, int>, DataType>> {};
+
+TEST_P(HierarchicalAllreduceTest, MatchesReferenceSum) {
+  const auto [shape, dtype] = GetParam();
+  const auto [hosts, per_host] = shape;
+  const int n = hosts * per_host;
+  Job job(n, 64 << 10);
+  ASSERT_TRUE(job.ok());
+  for (const bool round_robin : {false, true}) {
+    const auto groups = GroupsFromNames(HostNames(hosts, per_host, round_robin));
+    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, static_cast<size_t>(per_host - 1),
+                         static_cast<size_t>(n + 1), size_t{300007}}) {
+      SCOPED_TRACE(::testing::Message()
+                   << hosts << " hosts x " << per_host << " ranks"
+                   << (round_robin ? ", round-robin" : "") << ", count " << count);
+      CheckAllreduce(job, dtype, count, &groups);
+    }
+  }
+}
+
+std::string ShapeName(
+    const ::testing::TestParamInfo<std::tuple<std::pair<int, int>, DataType>>& info) {
+  const std::pair<int, int> shape = std::get<0>(info.param);
+  return std::to_string(shape.first) + "x" + std::to_string(shape.second) + "_" +
+         DataTypeName(std::get<1>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(HostsByDtype, HierarchicalAllreduceTest,
+                         ::testing::Combine(::testing::Values(std::pair{1, 3}, std::pair{3, 1},
+                                                              std::pair{2, 2}, std::pair{2, 3},
+                                                              std::pair{3, 2}, std::pair{2, 4},
+                                                              std::pair{4, 2}),
+                                            ::testing::ValuesIn(AllDataTypes())),
+                         ShapeName);
+
+TEST(HierarchicalAllreduce, ScratchPathAndSixtyFourMiB) {
+  Job job(4, 1 << 20);
+  ASSERT_TRUE(job.ok());
+  const auto groups = GroupsFromNames(HostNames(2, 2, false));
+  CheckAllreduce(job, DataType::kFloat32, (64 << 20) / 4, &groups);
+  for (int r = 0; r < 4; ++r) job.comm(r).accumulate_on_arrival = false;
+  CheckAllreduce(job, DataType::kFloat32, 1000003, &groups);
+}
+
+// Each rank sends (R-1)/R of the buffer in the reduce-scatter within its host, 2 (H-1)/H of its
+// 1/R slice across hosts and (R-1)/R in the allgather: 1.75 buffers at 2 hosts x 4 ranks, as many
+// as the flat ring's 2 (N-1)/N, but a host's link carries R x 0.25 = 1 buffer out instead of the
+// flat ring's 1.75 (the one rank at each host boundary sends all of its 1.75 across).
+TEST(HierarchicalAllreduce, MovesTheBytesItsDesignSays) {
+  const int hosts = 2, per_host = 4, n = hosts * per_host;
+  Job job(n, 64 << 10);
+  ASSERT_TRUE(job.ok());
+  const auto names = HostNames(hosts, per_host, false);
+  const auto groups = GroupsFromNames(names);
+  const size_t count = 1 << 20;  // 4 MiB of float32, divisible by every split
+  std::vector<uint64_t> hier(static_cast<size_t>(n)), flat(static_cast<size_t>(n));
+  for (const bool hierarchical : {true, false}) {
+    std::vector<std::vector<float>> bufs(static_cast<size_t>(n), std::vector<float>(count, 1.0f));
+    auto statuses = job.Run([&](int r) -> Status {
+      Device& d = job.device(r);
+      const uint64_t sent0 = d.bytes_sent();
+      KOLO_ASSIGN_OR_RETURN(auto region, d.Register(bufs[r].data(), count * 4));
+      KOLO_RETURN_IF_ERROR(
+          hierarchical
+              ? HierarchicalAllreduce(job.comm(r), groups[r], *region, 0, count, DataType::kFloat32,
+                                      job.scratch(r))
+              : RingAllreduce(job.comm(r), *region, 0, count, DataType::kFloat32, job.scratch(r)));
+      (hierarchical ? hier : flat)[r] = d.bytes_sent() - sent0;
+      for (float v : bufs[r]) {
+        if (v != static_cast<float>(n)) return Internal("rank {} holds {} not {}", r, v, n);
+      }
+      return Status::OK();
+    });
+    ExpectAllOk(statuses);
+  }
+  const uint64_t total = count * 4;
+  // Within a host: 2 (R-1)/R; across: 2 (H-1)/H of a 1/R slice.
+  const uint64_t want_hier = 2 * total * (per_host - 1) / per_host + 2 * total / per_host / 2;
+  const uint64_t want_flat = 2 * total * (n - 1) / n;
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(hier[static_cast<size_t>(r)], want_hier) << "rank " << r;
+    EXPECT_EQ(flat[static_cast<size_t>(r)], want_flat) << "rank " << r;
+  }
+}
+
+TEST(HierarchicalAllreduce, RefusesGroupsThatDoNotCoverTheJob) {
+  Job job(4);
+  ASSERT_TRUE(job.ok());
+  std::vector<uint8_t> buf(64);
+  auto region = job.device(0).Register(buf.data(), buf.size());
+  ASSERT_TRUE(region.ok());
+  // Three ranks per host and two hosts is not four ranks.
+  Status s = HierarchicalAllreduce(job.comm(0), HostGroups{{0, 1, 2}, {0, 3}}, **region, 0, 4,
+                                   DataType::kFloat32, job.scratch(0));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("3 ranks per host times 2 hosts"), std::string::npos) << s.ToString();
+  // A group without this rank.
+  s = HierarchicalAllreduce(job.comm(0), HostGroups{{1, 2}, {1, 3}}, **region, 0, 4,
+                            DataType::kFloat32, job.scratch(0));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("missing from its own groups"), std::string::npos) << s.ToString();
+  s = HierarchicalAllreduce(job.comm(0), HostGroups{{0, 9}, {0, 1}}, **region, 0, 4,
+                            DataType::kFloat32, job.scratch(0));
+  EXPECT_NE(s.message().find("rank 9 in a group is not a rank"), std::string::npos) << s.ToString();
 }
 
 TEST(RingExchangeNoReduce, MovesExactlyTheAllreduceBytes) {

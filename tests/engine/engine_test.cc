@@ -84,6 +84,61 @@ TEST(Engine, Allreduce64MiBFloat32) {
   }
 }
 
+// Hierarchical allreduce through the whole engine: 2 hosts x 2 ranks (host names given per rank),
+// several tensors fused and one large tensor, each checked against the reference.
+TEST(Engine, HierarchicalAllreduceMatchesReference) {
+  RunRanks(
+      4,
+      [](int r) {
+        Options o = testing::RankOptions(r, 4);
+        o.host_name = r < 2 ? "left" : "right";
+        o.hierarchical_allreduce = true;
+        return o;
+      },
+      [](int rank, Engine& engine) {
+        std::vector<std::vector<float>> bufs;
+        std::vector<Handle> handles;
+        for (size_t count : {size_t{3}, size_t{1000}, size_t{5}, size_t{1} << 20}) {
+          bufs.emplace_back(count);
+          auto& b = bufs.back();
+          for (size_t i = 0; i < count; ++i)
+            b[i] = static_cast<float>(testing::InputValue(rank, i));
+          auto h = engine.AllreduceAsync(fmt::format("t{}", count), b.data(), b.data(),
+                                         DataType::kFloat32, {static_cast<int64_t>(count)},
+                                         ReduceOp::kSum);
+          ASSERT_TRUE(h.ok()) << h.status().ToString();
+          handles.push_back(*h);
+        }
+        for (Handle h : handles) ASSERT_TRUE(engine.Wait(h).ok());
+        for (const auto& b : bufs) {
+          size_t wrong = 0;
+          for (size_t i = 0; i < b.size(); ++i) wrong += b[i] != ExpectedSum(4, i);
+          EXPECT_EQ(wrong, 0u) << "rank " << rank << ", " << b.size() << " elements";
+        }
+      });
+}
+
+TEST(Engine, HierarchicalAllreduceRefusesUnevenHosts) {
+  bootstrap::InMemoryStore store;
+  std::vector<Status> statuses(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      Options o = testing::RankOptions(r, 3);
+      o.host_name = r < 2 ? "big" : "small";
+      o.hierarchical_allreduce = true;
+      o.peer_timeout_s = 5;
+      statuses[static_cast<size_t>(r)] = Engine::Create(o, &store).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {
+    const Status& s = statuses[static_cast<size_t>(r)];
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "rank " << r << ": " << s.ToString();
+    EXPECT_NE(s.message().find("big: ranks 0-1, small: rank 2"), std::string::npos) << s.ToString();
+  }
+}
+
 TEST(Engine, AverageDividesBySize) {
   RunRanks(4, [](int rank, Engine& engine) {
     std::vector<double> in(1000), out(1000, -1);

@@ -8,7 +8,8 @@ namespace {
 
 class RingBackend final : public Backend {
  public:
-  explicit RingBackend(collectives::Comm* comm) : comm_(comm) {}
+  RingBackend(collectives::Comm* comm, std::optional<collectives::HostGroups> hierarchical)
+      : comm_(comm), hierarchical_(std::move(hierarchical)) {}
   const char* name() const override { return "ring"; }
   bool Enabled(coordinator::CollectiveType, DataType) const override { return true; }
 
@@ -16,6 +17,10 @@ class RingBackend final : public Backend {
     const size_t bytes = count * DataTypeSize(dtype);
     KOLO_ASSIGN_OR_RETURN(auto region, Register(buf, bytes));
     SlowRingScope slow;
+    if (hierarchical_) {
+      return collectives::HierarchicalAllreduce(*comm_, *hierarchical_, *region, 0, count, dtype,
+                                                scratch_);
+    }
     return collectives::RingAllreduce(*comm_, *region, 0, count, dtype, scratch_);
   }
   bool SupportsScattered() const override { return true; }
@@ -29,6 +34,9 @@ class RingBackend final : public Backend {
       regions.push_back(std::move(region));
     }
     SlowRingScope slow;
+    if (hierarchical_) {
+      return collectives::HierarchicalAllreduce(*comm_, *hierarchical_, extents, dtype, scratch_);
+    }
     return collectives::RingAllreduce(*comm_, extents, dtype, scratch_);
   }
 
@@ -52,14 +60,16 @@ class RingBackend final : public Backend {
   }
 
   collectives::Comm* comm_;
+  std::optional<collectives::HostGroups> hierarchical_;
   collectives::Scratch scratch_;
   uint64_t empty_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeRingBackend(collectives::Comm* comm) {
-  return std::make_unique<RingBackend>(comm);
+std::unique_ptr<Backend> MakeRingBackend(collectives::Comm* comm,
+                                         std::optional<collectives::HostGroups> hierarchical) {
+  return std::make_unique<RingBackend>(comm, std::move(hierarchical));
 }
 
 }  // namespace kolo::backends

@@ -10,10 +10,10 @@
 namespace kolo::bench {
 namespace {
 
-constexpr BackendKind kAllBackends[] = {BackendKind::kRing, BackendKind::kMpi,
-                                        BackendKind::kMpiDirect, BackendKind::kGloo,
-                                        BackendKind::kLink};
-constexpr const char* kBackendList = "ring, mpi, mpi-direct, gloo, link";
+constexpr BackendKind kAllBackends[] = {BackendKind::kRing, BackendKind::kRingHier,
+                                        BackendKind::kMpi,  BackendKind::kMpiDirect,
+                                        BackendKind::kGloo, BackendKind::kLink};
+constexpr const char* kBackendList = "ring, ring-hier, mpi, mpi-direct, gloo, link";
 
 StatusOr<std::vector<BackendKind>> ParseBackends(const std::string& list) {
   std::vector<BackendKind> out;
@@ -118,7 +118,7 @@ Status Convert(const RawFlags& raw, BenchConfig* c) {
       if (!IsEngineBackend(k)) {
         return InvalidArgument(
             "--tensors measures kolo's engine: --backend '{}' is not allowed with it (allowed are "
-            "ring, mpi)",
+            "ring, ring-hier, mpi)",
             BackendKindName(k));
       }
     }
@@ -132,6 +132,8 @@ const char* BackendKindName(BackendKind kind) {
   switch (kind) {
     case BackendKind::kRing:
       return "ring";
+    case BackendKind::kRingHier:
+      return "ring-hier";
     case BackendKind::kMpi:
       return "mpi";
     case BackendKind::kMpiDirect:
@@ -145,7 +147,7 @@ const char* BackendKindName(BackendKind kind) {
 }
 
 bool IsEngineBackend(BackendKind kind) {
-  return kind == BackendKind::kRing || kind == BackendKind::kMpi;
+  return kind == BackendKind::kRing || kind == BackendKind::kRingHier || kind == BackendKind::kMpi;
 }
 
 StatusOr<ParsedFlags> ParseBenchFlags(int argc, char** argv) {

@@ -14,15 +14,16 @@ namespace kolo::bench {
 
 // What one `--backend` name measures.
 enum class BackendKind {
-  kRing,       // kolo Engine, ring backend over kolo's TCP transport
+  kRing,       // kolo Engine, ring backend over kolo's transport
+  kRingHier,   // the same with hierarchical allreduce (within hosts, across, within)
   kMpi,        // kolo Engine, MPI backend (MPI_Allreduce on the fusion buffer)
   kMpiDirect,  // peer: plain MPI_Allreduce on a buffer allocated once
   kGloo,       // peer: gloo::AllreduceRing and gloo::AllreduceRingChunked over Gloo's TCP
   kLink,       // ceiling: collectives::RingExchangeNoReduce on a kolo TCP Device
 };
-// "ring", "mpi", "mpi-direct", "gloo", "link".
+// "ring", "ring-hier", "mpi", "mpi-direct", "gloo", "link".
 const char* BackendKindName(BackendKind kind);
-// True for the backends that run through kolo::Engine (ring, mpi).
+// True for the backends that run through kolo::Engine (ring, ring-hier, mpi).
 bool IsEngineBackend(BackendKind kind);
 
 enum class FusionMode { kOn, kOff, kBoth };

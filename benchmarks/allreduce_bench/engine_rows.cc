@@ -107,7 +107,8 @@ class LinkRow final : public Backend {
 StatusOr<StartedEngine> StartEngine(BackendEnv& env, BackendKind kind,
                                     std::optional<int64_t> fusion_threshold_bytes) {
   Options o = env.options;
-  o.backend = BackendKindName(kind);
+  o.backend = kind == BackendKind::kMpi ? "mpi" : "ring";
+  o.hierarchical_allreduce = kind == BackendKind::kRingHier;
   if (fusion_threshold_bytes) o.fusion_threshold_bytes = *fusion_threshold_bytes;
   StartedEngine started;
   started.store = std::make_unique<bootstrap::PrefixStore>(
@@ -115,7 +116,7 @@ StatusOr<StartedEngine> StartEngine(BackendEnv& env, BackendKind kind,
   auto engine = Engine::Create(o, started.store.get());
   if (!engine.ok()) {
     return engine.status().WithContext(
-        fmt::format("starting the engine for backend '{}'", o.backend));
+        fmt::format("starting the engine for backend '{}'", BackendKindName(kind)));
   }
   started.engine = std::move(engine).value();
   return started;

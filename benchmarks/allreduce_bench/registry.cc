@@ -37,6 +37,7 @@ Status CheckBackendAvailable(BackendKind kind, const Options& options) {
   const char* name = BackendKindName(kind);
   switch (kind) {
     case BackendKind::kRing:
+    case BackendKind::kRingHier:
     case BackendKind::kLink:
       return Status::OK();
     case BackendKind::kMpi:
@@ -75,8 +76,8 @@ Status PrepareBackend(BackendKind kind, const Options& options) {
 }
 
 bool NeedsStore(BackendKind kind) {
-  return kind == BackendKind::kRing || kind == BackendKind::kMpi || kind == BackendKind::kGloo ||
-         kind == BackendKind::kLink;
+  return kind == BackendKind::kRing || kind == BackendKind::kRingHier ||
+         kind == BackendKind::kMpi || kind == BackendKind::kGloo || kind == BackendKind::kLink;
 }
 
 bool NeedsDevice(BackendKind kind) { return kind == BackendKind::kLink; }
@@ -112,6 +113,7 @@ StatusOr<std::vector<std::unique_ptr<Backend>>> MakeBackends(BackendKind kind, B
   std::vector<std::unique_ptr<Backend>> rows;
   switch (kind) {
     case BackendKind::kRing:
+    case BackendKind::kRingHier:
     case BackendKind::kMpi:
       if (env.store == nullptr)
         return Internal("backend {} needs the rendezvous store", BackendKindName(kind));

@@ -57,6 +57,7 @@ std::vector<RatioRow> ComputeRatios(const std::vector<SweepRow>& rows) {
         a.gloo = std::max(a.gloo.value_or(0.0), r.busbw_gbs);
         break;
       case BackendKind::kMpi:
+      case BackendKind::kRingHier:
         break;
     }
   }

@@ -30,6 +30,7 @@ std::string RunRecordToJson(const RunRecord& r) {
                    {"profile", s.profile},
                    {"backend", s.backend},
                    {"transport", s.transport},
+                   {"hierarchical_allreduce", s.hierarchical_allreduce},
                    {"precision", s.precision},
                    {"fusion_threshold_mb", s.fusion_threshold_mb},
                    {"cycle_time_ms", s.cycle_time_ms},

@@ -4,7 +4,8 @@
 //   {"kolo_commit": "<git sha or 'unknown'>", "timestamp": "<ISO 8601 UTC>",
 //    "hosts": ["<hostname>", ...], "cpu_model": "...", "gpu_model": "<name or empty>",
 //    "settings": {"model", "batch_size", "num_warmup_batches", "num_batches", "compute",
-//                 "profile", "backend", "transport", "precision", "fusion_threshold_mb",
+//                 "profile", "backend", "transport", "hierarchical_allreduce", "precision",
+//                 "fusion_threshold_mb",
 //                 "cycle_time_ms", "backward_passes_per_step", "image_size", "num_classes",
 //                 "ranks", "nodes", "ps_servers", "ps_placement"},
 //    "results": {"total_images_per_sec", "images_per_sec_per_rank", "images_per_sec_stddev",
@@ -40,6 +41,7 @@ struct RunSettings {
   std::string profile;  // replay: the profile played; empty otherwise
   std::string backend;
   std::string transport;
+  bool hierarchical_allreduce = false;
   std::string precision;
   double fusion_threshold_mb = 0;
   double cycle_time_ms = 0;

@@ -38,6 +38,7 @@ RunSettings SettingsFrom(const TrainOptions& o) {
   s.profile = o.profile;
   s.backend = o.engine.backend;
   s.transport = o.engine.backend == "none" ? "" : o.engine.transport;
+  s.hierarchical_allreduce = o.engine.hierarchical_allreduce;
   s.precision = compute::PrecisionName(o.precision);
   s.fusion_threshold_mb = static_cast<double>(o.engine.fusion_threshold_bytes) / (1 << 20);
   s.cycle_time_ms = o.engine.cycle_time_ms;

@@ -59,6 +59,8 @@ void Engine::Impl::Loop() {
     bool stop = false;
     if (s.ok()) s = RunCycle(&stop);
     if (!s.ok()) {
+      // Across hosts, an error naming a rank names its host too.
+      s = Status(s.code(), hosts.NameHosts(s.message()));
       KOLO_LOG(kError, "engine failed: {}", s.ToString());
       device->Abort(s);
       FailEverything(s, /*fatal_error=*/true);

@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <map>
+#include <string_view>
 
 namespace kolo::bootstrap {
 namespace {
@@ -77,6 +79,33 @@ std::string HostLayout::Summary() const {
     out += fmt::format("{}: rank{} {}", host_name(h), r.size() == 1 ? "" : "s", RankRanges(r));
   }
   return out;
+}
+
+std::string HostLayout::NameHosts(const std::string& text) const {
+  if (num_hosts() < 2) return text;
+  std::vector<int> named;
+  static constexpr std::string_view kRank = "rank ";
+  for (size_t at = text.find(kRank); at != std::string::npos; at = text.find(kRank, at + 1)) {
+    // A whole word "rank" followed by a number.
+    if (at > 0 && std::isalnum(static_cast<unsigned char>(text[at - 1]))) continue;
+    size_t end = at + kRank.size();
+    int value = 0;
+    bool digits = false;
+    while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end])) &&
+           value < (1 << 24)) {
+      value = value * 10 + (text[end++] - '0');
+      digits = true;
+    }
+    if (!digits || value >= size()) continue;
+    if (std::find(named.begin(), named.end(), value) == named.end()) named.push_back(value);
+  }
+  if (named.empty()) return text;
+  std::string hosts;
+  for (int r : named) {
+    hosts +=
+        fmt::format("{}rank {} is on host {}", hosts.empty() ? "" : ", ", r, host_name(host(r)));
+  }
+  return fmt::format("{} [{}]", text, hosts);
 }
 
 StatusOr<std::string> ThisHostName(const std::string& configured) {

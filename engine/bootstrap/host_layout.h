@@ -39,6 +39,10 @@ class HostLayout {
   std::string Describe(int rank) const;
   // "h0: ranks 0-1, h1: ranks 2-3"-style summary, one entry per host.
   std::string Summary() const;
+  // `text` (an error message) with the hosts of the ranks it names ("rank N") appended, e.g.
+  // "... lost: reset [rank 2 is on host h2]", when the job spans several hosts; `text` unchanged
+  // otherwise, or when it names no rank of the job.
+  std::string NameHosts(const std::string& text) const;
 
  private:
   std::vector<int> host_of_;

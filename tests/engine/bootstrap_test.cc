@@ -1048,6 +1048,21 @@ TEST(HostLayout, GroupsRanksByHostName) {
   EXPECT_EQ(HostLayout().Describe(2), "rank 2");
 }
 
+TEST(HostLayout, ErrorsNameTheHostsOfTheRanksTheyName) {
+  const HostLayout two({"h0", "h0", "h1", "h1"});
+  EXPECT_EQ(two.NameHosts("connection to rank 2 lost: reset"),
+            "connection to rank 2 lost: reset [rank 2 is on host h1]");
+  EXPECT_EQ(
+      two.NameHosts("rank 0: pending: rank 3, rank 2; rank 3 has sent nothing"),
+      "rank 0: pending: rank 3, rank 2; rank 3 has sent nothing [rank 0 is on host h0, rank 3 "
+      "is on host h1, rank 2 is on host h1]");
+  // Not a rank of the job, not the word "rank", no number: unchanged.
+  EXPECT_EQ(two.NameHosts("rank 9 is unknown"), "rank 9 is unknown");
+  EXPECT_EQ(two.NameHosts("crank 1 and rank x"), "crank 1 and rank x");
+  // One host: nothing to add.
+  EXPECT_EQ(HostLayout({"a", "a"}).NameHosts("rank 1 lost"), "rank 1 lost");
+}
+
 TEST(HostLayout, RanksAgreeThroughTheStore) {
   const int n = 4;
   InMemoryStore store;

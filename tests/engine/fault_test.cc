@@ -33,8 +33,10 @@ struct RankProcess {
 
 class Job {
  public:
+  // `host_names`: KOLO_HOST_NAME of each rank (none when empty).
   Job(int size, const std::vector<std::string>& args,
-      const std::vector<std::string>& extra_env = {})
+      const std::vector<std::string>& extra_env = {},
+      const std::vector<std::string>& host_names = {})
       : size_(size) {
     bootstrap::TcpStoreServerOptions so;
     so.secret = bootstrap::GenerateSecret();
@@ -53,6 +55,7 @@ class Job {
           "KOLO_STORE_ADDR=" + server_->address(), "KOLO_JOB_SECRET=" + secret_,
           "KOLO_PEER_TIMEOUT_SECONDS=20"};
       env.insert(env.end(), extra_env.begin(), extra_env.end());
+      if (!host_names.empty()) env.push_back("KOLO_HOST_NAME=" + host_names[r]);
       std::vector<char*> envp, argv;
       for (auto& s : env) envp.push_back(s.data());
       envp.push_back(nullptr);
@@ -128,9 +131,9 @@ std::string Describe(const std::vector<RankProcess>& procs) {
 }
 
 TEST(Faults, RankKilledMidAllreduceFailsEveryOtherRankNamingIt) {
-  // 4 ranks, 16 Mi floats per allreduce; rank 2 dies by SIGKILL during iteration 2.
+  // 4 ranks on two hosts, 16 Mi floats per allreduce; rank 2 dies by SIGKILL during iteration 2.
   const auto start = Clock::now();
-  Job job(4, {"16777216", "6", "2", "2"});
+  Job job(4, {"16777216", "6", "2", "2"}, {}, {"alpha", "alpha", "beta", "beta"});
   ASSERT_TRUE(job.WaitAll(std::chrono::seconds(60))) << "ranks hung after a peer died";
   const double took = std::chrono::duration<double>(Clock::now() - start).count();
   auto& procs = job.procs();
@@ -142,6 +145,9 @@ TEST(Faults, RankKilledMidAllreduceFailsEveryOtherRankNamingIt) {
     EXPECT_NE(procs[r].output.find("FAILED"), std::string::npos) << Describe(procs);
     EXPECT_NE(procs[r].output.find("rank 2"), std::string::npos)
         << "rank " << r << " must name the lost rank\n"
+        << Describe(procs);
+    EXPECT_NE(procs[r].output.find("rank 2 is on host beta"), std::string::npos)
+        << "rank " << r << " must name the lost rank's host\n"
         << Describe(procs);
   }
   EXPECT_LT(took, 45.0) << "failure must surface within the peer timeout";

@@ -21,14 +21,6 @@ std::string AgreementKey(const Options& o) {
       o.ring_chunk_bytes);
 }
 
-StatusOr<std::string> HostName() {
-  char host[256] = {};
-  if (::gethostname(host, sizeof(host) - 1) != 0) {
-    return ErrnoStatus(StatusCode::kInternal, "gethostname", errno);
-  }
-  return std::string(host);
-}
-
 // Rank 0's verdict on every rank's "settings\nhost" message.
 std::string RootAnswer(const std::vector<std::vector<uint8_t>>& all, const std::string& key) {
   std::string hosts(1, 'H');
@@ -54,7 +46,7 @@ StatusOr<std::vector<std::string>> AgreeAndListHosts(transport::Device& device, 
   collectives::Comm comm;
   comm.device = &device;
   comm.timeout = timeout;
-  KOLO_ASSIGN_OR_RETURN(const std::string host, HostName());
+  KOLO_ASSIGN_OR_RETURN(const std::string host, bootstrap::ThisHostName(o.host_name));
   const std::string mine = fmt::format("{}\n{}", AgreementKey(o), host);
   KOLO_ASSIGN_OR_RETURN(auto all, collectives::GatherMessages(comm, 0, {mine.begin(), mine.end()}));
   const std::string answer = comm.rank() == 0 ? RootAnswer(all, AgreementKey(o)) : std::string();
@@ -123,6 +115,7 @@ StatusOr<Job> Join(const Options& options, bootstrap::Store* external) {
   }
   job.device = std::move(device).value();
   KOLO_ASSIGN_OR_RETURN(auto hosts, AgreeAndListHosts(*job.device, options, link.timeout));
+  job.hosts = bootstrap::HostLayout(hosts);
 
   if (job.role == Role::kWorker) {
     Options& w = job.worker_options;

@@ -14,6 +14,7 @@
 
 #include "engine/backends/ps/placement.h"
 #include "engine/backends/ps/types.h"
+#include "engine/bootstrap/host_layout.h"
 #include "engine/bootstrap/rendezvous.h"
 #include "engine/common/options.h"
 #include "engine/common/status.h"
@@ -54,6 +55,8 @@ struct Job {
   // Every launch rank of the job, by launch rank. Driven by one thread (the worker's
   // parameter-server thread, or the server's Serve).
   std::unique_ptr<transport::Device> device;
+  // Which host each launch rank is on.
+  bootstrap::HostLayout hosts;
 };
 
 // Starts the rendezvous (bootstrap::StartRendezvous, with `external` as there), connects the

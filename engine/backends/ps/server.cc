@@ -57,6 +57,7 @@ Status Server::Serve() {
   const std::string me = job_.roles.Describe(job_.options.rank);
   if (!s.ok()) {
     s = s.WithContext(me);
+    s = Status(s.code(), job_.hosts.NameHosts(s.message()));
     KOLO_LOG(kError, "{}", s.ToString());
     job_.device->Abort(s);
   } else {

@@ -142,6 +142,7 @@ void Worker::Run() {
     s = s.WithContext(fmt::format("{}: parameter-server traffic (servers are ranks {})",
                                   job_.roles.Describe(job_.options.rank),
                                   fmt::join(job_.roles.server_ranks, ",")));
+    s = Status(s.code(), job_.hosts.NameHosts(s.message()));
     KOLO_LOG(kError, "{}", s.ToString());
     job_.device->Abort(s);
   }

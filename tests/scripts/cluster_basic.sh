@@ -110,7 +110,7 @@ python3 -c "import json, sys; d = json.load(open(sys.argv[1])); assert d['hosts'
 straggler=$!
 for _ in $(seq 50); do [[ -n $(ip netns pids "$name-h2") ]] && break; sleep 0.1; done
 [[ -n $(ip netns pids "$name-h2") ]] || fail "the process in h2 did not start"
-KOLO_CLUSTER_STOP_GRACE_S=1 timeout 30 "$cluster" down --name "$name" || fail "down exited $?"
+timeout 30 "$cluster" down --name "$name" --grace-s 1 || fail "down exited $?"
 wait "$straggler" 2>/dev/null && fail "the process in h2 ended normally instead of being killed"
 kill -0 "$straggler" 2>/dev/null && fail "the process in h2 is still running after down"
 left=$(cluster_leftovers)

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The emulated cluster (scripts/cluster) with 3 hosts at 1 Gbit/s: each host has its own host
 # name and address, exec passes stdin, stdout and the exit status through, every pair pings, the
-# root namespace's network is untouched, tbf shapes each
-# link in both directions (one flow and a 2-to-1 incast each reach about the link's rate, not
-# more), status reports the counters, and down stops a process left in a host (one that ignores
-# SIGTERM) and removes every namespace and the state.
+# root namespace's network is untouched, tbf shapes each link in both directions (one flow and a
+# 2-to-1 incast each reach about the link's rate, not more), status reports the counters, and down
+# stops a process left in a host (one that ignores SIGTERM) and removes every namespace and the
+# state.
 # Usage: cluster_basic.sh BIN_DIR (unused). Exit 77 (skip) when scripts/cluster check fails.
 set -euo pipefail
 

@@ -14,6 +14,8 @@ const char* PhaseName(Phase phase) {
       return "BROADCAST";
     case Phase::kSendRecv:
       return "SEND_RECV";
+    case Phase::kHierarchical:
+      return "HIERARCHICAL_ALLREDUCE";
   }
   return "UNKNOWN";
 }

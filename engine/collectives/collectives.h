@@ -19,8 +19,9 @@
 namespace kolo::collectives {
 
 // Named phases a collective reports, for the timeline.
-enum class Phase { kReduceScatter, kAllgather, kBroadcast, kSendRecv };
-const char* PhaseName(Phase phase);  // "REDUCE_SCATTER", "ALLGATHER", "BROADCAST", "SEND_RECV"
+enum class Phase { kReduceScatter, kAllgather, kBroadcast, kSendRecv, kHierarchical };
+// "REDUCE_SCATTER", "ALLGATHER", "BROADCAST", "SEND_RECV", "HIERARCHICAL_ALLREDUCE"
+const char* PhaseName(Phase phase);
 
 // Scratch space the collectives receive into before reducing. Grows on demand (then reused), and
 // registers itself with the device. Not thread-safe; one per Comm.
@@ -56,6 +57,11 @@ struct Comm {
   // Up to this many ranks BitwiseAllreduce is a direct exchange (one hop); beyond, recursive
   // doubling. Must be equal on every rank.
   int bitwise_direct_max_ranks = 16;
+  // Hierarchical allreduce cuts its buffer into chunks of about this many bytes (at most
+  // kMaxHierarchicalChunks), so that the rings within and across hosts overlap. Must be equal on
+  // every rank.
+  size_t hierarchical_chunk_bytes = 4 << 20;
+  static constexpr size_t kMaxHierarchicalChunks = 64;
 
   int rank() const { return device->rank(); }
   int size() const { return device->size(); }
@@ -92,20 +98,31 @@ struct HostGroups {
   std::vector<int> cross;
 };
 
+// Scratch for the two rings of a hierarchical allreduce that run at once.
+struct HierarchicalScratch {
+  Scratch local;
+  Scratch cross;
+};
+
 // Allreduce (sum, in place on buf[offset, offset + count)) in three rings: a reduce-scatter among
 // the ranks of each host leaves local position i holding slice i + 1 (mod ranks per host) summed
 // over its host; each slice is then allreduced across hosts by the ranks holding it (one ring per
 // local position, all at once); an allgather among the ranks of each host spreads the slices.
+// The buffer goes in chunks of about comm.hierarchical_chunk_bytes: while one chunk crosses hosts,
+// the next is reduced within the host and the one before spread, so that the rings within the host
+// hide behind the ring across hosts.
 // Each rank sends 2 (R-1)/R of the buffer within its host and 2 (H-1)/(H R) of it across hosts
 // (R ranks per host, H hosts), against 2 (N-1)/N over the flat ring's links, most of them
 // between hosts: when links between hosts are the bottleneck, about R times fewer bytes cross
 // them per rank. The result equals RingAllreduce's up to the order of the additions.
 Status HierarchicalAllreduce(Comm& comm, const HostGroups& groups, transport::Region& buf,
-                             size_t offset_bytes, size_t count, DataType dtype, Scratch& scratch);
+                             size_t offset_bytes, size_t count, DataType dtype,
+                             HierarchicalScratch& scratch);
 
 // The same, in place on the concatenation of `extents` (zero-copy Tensor Fusion).
 Status HierarchicalAllreduce(Comm& comm, const HostGroups& groups,
-                             const std::vector<Extent>& extents, DataType dtype, Scratch& scratch);
+                             const std::vector<Extent>& extents, DataType dtype,
+                             HierarchicalScratch& scratch);
 
 // Moves exactly the bytes RingAllreduce moves, along the same ring and in the same order, with no
 // reduction: every piece received is written into the buffer where it belongs (the

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -103,6 +104,78 @@ class DescribeFn {
   const void* callable_;
   std::string (*call_)(const void*);
 };
+
+// One ring plan in progress on buf, driven by whoever polls the device: Start posts the first
+// operations, Handle takes each completion the plan owns (a receive from plan.left, a send to
+// plan.right) and posts what it unblocks. Several runs may be in progress at once on one device as
+// long as no two share a pair in the same direction (RunLanes).
+class RingRun {
+ public:
+  RingRun(Comm& comm, const ExtentMap& buf, const RingPlan& plan, OpCode op, uint32_t sequence,
+          DataType dtype, bool reduce, Scratch& scratch);
+  Status Start();
+  // Whether `c` is this run's: it has a receive from c.peer (or a send to it) posted and not yet
+  // completed. Completions on one pair come in the order their operations were posted, so of two
+  // runs on the same pair, the one whose operations were all posted first owns the next.
+  bool Owns(const transport::Completion& c) const;
+  Status Handle(const transport::Completion& c);
+  bool done() const;
+  // Every operation of the plan is posted (some may still be in flight).
+  bool all_posted() const {
+    return recvs_posted_ == plan_.recvs.size() && sends_posted_ == plan_.sends.size();
+  }
+  size_t recvs_done() const { return recvs_done_; }
+
+ private:
+  Status Post();
+
+  Comm& comm_;
+  const ExtentMap& buf_;
+  const RingPlan& plan_;
+  OpCode op_;
+  uint32_t sequence_;
+  DataType dtype_;
+  size_t elem_;
+  bool reduce_;
+  Scratch& scratch_;
+  transport::Pair* left_ = nullptr;
+  transport::Pair* right_ = nullptr;
+  bool accumulate_ = false;
+  bool via_scratch_ = false;
+  size_t slot_bytes_ = 0;
+  transport::Region* slots_ = nullptr;
+  size_t recvs_posted_ = 0, recvs_done_ = 0, sends_posted_ = 0, sends_done_ = 0;
+};
+
+// A step of a lane: a ring plan (left and right are ranks), run once step `after_step` of lane
+// `after_lane` has finished (-1: at once).
+struct LaneStep {
+  RingPlan plan;
+  OpCode op;
+  uint32_t sequence;
+  DataType dtype;
+  bool reduce;
+  int after_lane = -1;
+  int after_step = -1;
+};
+
+// Plans run one after another over the same pairs, on `buf`, with their own scratch.
+struct Lane {
+  const ExtentMap* buf = nullptr;
+  Scratch* scratch = nullptr;
+  std::vector<LaneStep> steps;
+};
+
+// Runs every lane's steps in order, the lanes at the same time: the completions of one Poll go to
+// the run of the lane whose pair they belong to. A step starts once its dependency has finished
+// and the step before it in its lane has posted all of its operations (not necessarily completed
+// them), so that consecutive steps on the same pairs leave no gap between them; messages on a pair
+// still follow the steps' order. So a step that needs the bytes an earlier step of its own lane
+// leaves must name it as its dependency. Lanes must use disjoint pairs (or pairs in different directions),
+// and every rank must build the same steps in the same order, so that each pair sees the same
+// sequence of messages on both sides. The timeline sees one `phase` for the whole. Every wait is
+// bounded by comm.timeout.
+Status RunLanes(Comm& comm, std::vector<Lane>& lanes, Phase phase, DescribeFn what);
 
 // Runs `plan` on buf. When `reduce` is true, the combine pieces are summed (`dtype`) into the
 // buffer: as their bytes arrive (Pair::RecvAccumulate) when comm.accumulate_on_arrival and the

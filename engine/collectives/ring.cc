@@ -117,66 +117,94 @@ Status CheckGroups(const Comm& comm, const HostGroups& g) {
   return Status::OK();
 }
 
-// Runs `plan`, laid out on positions of `group`, with the positions replaced by their ranks.
-Status RunOnGroup(Comm& comm, const std::vector<int>& group, const ExtentMap& buf, RingPlan plan,
-                  OpCode op, uint32_t sequence, DataType dtype, bool reduce, Scratch& scratch,
-                  DescribeFn what) {
+// The smallest piece the ring across hosts cuts its segments into.
+constexpr size_t kMinCrossPieceBytes = 64 << 10;
+
+// `plan`, laid out on positions of `group`, with the positions replaced by their ranks.
+RingPlan OnGroup(const std::vector<int>& group, RingPlan plan) {
   plan.left = group[static_cast<size_t>(plan.left)];
   plan.right = group[static_cast<size_t>(plan.right)];
-  return RunRing(comm, buf, plan, op, sequence, dtype, reduce, scratch, what);
+  return plan;
 }
 
 Status Hierarchical(Comm& comm, const HostGroups& groups, const ExtentMap& buf, size_t offset_bytes,
-                    size_t count, DataType dtype, Scratch& scratch) {
+                    size_t count, DataType dtype, HierarchicalScratch& scratch) {
   KOLO_RETURN_IF_ERROR(CheckComm(comm));
-  // Three sequence numbers, taken by every rank whatever it then skips, so that the counts stay
-  // equal across the job.
-  const uint32_t local_sequence = comm.sequence++;
-  const uint32_t cross_sequence = comm.sequence++;
-  const uint32_t gather_sequence = comm.sequence++;
-  KOLO_RETURN_IF_ERROR(CheckGroups(comm, groups));
   const size_t elem = DataTypeSize(dtype);
+  // Every rank computes the same chunks from the same count, and takes three sequence numbers per
+  // chunk whatever it then skips, so that the counts stay equal across the job.
+  const size_t chunks =
+      std::clamp<size_t>(count * elem / std::max<size_t>(comm.hierarchical_chunk_bytes, 1), 1,
+                         Comm::kMaxHierarchicalChunks);
+  const uint32_t first_sequence = comm.sequence;
+  comm.sequence += static_cast<uint32_t>(3 * chunks);
+  KOLO_RETURN_IF_ERROR(CheckGroups(comm, groups));
   if (offset_bytes > buf.size() || count > (buf.size() - offset_bytes) / elem) {
     return InvalidArgument(
-        "hierarchical allreduce: {} {} elements at byte {} exceed the {}-byte "
-        "buffer",
-        count, DataTypeName(dtype), offset_bytes, buf.size());
+        "hierarchical allreduce: {} {} elements at byte {} exceed the {}-byte buffer", count,
+        DataTypeName(dtype), offset_bytes, buf.size());
   }
   if (comm.size() == 1 || count == 0) return Status::OK();
   const int per_host = static_cast<int>(groups.local.size());
   const int hosts = static_cast<int>(groups.cross.size());
   const int local = PositionIn(groups.local, comm.rank());
   const int host = PositionIn(groups.cross, comm.rank());
-  auto what = [&] {
-    return fmt::format("hierarchical allreduce of {} {} elements ({} hosts x {} ranks)", count,
-                       DataTypeName(dtype), hosts, per_host);
-  };
-  if (per_host > 1) {
-    KOLO_RETURN_IF_ERROR(RunOnGroup(comm, groups.local, buf,
-                                    AllreducePlan(local, per_host, offset_bytes, count, elem,
-                                                  comm.chunk_bytes, buf, Steps::kReduceScatter),
-                                    OpCode::kHierReduceScatter, local_sequence, dtype,
-                                    /*reduce=*/true, scratch, what));
+  // Lane 0: the ring within the host, every chunk's reduce-scatter then every chunk's allgather
+  // (chunk c's once chunk c has crossed hosts). Lane 1: the ring across hosts, chunk by chunk,
+  // each once its reduce-scatter is done.
+  std::vector<Lane> lanes(2);
+  lanes[0].buf = lanes[1].buf = &buf;
+  lanes[0].scratch = &scratch.local;
+  lanes[1].scratch = &scratch.cross;
+  const std::vector<size_t> chunk_bounds = EvenSplit(count, static_cast<int>(chunks));
+  auto chunk_offset = [&](size_t c) { return offset_bytes + chunk_bounds[c] * elem; };
+  auto chunk_count = [&](size_t c) { return chunk_bounds[c + 1] - chunk_bounds[c]; };
+  for (size_t c = 0; c < chunks; ++c) {
+    const uint32_t sequence = first_sequence + static_cast<uint32_t>(3 * c);
+    if (per_host > 1) {
+      lanes[0].steps.push_back(LaneStep{
+          OnGroup(groups.local, AllreducePlan(local, per_host, chunk_offset(c), chunk_count(c),
+                                              elem, comm.chunk_bytes, buf, Steps::kReduceScatter)),
+          OpCode::kHierReduceScatter, sequence, dtype, /*reduce=*/true});
+    }
+    if (hosts == 1) continue;
+    // The slice the reduce-scatter left summed here, the one this rank carries across hosts.
+    const std::vector<size_t> bounds = EvenSplit(chunk_count(c), per_host);
+    const size_t slice = static_cast<size_t>((local + 1) % per_host);
+    const size_t slice_count = bounds[slice + 1] - bounds[slice];
+    LaneStep cross{RingPlan{}, OpCode::kHierCross, sequence + 1, dtype, /*reduce=*/true};
+    if (slice_count > 0) {
+      // A slice's segments are small (a chunk / ranks per host / hosts): cut them into a few
+      // pieces at least, so that each hop forwards a piece while the next arrives instead of
+      // waiting for a whole segment.
+      const size_t piece = std::min(
+          comm.chunk_bytes, std::max<size_t>(kMinCrossPieceBytes,
+                                             slice_count * elem / static_cast<size_t>(hosts) / 4));
+      cross.plan =
+          OnGroup(groups.cross, AllreducePlan(host, hosts, chunk_offset(c) + bounds[slice] * elem,
+                                              slice_count, elem, piece, buf));
+    }
+    if (per_host > 1) {
+      cross.after_lane = 0;
+      cross.after_step = static_cast<int>(c);
+    }
+    lanes[1].steps.push_back(std::move(cross));
   }
-  // The slice the reduce-scatter left summed here, the one this rank carries across hosts.
-  const std::vector<size_t> bounds = EvenSplit(count, per_host);
-  const size_t slice = static_cast<size_t>((local + 1) % per_host);
-  const size_t slice_count = bounds[slice + 1] - bounds[slice];
-  if (hosts > 1 && slice_count > 0) {
-    KOLO_RETURN_IF_ERROR(RunOnGroup(comm, groups.cross, buf,
-                                    AllreducePlan(host, hosts, offset_bytes + bounds[slice] * elem,
-                                                  slice_count, elem, comm.chunk_bytes, buf),
-                                    OpCode::kHierCross, cross_sequence, dtype, /*reduce=*/true,
-                                    scratch, what));
+  for (size_t c = 0; per_host > 1 && c < chunks; ++c) {
+    LaneStep gather{
+        OnGroup(groups.local, AllreducePlan(local, per_host, chunk_offset(c), chunk_count(c), elem,
+                                            comm.chunk_bytes, buf, Steps::kAllgather)),
+        OpCode::kHierAllgather, first_sequence + static_cast<uint32_t>(3 * c + 2), dtype,
+        /*reduce=*/false};
+    // After the chunk's ring across hosts, or, on one host, after its own reduce-scatter.
+    gather.after_lane = hosts > 1 ? 1 : 0;
+    gather.after_step = static_cast<int>(c);
+    lanes[0].steps.push_back(std::move(gather));
   }
-  if (per_host > 1) {
-    KOLO_RETURN_IF_ERROR(RunOnGroup(comm, groups.local, buf,
-                                    AllreducePlan(local, per_host, offset_bytes, count, elem,
-                                                  comm.chunk_bytes, buf, Steps::kAllgather),
-                                    OpCode::kHierAllgather, gather_sequence, dtype,
-                                    /*reduce=*/false, scratch, what));
-  }
-  return Status::OK();
+  return RunLanes(comm, lanes, Phase::kHierarchical, [&] {
+    return fmt::format("hierarchical allreduce of {} {} elements ({} hosts x {} ranks, {} chunks)",
+                       count, DataTypeName(dtype), hosts, per_host, chunks);
+  });
 }
 
 // The extents as a map, after checking each holds whole elements inside its region.
@@ -198,12 +226,14 @@ StatusOr<ExtentMap> MapExtents(const std::vector<Extent>& extents, DataType dtyp
 }  // namespace
 
 Status HierarchicalAllreduce(Comm& comm, const HostGroups& groups, transport::Region& buf,
-                             size_t offset_bytes, size_t count, DataType dtype, Scratch& scratch) {
+                             size_t offset_bytes, size_t count, DataType dtype,
+                             HierarchicalScratch& scratch) {
   return Hierarchical(comm, groups, ExtentMap(buf), offset_bytes, count, dtype, scratch);
 }
 
 Status HierarchicalAllreduce(Comm& comm, const HostGroups& groups,
-                             const std::vector<Extent>& extents, DataType dtype, Scratch& scratch) {
+                             const std::vector<Extent>& extents, DataType dtype,
+                             HierarchicalScratch& scratch) {
   KOLO_ASSIGN_OR_RETURN(ExtentMap map, MapExtents(extents, dtype, "hierarchical allreduce"));
   return Hierarchical(comm, groups, map, 0, map.size() / DataTypeSize(dtype), dtype, scratch);
 }

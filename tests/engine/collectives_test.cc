@@ -146,12 +146,13 @@ void CheckAllreduce(Job& job, DataType dtype, size_t count,
     b.assign(count * elem + 2 * kGuard, 0xa5);
     for (size_t i = 0; i < count; ++i) SetInt(dtype, b.data() + kGuard, i, Value(r, i));
   }
+  std::vector<HierarchicalScratch> hierarchical(static_cast<size_t>(n));
   auto statuses = job.Run([&](int r) -> Status {
     auto& b = bufs[static_cast<size_t>(r)];
     KOLO_ASSIGN_OR_RETURN(auto region, job.device(r).Register(b.data(), b.size()));
     if (groups != nullptr) {
       return HierarchicalAllreduce(job.comm(r), (*groups)[static_cast<size_t>(r)], *region, kGuard,
-                                   count, dtype, job.scratch(r));
+                                   count, dtype, hierarchical[static_cast<size_t>(r)]);
     }
     return RingAllreduce(job.comm(r), *region, kGuard, count, dtype, job.scratch(r));
   });
@@ -258,6 +259,8 @@ TEST_P(HierarchicalAllreduceTest, MatchesReferenceSum) {
   const int n = hosts * per_host;
   Job job(n, 64 << 10);
   ASSERT_TRUE(job.ok());
+  // Several chunks for the larger counts, so that the rings within and across hosts overlap.
+  for (int r = 0; r < n; ++r) job.comm(r).hierarchical_chunk_bytes = 256 << 10;
   for (const bool round_robin : {false, true}) {
     const auto groups = GroupsFromNames(HostNames(hosts, per_host, round_robin));
     for (size_t count : {size_t{0}, size_t{1}, size_t{7}, static_cast<size_t>(per_host - 1),
@@ -285,6 +288,19 @@ INSTANTIATE_TEST_SUITE_P(HostsByDtype, HierarchicalAllreduceTest,
                                             ::testing::ValuesIn(AllDataTypes())),
                          ShapeName);
 
+// Chunks of one element: most chunks leave most ranks no slice to carry across hosts, and the
+// chunk count is capped.
+TEST(HierarchicalAllreduce, TinyChunks) {
+  Job job(6, 64 << 10);
+  ASSERT_TRUE(job.ok());
+  for (int r = 0; r < 6; ++r) job.comm(r).hierarchical_chunk_bytes = 4;
+  const auto groups = GroupsFromNames(HostNames(2, 3, false));
+  for (size_t count : {size_t{1}, size_t{2}, size_t{13}, size_t{1000}}) {
+    SCOPED_TRACE(::testing::Message() << "count " << count);
+    CheckAllreduce(job, DataType::kInt32, count, &groups);
+  }
+}
+
 TEST(HierarchicalAllreduce, ScratchPathAndSixtyFourMiB) {
   Job job(4, 1 << 20);
   ASSERT_TRUE(job.ok());
@@ -306,6 +322,7 @@ TEST(HierarchicalAllreduce, MovesTheBytesItsDesignSays) {
   const auto groups = GroupsFromNames(names);
   const size_t count = 1 << 20;  // 4 MiB of float32, divisible by every split
   std::vector<uint64_t> hier(static_cast<size_t>(n)), flat(static_cast<size_t>(n));
+  std::vector<HierarchicalScratch> scratch(static_cast<size_t>(n));
   for (const bool hierarchical : {true, false}) {
     std::vector<std::vector<float>> bufs(static_cast<size_t>(n), std::vector<float>(count, 1.0f));
     auto statuses = job.Run([&](int r) -> Status {
@@ -315,7 +332,7 @@ TEST(HierarchicalAllreduce, MovesTheBytesItsDesignSays) {
       KOLO_RETURN_IF_ERROR(
           hierarchical
               ? HierarchicalAllreduce(job.comm(r), groups[r], *region, 0, count, DataType::kFloat32,
-                                      job.scratch(r))
+                                      scratch[r])
               : RingAllreduce(job.comm(r), *region, 0, count, DataType::kFloat32, job.scratch(r)));
       (hierarchical ? hier : flat)[r] = d.bytes_sent() - sent0;
       for (float v : bufs[r]) {
@@ -340,19 +357,20 @@ TEST(HierarchicalAllreduce, RefusesGroupsThatDoNotCoverTheJob) {
   ASSERT_TRUE(job.ok());
   std::vector<uint8_t> buf(64);
   auto region = job.device(0).Register(buf.data(), buf.size());
+  HierarchicalScratch scratch;
   ASSERT_TRUE(region.ok());
   // Three ranks per host and two hosts is not four ranks.
   Status s = HierarchicalAllreduce(job.comm(0), HostGroups{{0, 1, 2}, {0, 3}}, **region, 0, 4,
-                                   DataType::kFloat32, job.scratch(0));
+                                   DataType::kFloat32, scratch);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
   EXPECT_NE(s.message().find("3 ranks per host times 2 hosts"), std::string::npos) << s.ToString();
   // A group without this rank.
   s = HierarchicalAllreduce(job.comm(0), HostGroups{{1, 2}, {1, 3}}, **region, 0, 4,
-                            DataType::kFloat32, job.scratch(0));
+                            DataType::kFloat32, scratch);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
   EXPECT_NE(s.message().find("missing from its own groups"), std::string::npos) << s.ToString();
   s = HierarchicalAllreduce(job.comm(0), HostGroups{{0, 9}, {0, 1}}, **region, 0, 4,
-                            DataType::kFloat32, job.scratch(0));
+                            DataType::kFloat32, scratch);
   EXPECT_NE(s.message().find("rank 9 in a group is not a rank"), std::string::npos) << s.ToString();
 }
 

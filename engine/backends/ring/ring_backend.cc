@@ -19,7 +19,7 @@ class RingBackend final : public Backend {
     SlowRingScope slow;
     if (hierarchical_) {
       return collectives::HierarchicalAllreduce(*comm_, *hierarchical_, *region, 0, count, dtype,
-                                                scratch_);
+                                                hierarchical_scratch_);
     }
     return collectives::RingAllreduce(*comm_, *region, 0, count, dtype, scratch_);
   }
@@ -35,7 +35,8 @@ class RingBackend final : public Backend {
     }
     SlowRingScope slow;
     if (hierarchical_) {
-      return collectives::HierarchicalAllreduce(*comm_, *hierarchical_, extents, dtype, scratch_);
+      return collectives::HierarchicalAllreduce(*comm_, *hierarchical_, extents, dtype,
+                                                hierarchical_scratch_);
     }
     return collectives::RingAllreduce(*comm_, extents, dtype, scratch_);
   }
@@ -62,6 +63,7 @@ class RingBackend final : public Backend {
   collectives::Comm* comm_;
   std::optional<collectives::HostGroups> hierarchical_;
   collectives::Scratch scratch_;
+  collectives::HierarchicalScratch hierarchical_scratch_;
   uint64_t empty_ = 0;
 };
 

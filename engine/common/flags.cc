@@ -12,7 +12,8 @@ void EngineFlags::Add(CLI::App& app) {
          "one rank, no distributed communication (the single-rank baseline)")
       ->group(g);
   app.add_option("--transport", transport_,
-                 "how bytes move between ranks: tcp (KOLO_TRANSPORT, default tcp)")
+                 "how bytes move between ranks: auto (shared memory within a host, TCP between "
+                 "hosts) | shm | tcp (KOLO_TRANSPORT, default tcp)")
       ->group(g);
   app.add_option("--fusion-threshold-mb", fusion_threshold_mb_,
                  "Tensor Fusion buffer size in MiB; 0 disables fusion (default 64)")
@@ -47,6 +48,9 @@ void EngineFlags::Add(CLI::App& app) {
   app.add_option("--log-level", log_level_, "trace | debug | info | warning | error")->group(g);
   app.add_option("--ring-chunk-kb", ring_chunk_kb_, "ring pipeline chunk in KiB")->group(g);
   app.add_option("--socket-buffer-kb", socket_buffer_kb_, "socket buffer size in KiB")->group(g);
+  app.add_option("--shm-ring-kb", shm_ring_kb_,
+                 "shared-memory ring size in KiB, a power of two (KOLO_SHM_RING_BYTES)")
+      ->group(g);
   const std::string ps = "Parameter server";
   app.add_option("--ps-servers", ps_servers_,
                  "with --backend ps: how many ranks serve; by default the last ones "
@@ -96,6 +100,7 @@ Status EngineFlags::Apply(Options* o) const {
   if (start_timeout_s_) o->start_timeout_s = *start_timeout_s_;
   if (ring_chunk_kb_) o->ring_chunk_bytes = *ring_chunk_kb_ * 1024;
   if (socket_buffer_kb_) o->socket_buffer_bytes = *socket_buffer_kb_ * 1024;
+  if (shm_ring_kb_) o->shm_ring_bytes = *shm_ring_kb_ * 1024;
   if (ps_server_ranks_) {
     auto ranks = ParseRankList("--ps-server-ranks", *ps_server_ranks_);
     if (!ranks.ok()) return ranks.status();

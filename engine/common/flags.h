@@ -32,7 +32,7 @@ class EngineFlags {
   std::optional<double> fusion_threshold_mb_, cycle_time_ms_, stall_check_s_, stall_shutdown_s_,
       peer_timeout_s_, start_timeout_s_;
   std::optional<int> cache_capacity_;
-  std::optional<int64_t> ring_chunk_kb_, socket_buffer_kb_;
+  std::optional<int64_t> ring_chunk_kb_, socket_buffer_kb_, shm_ring_kb_;
   std::optional<int> ps_servers_;
   std::optional<std::string> host_name_;
   bool hierarchical_ = false;

@@ -64,7 +64,7 @@ const char* const kKnownVariables[] = {
     "KOLO_RANK", "KOLO_SIZE", "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE", "KOLO_STORE_ADDR",
     "KOLO_JOB_SECRET", "KOLO_IFACE", "KOLO_HOST_NAME", "KOLO_HIERARCHICAL_ALLREDUCE",
     "KOLO_BACKEND", "KOLO_TRANSPORT", "KOLO_TIMELINE", "KOLO_LOG_LEVEL", "KOLO_BUSY_POLL",
-    "KOLO_ENGINE_SCHED", "KOLO_SOCKET_BUFFER_BYTES", "KOLO_RING_CHUNK_BYTES",
+    "KOLO_ENGINE_SCHED", "KOLO_SOCKET_BUFFER_BYTES", "KOLO_SHM_RING_BYTES", "KOLO_RING_CHUNK_BYTES",
     "KOLO_FUSION_THRESHOLD_BYTES", "KOLO_CACHE_CAPACITY", "KOLO_CYCLE_TIME_MS",
     "KOLO_PEER_TIMEOUT_SECONDS", "KOLO_START_TIMEOUT_SECONDS", "KOLO_FAULT_INJECT",
     "KOLO_STALL_CHECK_SECONDS", "KOLO_STALL_SHUTDOWN_SECONDS", "KOLO_SKIP_BOOTSTRAP",
@@ -245,7 +245,9 @@ Status Options::Validate() const {
   }
   // Which names exist is the transport registry's to say (transport::CheckTransport), checked
   // before the engine connects; an empty name is wrong whatever the registry holds.
-  if (transport.empty()) return InvalidArgument("transport '' is empty: name one, e.g. tcp");
+  if (transport.empty()) {
+    return InvalidArgument("transport '' is empty: name one, e.g. auto, shm or tcp");
+  }
   KOLO_RETURN_IF_ERROR(ValidateParameterServers(*this));
   if (backend == "mpi" && !launched_by_mpirun && size > 1) {
     return InvalidArgument("backend 'mpi' needs a launch by mpirun (OMPI_COMM_WORLD_SIZE unset)");
@@ -272,6 +274,11 @@ Status Options::Validate() const {
   }
   if (socket_buffer_bytes < 4096 || socket_buffer_bytes > (1ll << 30)) {
     return InvalidArgument("socket buffer {} bytes is outside [4096, 1 GiB]", socket_buffer_bytes);
+  }
+  if (shm_ring_bytes < (64 << 10) || shm_ring_bytes > (1ll << 30) ||
+      (shm_ring_bytes & (shm_ring_bytes - 1)) != 0) {
+    return InvalidArgument(
+        "shared-memory ring {} bytes: must be a power of two from 64 KiB to 1 GiB", shm_ring_bytes);
   }
   if (ring_chunk_bytes < 4096 || ring_chunk_bytes > (1ll << 30)) {
     return InvalidArgument("ring chunk {} bytes is outside [4096, 1 GiB]", ring_chunk_bytes);
@@ -371,6 +378,7 @@ StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string
   o.socket_buffer_bytes = AutoSocketBufferBytes(o.local_size, LastLevelCacheBytes(), OnlineCpus());
   KOLO_RETURN_IF_ERROR(
       ReadInt(env, "KOLO_SOCKET_BUFFER_BYTES", 4096, 1ll << 30, &o.socket_buffer_bytes));
+  KOLO_RETURN_IF_ERROR(ReadInt(env, "KOLO_SHM_RING_BYTES", 64 << 10, 1ll << 30, &o.shm_ring_bytes));
   KOLO_RETURN_IF_ERROR(ReadInt(env, "KOLO_RING_CHUNK_BYTES", 4096, 1ll << 30, &o.ring_chunk_bytes));
   KOLO_RETURN_IF_ERROR(
       ReadInt(env, "KOLO_FUSION_THRESHOLD_BYTES", 0, 1ll << 40, &o.fusion_threshold_bytes));

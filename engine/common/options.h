@@ -46,6 +46,10 @@ struct Options {
   // processor), the smaller each one's buffers (with a 32 MiB L3 and 2 processors: 2 MiB at 2
   // local ranks, 512 KiB at 4).
   int64_t socket_buffer_bytes = 2 << 20;
+  // KOLO_SHM_RING_BYTES: bytes of each shared-memory ring of the shm transport (one per direction
+  // and pair of ranks on a host; the pairs' segments hold two each): a power of two from 64 KiB
+  // to 1 GiB.
+  int64_t shm_ring_bytes = 4 << 20;
   // KOLO_RING_CHUNK_BYTES: pipeline chunk of the ring collectives; a segment larger than this is
   // sent in pieces so that sending, receiving and reducing overlap.
   int64_t ring_chunk_bytes = 512 << 10;
@@ -74,7 +78,9 @@ struct Options {
   // rank and no engine at all (kolo-train's single-rank baseline); Engine::Create refuses it.
   std::string backend = "ring";
   // KOLO_TRANSPORT: how the ring's bytes (and negotiation's, and the parameter server's) move
-  // between ranks, by name in the transport registry (engine/transport/registry.h): "tcp".
+  // between ranks, by name in the transport registry (engine/transport/registry.h): "auto"
+  // (shared memory between the ranks of one host, TCP between hosts), "shm" (every rank on one
+  // host), "tcp" (TCP between every pair, loopback within a host).
   std::string transport = "tcp";
   // KOLO_HIERARCHICAL_ALLREDUCE: ring allreduces in three steps instead of one flat ring:
   // reduce-scatter among the ranks of each host, an allreduce of each rank's slice across hosts

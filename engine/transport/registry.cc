@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "engine/transport/auto_device.h"
+#include "engine/transport/shm/device.h"
 #include "engine/transport/tcp/device.h"
 
 namespace kolo::transport {
@@ -10,15 +12,73 @@ namespace {
 using ConnectFn = StatusOr<std::unique_ptr<Device>> (*)(const ConnectSettings&, bootstrap::Store&,
                                                         int, int);
 
-StatusOr<std::unique_ptr<Device>> ConnectTcp(const ConnectSettings& s, bootstrap::Store& store,
-                                             int rank, int size) {
+tcp::TcpOptions TcpOptionsFrom(const ConnectSettings& s) {
   tcp::TcpOptions tcp;
   tcp.listen_addr = s.listen_addr;
   tcp.secret = s.secret;
   tcp.timeout = s.timeout;
   tcp.socket_buffer_bytes = s.socket_buffer_bytes;
   tcp.busy_poll = s.busy_poll;
-  return tcp::Connect(tcp, store, rank, size);
+  return tcp;
+}
+
+shm::ShmOptions ShmOptionsFrom(const ConnectSettings& s) {
+  shm::ShmOptions shm;
+  shm.secret = s.secret;
+  shm.timeout = s.timeout;
+  shm.ring_bytes = static_cast<uint64_t>(s.shm_ring_bytes);
+  shm.busy_poll = s.busy_poll;
+  return shm;
+}
+
+// The ranks of `rank`'s host other than itself, and the ranks of every other host.
+void SplitPeers(const bootstrap::HostLayout& hosts, int rank, std::vector<int>* local,
+                std::vector<int>* remote) {
+  for (int r = 0; r < hosts.size(); ++r) {
+    if (r == rank) continue;
+    (hosts.same_host(r, rank) ? local : remote)->push_back(r);
+  }
+}
+
+StatusOr<std::unique_ptr<Device>> ConnectTcp(const ConnectSettings& s, bootstrap::Store& store,
+                                             int rank, int size) {
+  KOLO_ASSIGN_OR_RETURN(auto device, tcp::Connect(TcpOptionsFrom(s), store, rank, size));
+  return std::unique_ptr<Device>(std::move(device));
+}
+
+StatusOr<std::unique_ptr<Device>> ConnectShm(const ConnectSettings& s, bootstrap::Store& store,
+                                             int rank, int size) {
+  std::vector<int> local, remote;
+  SplitPeers(s.hosts, rank, &local, &remote);
+  if (!remote.empty()) {
+    return FailedPrecondition(
+        "transport 'shm' connects the ranks of one host, but this job's ranks are on {} hosts "
+        "({}); use --transport auto (shared memory within a host, TCP between hosts) or tcp",
+        s.hosts.num_hosts(), s.hosts.Summary());
+  }
+  KOLO_ASSIGN_OR_RETURN(auto device, shm::Connect(ShmOptionsFrom(s), store, rank, size, local));
+  return std::unique_ptr<Device>(std::move(device));
+}
+
+// Shared memory with the ranks of this host first, then TCP with the others: every rank does the
+// two set-ups in that order, and each involves only peers doing the same one, so neither waits
+// on the other.
+StatusOr<std::unique_ptr<Device>> ConnectAuto(const ConnectSettings& s, bootstrap::Store& store,
+                                              int rank, int size) {
+  std::vector<int> local, remote;
+  SplitPeers(s.hosts, rank, &local, &remote);
+  std::vector<std::unique_ptr<PollableDevice>> parts;
+  if (!local.empty() || remote.empty()) {
+    KOLO_ASSIGN_OR_RETURN(auto shm, shm::Connect(ShmOptionsFrom(s), store, rank, size, local));
+    parts.push_back(std::move(shm));
+  }
+  if (!remote.empty()) {
+    tcp::TcpOptions options = TcpOptionsFrom(s);
+    options.peers = remote;
+    KOLO_ASSIGN_OR_RETURN(auto tcp, tcp::Connect(options, store, rank, size));
+    parts.push_back(std::move(tcp));
+  }
+  return CombineDevices(rank, size, std::move(parts), s.busy_poll);
 }
 
 struct Entry {
@@ -29,6 +89,8 @@ struct Entry {
 
 // One line per transport.
 constexpr Entry kTransports[] = {
+    {"auto", &ConnectAuto, nullptr},
+    {"shm", &ConnectShm, nullptr},
     {"tcp", &ConnectTcp, nullptr},
     {"rdma", nullptr, "kolo has no RDMA (ibverbs) transport yet"},
 };
@@ -49,6 +111,7 @@ ConnectSettings SettingsFrom(const Options& options, const std::string& listen_a
   s.secret = secret;
   s.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.peer_timeout_s * 1000));
   s.socket_buffer_bytes = options.socket_buffer_bytes;
+  s.shm_ring_bytes = options.shm_ring_bytes;
   s.busy_poll = options.busy_poll;
   s.host_name = options.host_name;
   return s;

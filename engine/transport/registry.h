@@ -1,6 +1,8 @@
 // The transport registry: the one place that knows which transports exist and how each connects a
-// rank to its peers. Everything that needs connections (the engine, a parameter-server job, the
-// benchmark's link row) asks here, by the name in Options::transport (KOLO_TRANSPORT,
+// rank to its peers: "auto" (the default: shm with the ranks of this host, TCP with the others),
+// "shm" (a job on one host) and "tcp" (every pair over TCP). Everything that needs connections (the
+// engine, a parameter-server job, the benchmark's link row) asks here, by the name in
+// Options::transport (KOLO_TRANSPORT,
 // --transport). Adding a transport is its folder under engine/transport/ and one line in
 // registry.cc.
 #pragma once
@@ -28,8 +30,9 @@ struct ConnectSettings {
   std::string secret;
   // Bound on the whole connection set-up.
   std::chrono::milliseconds timeout{30000};
-  // Options::socket_buffer_bytes (TCP), Options::busy_poll.
+  // Options::socket_buffer_bytes (TCP), Options::shm_ring_bytes (shm), Options::busy_poll.
   int64_t socket_buffer_bytes = 2 << 20;
+  int64_t shm_ring_bytes = 4 << 20;
   bool busy_poll = false;
   // Which host each rank is on (bootstrap::ExchangeHostLayout). Unknown (empty): Connect
   // exchanges it through the store first, under this rank's `host_name`.

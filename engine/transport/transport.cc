@@ -1,6 +1,9 @@
 #include "engine/transport/transport.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <string>
 
 namespace kolo::transport {
 
@@ -20,6 +23,18 @@ Status WaitFor(Device& device, size_t expected, std::vector<Completion>* out,
     KOLO_RETURN_IF_ERROR(s);
   }
   return Status::OK();
+}
+
+std::string PairTransports(const Device& device) {
+  std::vector<std::string> names;
+  for (int peer = 0; peer < device.size(); ++peer) {
+    if (peer == device.rank()) continue;
+    std::string name = device.pair_transport(peer);
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  }
+  if (names.empty()) return "none";
+  std::sort(names.begin(), names.end());
+  return fmt::format("{}", fmt::join(names, "+"));
 }
 
 std::vector<int> SilentPeers(const Device& device, std::chrono::milliseconds threshold) {

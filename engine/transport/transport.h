@@ -1,5 +1,7 @@
 // The transport interface: how bytes move between ranks. Collectives are written once against it;
-// tcp/ implements it over sockets, rdma/ (later) over ibverbs RC queue pairs.
+// tcp/ implements it over sockets, shm/ over shared memory between the ranks of one host,
+// auto_device.h combines the two (shm within a host, TCP between hosts), rdma/ (later) will
+// implement it over ibverbs RC queue pairs.
 //
 // Model (shaped after RDMA so that verbs fits as naturally as TCP):
 // - A Device is one rank's endpoint (a NIC, or loopback). It owns a full mesh of Pairs, one per
@@ -109,8 +111,11 @@ class Device {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // "tcp", "rdma", ...
+  // "tcp", "shm", "auto", ...
   virtual const char* name() const = 0;
+  // The transport that carries the pair with `peer` ("tcp", "shm"): name() except for a device
+  // that combines several. REQUIRES: 0 <= peer < size(), peer != rank().
+  virtual const char* pair_transport(int /*peer*/) const { return name(); }
 
   // Registers [data, data + size). The Region must be destroyed before the memory is freed.
   virtual StatusOr<std::unique_ptr<Region>> Register(void* data, size_t size) = 0;
@@ -156,6 +161,10 @@ class Device {
   // a rank names the one that stopped rather than the neighbour it waits on.
   virtual double SilentSeconds(int /*peer*/) const { return -1; }
 };
+
+// The transports that carry this rank's pairs, distinct, sorted and joined by '+': "shm", "tcp",
+// "shm+tcp"; "none" for a job of one rank.
+std::string PairTransports(const Device& device);
 
 // "rank 0 has sent nothing for 5.2 s, rank 3 for 5.1 s (stopped, hung or unreachable)" for the
 // peers of `device` silent for at least `threshold` (loudest last), or "" when none is.

@@ -1,6 +1,6 @@
 // The transport registry: names, errors for unknown and absent transports, a real connection
-// through it (two ranks as threads over loopback TCP), and the engine refusing a bad
-// KOLO_TRANSPORT before it connects to anyone.
+// through each transport (two ranks as threads), and the engine refusing a bad KOLO_TRANSPORT
+// before it connects to anyone.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -22,18 +22,19 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 TEST(TransportRegistry, NamesTheTransportsOfThisBuild) {
-  EXPECT_THAT(TransportNames(), ElementsAre("tcp"));
-  EXPECT_TRUE(CheckTransport("tcp").ok());
+  EXPECT_THAT(TransportNames(), ElementsAre("auto", "shm", "tcp"));
+  for (const char* name : {"auto", "shm", "tcp"}) EXPECT_TRUE(CheckTransport(name).ok()) << name;
+  EXPECT_EQ(Options{}.transport, "tcp");
 }
 
 TEST(TransportRegistry, UnknownAndAbsentNamesSayWhatIsAllowed) {
   const Status unknown = CheckTransport("udp");
   EXPECT_EQ(unknown.code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(unknown.message(), HasSubstr("transport 'udp' is unknown; allowed: tcp"));
+  EXPECT_THAT(unknown.message(), HasSubstr("transport 'udp' is unknown; allowed: auto, shm, tcp"));
   const Status rdma = CheckTransport("rdma");
   EXPECT_EQ(rdma.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(rdma.message(), HasSubstr("transport 'rdma' is not available"));
-  EXPECT_THAT(rdma.message(), HasSubstr("allowed: tcp"));
+  EXPECT_THAT(rdma.message(), HasSubstr("allowed: auto, shm, tcp"));
   // Connect refuses before it touches the store: nothing is published under any key.
   bootstrap::InMemoryStore store;
   auto device = Connect("udp", ConnectSettings{}, store, 0, 2);
@@ -46,50 +47,63 @@ TEST(TransportRegistry, SettingsComeFromTheOptions) {
   Options o;
   o.peer_timeout_s = 2.5;
   o.socket_buffer_bytes = 1 << 20;
+  o.shm_ring_bytes = 256 << 10;
   o.busy_poll = true;
+  o.host_name = "node7";
   const ConnectSettings s = SettingsFrom(o, "127.0.0.1", "0123456789abcdef");
   EXPECT_EQ(s.timeout, std::chrono::milliseconds(2500));
   EXPECT_EQ(s.socket_buffer_bytes, 1 << 20);
+  EXPECT_EQ(s.shm_ring_bytes, 256 << 10);
+  EXPECT_EQ(s.host_name, "node7");
   EXPECT_TRUE(s.busy_poll);
   EXPECT_EQ(s.listen_addr, "127.0.0.1");
   EXPECT_EQ(s.secret, "0123456789abcdef");
 }
 
 TEST(TransportRegistry, ConnectsRanksThroughTheNamedTransport) {
-  bootstrap::InMemoryStore store;
-  ConnectSettings s;
-  s.secret = "0123456789abcdef0123";
-  s.timeout = std::chrono::milliseconds(10000);
-  std::unique_ptr<Device> devices[2];
-  Status status[2];
-  std::thread peer([&] {
-    auto d = Connect("tcp", s, store, 1, 2);
-    status[1] = d.status();
-    if (d.ok()) devices[1] = std::move(d).value();
-  });
-  auto d = Connect("tcp", s, store, 0, 2);
-  status[0] = d.status();
-  if (d.ok()) devices[0] = std::move(d).value();
-  peer.join();
-  ASSERT_TRUE(status[0].ok()) << status[0].ToString();
-  ASSERT_TRUE(status[1].ok()) << status[1].ToString();
-  EXPECT_STREQ(devices[0]->name(), "tcp");
+  for (const char* name : {"tcp", "shm", "auto"}) {
+    SCOPED_TRACE(name);
+    bootstrap::InMemoryStore store;
+    ConnectSettings s;
+    s.secret = "0123456789abcdef0123";
+    s.timeout = std::chrono::milliseconds(10000);
+    // The host layout unknown: Connect exchanges the host names (both this host's) first.
+    std::unique_ptr<Device> devices[2];
+    Status status[2];
+    std::thread peer([&] {
+      auto d = Connect(name, s, store, 1, 2);
+      status[1] = d.status();
+      if (d.ok()) devices[1] = std::move(d).value();
+    });
+    auto d = Connect(name, s, store, 0, 2);
+    status[0] = d.status();
+    if (d.ok()) devices[0] = std::move(d).value();
+    peer.join();
+    ASSERT_TRUE(status[0].ok()) << status[0].ToString();
+    ASSERT_TRUE(status[1].ok()) << status[1].ToString();
+    EXPECT_STREQ(devices[0]->name(), name);
+    EXPECT_EQ(PairTransports(*devices[0]), std::string(name) == "tcp" ? "tcp" : "shm");
+    EXPECT_TRUE(store.Get("host/1", std::chrono::milliseconds(0)).ok());
 
-  // One message from rank 0 to rank 1 over the pair the registry's device made.
-  std::vector<uint8_t> out(64, 7), in(64, 0);
-  auto out_region = devices[0]->Register(out.data(), out.size());
-  auto in_region = devices[1]->Register(in.data(), in.size());
-  ASSERT_TRUE(out_region.ok() && in_region.ok());
-  ASSERT_TRUE(devices[1]->pair(0).Recv(**in_region, 0, in.size(), 42).ok());
-  ASSERT_TRUE(devices[0]->pair(1).Send(**out_region, 0, out.size(), 42).ok());
-  std::vector<Completion> done;
-  std::thread sender([&] {
-    std::vector<Completion> sent;
-    EXPECT_TRUE(WaitFor(*devices[0], 1, &sent, std::chrono::milliseconds(10000)).ok());
-  });
-  ASSERT_TRUE(WaitFor(*devices[1], 1, &done, std::chrono::milliseconds(10000)).ok());
-  sender.join();
-  EXPECT_EQ(in, out);
+    // One message from rank 0 to rank 1 over the pair the registry's device made.
+    std::vector<uint8_t> out(64, 7), in(64, 0);
+    auto out_region = devices[0]->Register(out.data(), out.size());
+    auto in_region = devices[1]->Register(in.data(), in.size());
+    ASSERT_TRUE(out_region.ok() && in_region.ok());
+    ASSERT_TRUE(devices[1]->pair(0).Recv(**in_region, 0, in.size(), 42).ok());
+    ASSERT_TRUE(devices[0]->pair(1).Send(**out_region, 0, out.size(), 42).ok());
+    std::vector<Completion> done;
+    std::thread sender([&] {
+      std::vector<Completion> sent;
+      EXPECT_TRUE(WaitFor(*devices[0], 1, &sent, std::chrono::milliseconds(10000)).ok());
+    });
+    ASSERT_TRUE(WaitFor(*devices[1], 1, &done, std::chrono::milliseconds(10000)).ok());
+    sender.join();
+    EXPECT_EQ(in, out);
+    std::thread closer([&] { devices[1].reset(); });
+    devices[0].reset();
+    closer.join();
+  }
 }
 
 TEST(TransportRegistry, TheEngineRefusesAnUnknownTransportBeforeConnecting) {
@@ -108,11 +122,26 @@ TEST(TransportRegistry, TheEngineRefusesAnUnknownTransportBeforeConnecting) {
   EXPECT_THAT(Engine::Create(o, &store).status().message(), HasSubstr("transport '' is empty"));
 }
 
-TEST(TransportRegistry, KoloTransportIsReadFromTheEnvironment) {
-  auto o = OptionsFromEnvironment({{"KOLO_TRANSPORT", "tcp"}});
+TEST(TransportRegistry, ShmRingSizeIsCheckedAndReadFromTheEnvironment) {
+  auto o = OptionsFromEnvironment({{"KOLO_SHM_RING_BYTES", "1048576"}});
   ASSERT_TRUE(o.ok()) << o.status().ToString();
-  EXPECT_EQ(o->transport, "tcp");
-  EXPECT_TRUE(UnknownKoloVariables({{"KOLO_TRANSPORT", "tcp"}}).empty());
+  EXPECT_EQ(o->shm_ring_bytes, 1 << 20);
+  auto bad = OptionsFromEnvironment({{"KOLO_SHM_RING_BYTES", "3000000"}});
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("power of two"));
+  EXPECT_EQ(OptionsFromEnvironment({{"KOLO_SHM_RING_BYTES", "1024"}}).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(TransportRegistry, KoloTransportIsReadFromTheEnvironment) {
+  for (const char* name : {"tcp", "shm", "auto"}) {
+    auto o = OptionsFromEnvironment({{"KOLO_TRANSPORT", name}});
+    ASSERT_TRUE(o.ok()) << o.status().ToString();
+    EXPECT_EQ(o->transport, name);
+  }
+  EXPECT_EQ(OptionsFromEnvironment({})->transport, "tcp");
+  EXPECT_TRUE(
+      UnknownKoloVariables({{"KOLO_TRANSPORT", "tcp"}, {"KOLO_SHM_RING_BYTES", "65536"}}).empty());
 }
 
 }  // namespace

@@ -36,7 +36,7 @@ timespec RemainingTimespec(Clock::time_point until) {
   return timespec{static_cast<time_t>(left / 1000000000), static_cast<long>(left % 1000000000)};
 }
 
-class TcpDevice final : public Device {
+class TcpDevice final : public PollableDevice {
  public:
   TcpDevice(int rank, int size, const TcpOptions& options, Mesh mesh)
       : size_(size),
@@ -48,7 +48,7 @@ class TcpDevice final : public Device {
     state_.completions.reserve(1024);
     pairs_.resize(static_cast<size_t>(size));
     for (int peer = 0; peer < size; ++peer) {
-      if (peer == rank) continue;
+      if (peer == rank || !mesh.peers[static_cast<size_t>(peer)].valid()) continue;
       pairs_[static_cast<size_t>(peer)] =
           std::make_unique<TcpPair>(state_, peer, std::move(mesh.peers[static_cast<size_t>(peer)]));
     }
@@ -104,7 +104,7 @@ class TcpDevice final : public Device {
   }
 
   Pair& pair(int peer) override {
-    if (peer < 0 || peer >= size_ || peer == state_.rank) {
+    if (peer < 0 || peer >= size_ || !pairs_[static_cast<size_t>(peer)]) {
       KOLO_LOG(kError, "tcp device of rank {}: pair({}) is not a peer (size {})", state_.rank, peer,
                size_);
       std::abort();
@@ -184,10 +184,66 @@ class TcpDevice final : public Device {
   uint64_t bytes_received() const override { return state_.bytes_received; }
 
   double SilentSeconds(int peer) const override {
-    if (peer < 0 || peer >= size_ || peer == state_.rank) return -1;
+    if (peer < 0 || peer >= size_ || !pairs_[static_cast<size_t>(peer)]) return -1;
     return std::chrono::duration<double>(pairs_[static_cast<size_t>(peer)]->SilentFor(Clock::now()))
         .count();
   }
+
+  // PollableDevice.
+  bool has_peer(int peer) const override {
+    return peer >= 0 && peer < size_ && pairs_[static_cast<size_t>(peer)] != nullptr;
+  }
+  int wait_fd() const override { return epoll_.get(); }
+
+  Status Step(bool events) override {
+    if (!state_.error.ok()) return state_.error;
+    KOLO_RETURN_IF_ERROR(SendKeepalives());
+    if (!events) return Status::OK();
+    epoll_event ready[kMaxEvents];
+    const int n = ::epoll_wait(epoll_.get(), ready, kMaxEvents, 0);
+    if (n < 0 && errno != EINTR) {
+      return state_.Fail(ErrnoStatus(StatusCode::kInternal, "epoll_wait", errno));
+    }
+    bool woken = false;
+    return Dispatch(ready, n, &woken);
+  }
+
+  bool TakeCompletions(std::vector<Completion>* out) override {
+    if (state_.completions.empty()) return false;
+    out->insert(out->end(), state_.completions.begin(), state_.completions.end());
+    state_.completions.clear();
+    return true;
+  }
+
+  Status CheckArrival(bool* arrived) override {
+    *arrived = false;
+    if (!state_.error.ok()) return state_.error;
+    for (auto& p : pairs_) {
+      if (!p) continue;
+      KOLO_RETURN_IF_ERROR(p->CheckArrival(arrived));
+      if (*arrived) break;
+    }
+    return Status::OK();
+  }
+
+  // Edge-triggered sockets: an edge not yet taken keeps the epoll set readable, and bytes taken
+  // are processed at once; nothing to arrange.
+  bool PrepareToSleep(bool /*for_arrival*/) override { return true; }
+  void AfterSleep() override {}
+
+  Clock::time_point next_timer() const override { return next_keepalive_; }
+
+  std::string DescribePending() const override {
+    std::string pending;
+    for (const auto& p : pairs_) {
+      if (!p) continue;
+      const std::string d = p->DescribePending();
+      if (!d.empty()) pending += (pending.empty() ? "" : "; ") + d;
+    }
+    return pending;
+  }
+
+  std::chrono::milliseconds silence_threshold() const override { return silence_; }
 
  private:
   // Keepalives go out several times per peer timeout, so that a live peer is never silent for
@@ -209,12 +265,7 @@ class TcpDevice final : public Device {
   }
 
   Status TimedOut(std::chrono::milliseconds timeout) const {
-    std::string pending;
-    for (const auto& p : pairs_) {
-      if (!p) continue;
-      const std::string d = p->DescribePending();
-      if (!d.empty()) pending += (pending.empty() ? "" : "; ") + d;
-    }
+    const std::string pending = DescribePending();
     // Live peers send keepalives while they wait, so the ones silent for half the peer timeout are
     // the ones that stopped: name them first (the pending operations name only the neighbours
     // this rank waits on, which may themselves be waiting on the stopped rank).
@@ -322,12 +373,12 @@ class TcpDevice final : public Device {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Device>> Connect(const TcpOptions& options, bootstrap::Store& store,
-                                          int rank, int size) {
+StatusOr<std::unique_ptr<PollableDevice>> Connect(const TcpOptions& options,
+                                                  bootstrap::Store& store, int rank, int size) {
   KOLO_ASSIGN_OR_RETURN(Mesh mesh, BuildMesh(options, store, rank, size));
   auto device = std::make_unique<TcpDevice>(rank, size, options, std::move(mesh));
   KOLO_RETURN_IF_ERROR(device->Init());
-  return std::unique_ptr<Device>(std::move(device));
+  return std::unique_ptr<PollableDevice>(std::move(device));
 }
 
 }  // namespace kolo::transport::tcp

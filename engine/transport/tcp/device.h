@@ -26,11 +26,13 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/bootstrap/store.h"
 #include "engine/common/status.h"
-#include "engine/transport/transport.h"
+#include "engine/transport/pollable.h"
 
 namespace kolo::transport::tcp {
 
@@ -46,20 +48,24 @@ struct TcpOptions {
   std::string secret;
   // Spin on epoll_wait(0) instead of sleeping in it. Only for ranks with dedicated cores.
   bool busy_poll = false;
+  // The ranks to connect to (the auto transport: those on other hosts); unset: every other rank.
+  // The device has pair(p) only for these.
+  std::optional<std::vector<int>> peers;
 };
 
-// Connects `rank` to every other rank of a job of `size` ranks: binds a listener, publishes
-// "tcp/addr/<rank>" = "ip:port" in `store`, reads every peer's address, connects to every lower
-// rank and accepts every higher rank, and authenticates each connection (handshake.h). On the
+// Connects `rank` to every other rank of a job of `size` ranks (or to options.peers): binds a
+// listener, publishes "tcp/addr/<rank>" = "ip:port" in `store`, reads every peer's address,
+// connects to every lower peer and accepts every higher peer, and authenticates each connection
+// (handshake.h). On the
 // accepting side, connections that fail the handshake (wrong magic, wrong secret, garbage, rank out
 // of range or already connected, silent for longer than min(timeout, 5 s)) are closed with a
 // warning and set-up goes on waiting for the real peers; on the connecting side, a peer that fails
 // the handshake (a bad challenge, the wrong rank, a rejected hello or proof) fails the set-up.
-// Returns once all size-1 peers are connected; DeadlineExceeded after options.timeout names the
-// ranks still missing. After set-up the listener stays open: any later connection is accepted and
-// closed with a warning. REQUIRES: 0 <= rank < size. The Device is driven by one thread at a time
-// (transport.h).
-StatusOr<std::unique_ptr<Device>> Connect(const TcpOptions& options, bootstrap::Store& store,
-                                          int rank, int size);
+// Returns once every peer is connected; DeadlineExceeded after options.timeout names the ranks
+// still missing. After set-up the listener stays open: any later connection is accepted and
+// closed with a warning. REQUIRES: 0 <= rank < size; options.peers, if set, distinct ranks in
+// [0, size) other than rank. The Device is driven by one thread at a time (transport.h).
+StatusOr<std::unique_ptr<PollableDevice>> Connect(const TcpOptions& options,
+                                                  bootstrap::Store& store, int rank, int size);
 
 }  // namespace kolo::transport::tcp

@@ -50,6 +50,12 @@ class MeshBuilder {
   MeshBuilder(const TcpOptions& options, int rank, int size)
       : options_(options), rank_(rank), size_(size) {
     mesh_.peers.resize(static_cast<size_t>(size));
+    is_peer_.assign(static_cast<size_t>(size), !options.peers.has_value());
+    if (options.peers) {
+      for (int p : *options.peers) is_peer_[static_cast<size_t>(p)] = true;
+    }
+    is_peer_[static_cast<size_t>(rank)] = false;
+    for (bool p : is_peer_) expected_ += p;
   }
 
   StatusOr<Mesh> Run(bootstrap::Store& store) {
@@ -62,6 +68,7 @@ class MeshBuilder {
                                    std::vector<uint8_t>(mine.begin(), mine.end())));
     // Lower ranks accept, higher ranks connect.
     for (int peer = 0; peer < rank_; ++peer) {
+      if (!is_peer_[static_cast<size_t>(peer)]) continue;
       const std::string key = fmt::format("tcp/addr/{}", peer);
       auto value = store.Get(key, std::chrono::milliseconds(RemainingMs(deadline_)));
       if (!value.ok()) {
@@ -77,7 +84,7 @@ class MeshBuilder {
       c.remote = FormatAddress(addr);
       KOLO_RETURN_IF_ERROR(StartConnect(c));
     }
-    while (connected_ < size_ - 1) {
+    while (connected_ < expected_) {
       KOLO_RETURN_IF_ERROR(Step());
     }
     return std::move(mesh_);
@@ -148,7 +155,7 @@ class MeshBuilder {
       }
       ++it;
     }
-    if (connected_ < size_ - 1 && now >= deadline_) return TimedOut();
+    if (connected_ < expected_ && now >= deadline_) return TimedOut();
     return Status::OK();
   }
 
@@ -159,7 +166,7 @@ class MeshBuilder {
   Status TimedOut() const {
     std::string missing;
     for (int r = 0; r < size_; ++r) {
-      if (r != rank_ && !mesh_.peers[static_cast<size_t>(r)].valid()) {
+      if (is_peer_[static_cast<size_t>(r)] && !mesh_.peers[static_cast<size_t>(r)].valid()) {
         missing += fmt::format("{}{}", missing.empty() ? "" : ", ", r);
       }
     }
@@ -313,10 +320,12 @@ class MeshBuilder {
         } else if (hello.to_rank != rank_ || hello.size != size_) {
           Reject(c, fmt::format("it wants rank {} of a job of {} ranks; this is rank {} of {}",
                                 hello.to_rank, hello.size, rank_, size_));
-        } else if (hello.from_rank <= rank_ || hello.from_rank >= size_) {
+        } else if (hello.from_rank <= rank_ || hello.from_rank >= size_ ||
+                   !is_peer_[static_cast<size_t>(hello.from_rank)]) {
           Reject(c, fmt::format("claimed rank {} is not one that connects to rank {} (allowed: "
-                                "{}..{})",
-                                hello.from_rank, rank_, rank_ + 1, size_ - 1));
+                                "{}..{}{})",
+                                hello.from_rank, rank_, rank_ + 1, size_ - 1,
+                                options_.peers ? ", ranks on other hosts" : ""));
         } else if (!DigestsEqual(hello.mac,
                                  ConnectorProof(options_.secret, c.acceptor_nonce, hello))) {
           Reject(c, fmt::format("claimed rank {} but failed to prove the job secret",
@@ -353,7 +362,9 @@ class MeshBuilder {
   const int size_;
   Clock::time_point deadline_;
   Mesh mesh_;
-  std::list<Conn> conns_;  // stable addresses while Step() holds pointers
+  std::list<Conn> conns_;      // stable addresses while Step() holds pointers
+  std::vector<bool> is_peer_;  // the ranks to connect to
+  int expected_ = 0;
   int connected_ = 0;
   // Rejected and silent connections: a few lines per interval, the rest counted.
   LogLimiter security_log_{5, std::chrono::seconds(10)};
@@ -364,6 +375,13 @@ class MeshBuilder {
 StatusOr<Mesh> BuildMesh(const TcpOptions& options, bootstrap::Store& store, int rank, int size) {
   if (size < 1 || rank < 0 || rank >= size) {
     return InvalidArgument("rank {} of size {}: need size >= 1 and 0 <= rank < size", rank, size);
+  }
+  if (options.peers) {
+    for (int p : *options.peers) {
+      if (p < 0 || p >= size || p == rank) {
+        return InvalidArgument("rank {} of size {}: {} is not a peer", rank, size, p);
+      }
+    }
   }
   MeshBuilder builder(options, rank, size);
   return builder.Run(store);

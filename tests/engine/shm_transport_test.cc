@@ -1,0 +1,449 @@
+// What is particular to the shared-memory transport: its segments (refused unless they are this
+// job's own, gone from /dev/shm as soon as both ranks have mapped them, whatever happens next),
+// its set-up (impostors, timeouts, ranks on several hosts), and peers in real processes that are
+// killed or stopped. The contract it shares with the other transports is tested in
+// transport_contract_test.cc.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/bootstrap/store.h"
+#include "engine/transport/registry.h"
+#include "engine/transport/shm/mesh.h"
+#include "engine/transport/shm/segment.h"
+#include "engine/transport/tcp/handshake.h"
+#include "engine/transport/tcp/socket.h"
+#include "tests/engine/rank_threads.h"
+#include "tests/engine/transport_test_util.h"
+
+namespace kolo::transport::shm {
+namespace {
+
+using kolo::testing::ConnectAll;
+using kolo::testing::Devices;
+using kolo::testing::FileStore;
+using kolo::testing::RunRankThreads;
+using kolo::testing::ShmFiles;
+using kolo::testing::TestSettings;
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+std::string SegmentPrefix(const std::string& secret) { return "kolo-" + JobId(secret) + "-"; }
+
+// Rank 0 posts a receive from `from` and waits for it; returns the Poll's status.
+Status ExchangeOne(Devices& d, int from, int to, uint64_t tag) {
+  uint64_t out = tag, in = 0;
+  auto statuses = RunRankThreads(2, [&](int i) -> Status {
+    Device& dev = *d[i == 0 ? from : to];
+    KOLO_ASSIGN_OR_RETURN(auto region, dev.Register(i == 0 ? &out : &in, 8));
+    if (i == 0) {
+      KOLO_RETURN_IF_ERROR(dev.pair(to).Send(*region, 0, 8, tag));
+    } else {
+      KOLO_RETURN_IF_ERROR(dev.pair(from).Recv(*region, 0, 8, tag));
+    }
+    std::vector<Completion> done;
+    return WaitFor(dev, 1, &done, milliseconds(10000));
+  });
+  if (!statuses[0].ok()) return statuses[0];
+  if (!statuses[1].ok()) return statuses[1];
+  return in == tag ? Status::OK() : Internal("received {} instead of {}", in, tag);
+}
+
+TEST(ShmSegment, TheCreatorsSegmentOpensAndNothingElseDoes) {
+  const std::string job = JobId(kolo::testing::FreshSecret());
+  EXPECT_EQ(job.size(), 16u);
+  EXPECT_EQ(JobId("same secret"), JobId("same secret"));
+  EXPECT_NE(JobId("same secret"), JobId("other secret"));
+  auto made = Segment::Create(job, 1, 3, 64 << 10);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  const std::string name = made->name();
+  EXPECT_TRUE(IsSegmentName(name, job, 1, 3)) << name;
+  EXPECT_EQ(name.find(JobId("secret")), std::string::npos);
+  const std::string path = "/dev/shm" + name;
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  EXPECT_EQ(st.st_uid, ::geteuid());
+  EXPECT_EQ(static_cast<size_t>(st.st_size), SegmentBytes(64 << 10));
+
+  // The announced segment opens, and both see the same rings.
+  auto opened = Segment::Open(name, job, 1, 3, 64 << 10, made->nonce());
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  made->ring(1)[5] = 42;
+  EXPECT_EQ(opened->ring(1)[5], 42);
+  made->control(0).head.store(7);
+  EXPECT_EQ(opened->control(0).head.load(), 7u);
+
+  // Not what was announced: another nonce (a stale segment under a reused name), other ranks,
+  // another ring size, another job's name.
+  SegmentNonce other = made->nonce();
+  other[0] ^= 1;
+  Status s = Segment::Open(name, job, 1, 3, 64 << 10, other).status();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find("stale or foreign"), std::string::npos) << s.message();
+  EXPECT_FALSE(Segment::Open(name, job, 1, 3, 128 << 10, made->nonce()).ok());
+  s = Segment::Open(name, job, 0, 3, 64 << 10, made->nonce()).status();
+  EXPECT_EQ(s.code(), StatusCode::kProtocol) << s.ToString();  // not a name for ranks 0 and 3
+  EXPECT_FALSE(Segment::Open(name, JobId("another job"), 1, 3, 64 << 10, made->nonce()).ok());
+  EXPECT_FALSE(Segment::Open("/etc/passwd", job, 1, 3, 64 << 10, made->nonce()).ok());
+
+  // A mode other than 0600, or another owner.
+  ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
+  s = Segment::Open(name, job, 1, 3, 64 << 10, made->nonce()).status();
+  EXPECT_NE(s.message().find("mode 644"), std::string::npos) << s.ToString();
+  ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chown(path.c_str(), 65534, 65534), 0);
+    s = Segment::Open(name, job, 1, 3, 64 << 10, made->nonce()).status();
+    EXPECT_NE(s.message().find("owner uid 65534"), std::string::npos) << s.ToString();
+    ASSERT_EQ(::chown(path.c_str(), 0, 0), 0);
+  }
+  // A symbolic link under a segment's name is not followed.
+  const std::string link_name = fmt::format("/kolo-{}-1-3-{}", job, "0123456789abcdef");
+  ASSERT_EQ(::symlink(path.c_str(), ("/dev/shm" + link_name).c_str()), 0);
+  s = Segment::Open(link_name, job, 1, 3, 64 << 10, made->nonce()).status();
+  EXPECT_FALSE(s.ok());
+  ::unlink(("/dev/shm" + link_name).c_str());
+
+  EXPECT_TRUE(Unlink(name).ok());
+  EXPECT_TRUE(Unlink(name).ok());  // already gone: fine
+  EXPECT_TRUE(ShmFiles(name.substr(1)).empty());
+  // Still mapped after the name is gone.
+  EXPECT_EQ(opened->ring(1)[5], 42);
+
+  EXPECT_EQ(CheckRingBytes(3 << 20).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckRingBytes(32 << 10).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CheckRingBytes(1 << 20).ok());
+}
+
+TEST(ShmTransport, NothingIsLeftInDevShmAfterSetupShutdownOrAbort) {
+  for (const bool abort : {false, true}) {
+    bootstrap::InMemoryStore store;
+    ConnectSettings settings = TestSettings();
+    const std::string prefix = SegmentPrefix(settings.secret);
+    {
+      Devices d = ConnectAll("shm", 4, store, settings);
+      ASSERT_TRUE(d[0] && d[1] && d[2] && d[3]);
+      // Every segment is unlinked once set-up has returned on both of its ranks.
+      EXPECT_TRUE(ShmFiles(prefix).empty()) << ShmFiles(prefix).front();
+      ASSERT_TRUE(ExchangeOne(d, 3, 0, 11).ok());
+      if (abort) d[2]->Abort(Internal("test abort"));
+    }
+    EXPECT_TRUE(ShmFiles(prefix).empty());
+  }
+}
+
+// Files left in /dev/shm under this job's names (a killed earlier run, or placed there by someone)
+// are never opened, reused or removed: every segment has a fresh random name, made exclusively.
+TEST(ShmTransport, StaleSegmentsUnderTheJobsNamesAreIgnored) {
+  bootstrap::InMemoryStore store;
+  ConnectSettings settings = TestSettings();
+  const std::string job = JobId(settings.secret);
+  std::vector<std::string> planted;
+  for (int i = 0; i < 3; ++i) {
+    const std::string path = fmt::format("/dev/shm/kolo-{}-0-1-{:016x}", job, 0xdead0000u + i);
+    const int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0666);
+    ASSERT_GE(fd, 0) << path;
+    ASSERT_EQ(::write(fd, "stale", 5), 5);
+    ::close(fd);
+    if (i == 1 && ::geteuid() == 0) {
+      ASSERT_EQ(::chown(path.c_str(), 65534, 65534), 0);
+    }
+    planted.push_back(path);
+  }
+  {
+    Devices d = ConnectAll("shm", 2, store, settings);
+    ASSERT_TRUE(d[0] && d[1]);
+    EXPECT_TRUE(ExchangeOne(d, 0, 1, 5).ok());
+  }
+  for (const std::string& path : planted) {
+    EXPECT_TRUE(std::filesystem::exists(path)) << path << " was touched";
+    EXPECT_EQ(std::filesystem::file_size(path), 5u);
+    std::filesystem::remove(path);
+  }
+  EXPECT_TRUE(ShmFiles(SegmentPrefix(settings.secret)).empty());
+}
+
+TEST(ShmTransport, RanksOnSeveralHostsAreRefusedNamingThem) {
+  bootstrap::InMemoryStore store;
+  ConnectSettings settings = TestSettings();
+  settings.hosts = bootstrap::HostLayout({"node-a", "node-a", "node-b", "node-b"});
+  const auto start = Clock::now();
+  auto device = Connect("shm", settings, store, 0, 4);
+  ASSERT_FALSE(device.ok());
+  EXPECT_EQ(device.status().code(), StatusCode::kFailedPrecondition);
+  const std::string& m = device.status().message();
+  EXPECT_NE(m.find("node-a: ranks 0-1, node-b: ranks 2-3"), std::string::npos) << m;
+  EXPECT_NE(m.find("--transport auto"), std::string::npos) << m;
+  EXPECT_LT(Clock::now() - start, milliseconds(1000));  // refused before any connection
+}
+
+TEST(ShmTransport, SetupTimeoutNamesMissingRanks) {
+  bootstrap::InMemoryStore store;
+  ConnectSettings settings = TestSettings(milliseconds(300));
+  settings.hosts = kolo::testing::Layout(3);
+  // Rank 0 only accepts: it waits for ranks 1 and 2.
+  auto dev = Connect("shm", settings, store, 0, 3);
+  ASSERT_FALSE(dev.ok());
+  EXPECT_EQ(dev.status().code(), StatusCode::kDeadlineExceeded) << dev.status().ToString();
+  EXPECT_NE(dev.status().message().find("not connected to rank(s) 1, 2"), std::string::npos)
+      << dev.status().message();
+  EXPECT_TRUE(ShmFiles(SegmentPrefix(settings.secret)).empty());
+}
+
+// Raw bytes at the listener and a handshake with the wrong secret are turned away (the
+// connection closed, no segment made); the real rank 1 still gets in.
+TEST(ShmTransport, ImpostorsAndGarbageDuringSetupAreRejected) {
+  bootstrap::InMemoryStore store;
+  ConnectSettings settings = TestSettings(milliseconds(15000));
+  settings.hosts = kolo::testing::Layout(2);
+  std::unique_ptr<Device> rank0;
+  std::thread t0([&] {
+    auto dev = Connect("shm", settings, store, 0, 2);
+    EXPECT_TRUE(dev.ok()) << dev.status().ToString();
+    if (dev.ok()) rank0 = std::move(dev).value();
+  });
+  auto published = store.Get("shm/addr/0", milliseconds(10000));
+  ASSERT_TRUE(published.ok());
+  const std::string listener(published->begin(), published->end());
+  EXPECT_TRUE(IsListenerName(listener, JobId(settings.secret), 0)) << listener;
+  EXPECT_FALSE(IsListenerName(listener, JobId(settings.secret), 1));
+  EXPECT_FALSE(IsListenerName(listener, JobId("another secret"), 0));
+  // Connects to rank 0's listener, reads its challenge and sends `bytes`, or, if empty, a hello
+  // as rank 1 proven with the wrong secret. True if rank 0 then closes the connection.
+  auto closed_by_rank0 = [&](const std::string& bytes) {
+    tcp::Fd fd(::socket(AF_UNIX, SOCK_STREAM, 0));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path + 1, listener.data() + 1, listener.size() - 1);
+    const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + listener.size());
+    if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), len) != 0) return false;
+    timeval tv{10, 0};
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    uint8_t wire[tcp::Challenge::kBytes];
+    if (::recv(fd.get(), wire, sizeof wire, MSG_WAITALL) != sizeof wire) return false;
+    tcp::Challenge challenge;
+    if (!tcp::Decode(wire, &challenge).ok() || challenge.acceptor_rank != 0) return false;
+    std::string out = bytes;
+    if (out.empty()) {
+      tcp::Hello hello;
+      hello.from_rank = 1;
+      hello.to_rank = 0;
+      hello.size = 2;
+      hello.mac = tcp::ConnectorProof("not-the-job-secret", challenge.nonce, hello);
+      uint8_t hello_wire[tcp::Hello::kBytes];
+      tcp::Encode(hello, hello_wire);
+      out.assign(reinterpret_cast<const char*>(hello_wire), sizeof hello_wire);
+    }
+    (void)::send(fd.get(), out.data(), out.size(), MSG_NOSIGNAL);
+    char sink[256];
+    ssize_t n;
+    while ((n = ::recv(fd.get(), sink, sizeof sink, 0)) > 0) {
+    }
+    // Closed with our bytes unread, the kernel reports a reset rather than the end.
+    return n == 0 || (n < 0 && errno == ECONNRESET);
+  };
+  EXPECT_TRUE(closed_by_rank0(std::string(200, '\x5a')));
+  EXPECT_TRUE(closed_by_rank0(""));
+  EXPECT_TRUE(ShmFiles(SegmentPrefix(settings.secret)).empty());
+  auto rank1 = Connect("shm", settings, store, 1, 2);
+  t0.join();
+  ASSERT_TRUE(rank1.ok()) << rank1.status().ToString();
+  ASSERT_TRUE(rank0);
+  Devices d;
+  d.push_back(std::move(rank0));
+  d.push_back(std::move(rank1).value());
+  EXPECT_TRUE(ExchangeOne(d, 1, 0, 3).ok());
+  EXPECT_TRUE(ShmFiles(SegmentPrefix(settings.secret)).empty());
+}
+
+// A forked process as one rank of the job, for the tests where a rank must die or stop for real.
+class ChildRank {
+ public:
+  ChildRank() {
+    char dir_template[] = "/tmp/kolo_shm_test_XXXXXX";
+    dir_ = ::mkdtemp(dir_template) ? dir_template : "";
+  }
+  ~ChildRank() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::kill(pid_, SIGCONT);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  const std::string& dir() const { return dir_; }
+  // Forks rank `rank` of `size` ranks on one host; it connects through `transport`, then runs
+  // `body` on its device and exits.
+  template <typename Body>
+  void Start(const std::string& transport, ConnectSettings settings, int rank, int size,
+             Body body) {
+    pid_ = ::fork();
+    ASSERT_GE(pid_, 0);
+    if (pid_ == 0) {
+      FileStore store(dir_);
+      settings.hosts = kolo::testing::Layout(size);
+      auto device = Connect(transport, settings, store, rank, size);
+      if (!device.ok()) ::_exit(1);
+      body(**device);
+      ::_exit(0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  // Waits (bounded) for the child's exit; its wait status, or -1.
+  int Reap(milliseconds within) {
+    const auto deadline = Clock::now() + within;
+    while (Clock::now() < deadline) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return status;
+      }
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    return -1;
+  }
+
+ private:
+  std::string dir_;
+  pid_t pid_ = -1;
+};
+
+// Rank 2 is a process that connects and is then killed (SIGKILL: no GOODBYE, no clean-up of its
+// own). Rank 0, waiting on rank 1 (which never sends), learns at once that rank 2 is gone, and
+// nothing of the job is left in /dev/shm.
+TEST(ShmTransport, AKilledPeerProcessIsNamedAtOnce) {
+  for (const char* transport : {"shm", "auto"}) {
+    SCOPED_TRACE(transport);
+    ConnectSettings settings = TestSettings(milliseconds(10000));
+    ChildRank child;
+    ASSERT_FALSE(child.dir().empty());
+    child.Start(transport, settings, 2, 3, [](Device&) {
+      ::usleep(300 * 1000);
+      ::kill(::getpid(), SIGKILL);
+    });
+    FileStore store(child.dir());
+    Devices d = ConnectAll(transport, 2, store, settings, 3);
+    ASSERT_TRUE(d[0] && d[1]);
+    EXPECT_TRUE(ShmFiles(SegmentPrefix(settings.secret)).empty());
+    uint64_t word = 0;
+    auto region = d[0]->Register(&word, 8);
+    ASSERT_TRUE(region.ok());
+    ASSERT_TRUE(d[0]->pair(1).Recv(**region, 0, 8, 1).ok());
+    std::vector<Completion> done;
+    const auto start = Clock::now();
+    Status s = d[0]->Poll(&done, milliseconds(15000));
+    EXPECT_LT(Clock::now() - start, milliseconds(5000));
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+    EXPECT_NE(s.message().find("connection to rank 2 lost"), std::string::npos) << s.message();
+    const int status = child.Reap(milliseconds(5000));
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+    EXPECT_TRUE(ShmFiles(SegmentPrefix(settings.secret)).empty());
+  }
+}
+
+// Rank 2 is a process that waits for messages (sending keepalives) until it is stopped
+// (SIGSTOP). After half the peer timeout rank 0 names rank 2 as silent while rank 1, alive and
+// polled, stays fresh; killed, rank 2 is then reported lost.
+TEST(ShmTransport, AStoppedPeerProcessIsNamedBySilentSeconds) {
+  ConnectSettings settings = TestSettings(milliseconds(1000));  // silent after 500 ms
+  ChildRank child;
+  ASSERT_FALSE(child.dir().empty());
+  child.Start("shm", settings, 2, 3, [](Device& device) {
+    for (int i = 0; i < 3000; ++i) {  // bounded: 30 s at most
+      bool arrived = false;
+      if (!device.WaitForArrival(std::chrono::microseconds(10000), &arrived).ok()) return;
+    }
+  });
+  FileStore store(child.dir());
+  Devices d = ConnectAll("shm", 2, store, settings, 3);
+  ASSERT_TRUE(d[0] && d[1]);
+  std::atomic<bool> stop{false};
+  std::thread alive([&] {
+    while (!stop.load()) {
+      bool arrived = false;
+      if (!d[1]->WaitForArrival(std::chrono::microseconds(20000), &arrived).ok()) return;
+    }
+  });
+  std::this_thread::sleep_for(milliseconds(300));
+  std::vector<Completion> done;
+  // Both peers alive: neither silent.
+  EXPECT_EQ(d[0]->Poll(&done, milliseconds(300)).code(), StatusCode::kDeadlineExceeded);
+  EXPECT_LT(d[0]->SilentSeconds(2), 0.5);
+  EXPECT_LT(d[0]->SilentSeconds(1), 0.5);
+  ASSERT_EQ(::kill(child.pid(), SIGSTOP), 0);
+  uint64_t word = 0;
+  auto region = d[0]->Register(&word, 8);
+  ASSERT_TRUE(region.ok());
+  ASSERT_TRUE(d[0]->pair(1).Recv(**region, 0, 8, 1).ok());
+  Status s = d[0]->Poll(&done, milliseconds(1200));
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
+  EXPECT_NE(s.message().find("rank 2 has sent nothing for"), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find("rank 1 has sent nothing"), std::string::npos) << s.message();
+  EXPECT_GE(d[0]->SilentSeconds(2), 0.5);
+  EXPECT_LT(d[0]->SilentSeconds(1), 0.5);
+  EXPECT_EQ(SilentPeers(*d[0], milliseconds(500)), std::vector<int>{2});
+  stop = true;
+  alive.join();
+  ASSERT_EQ(::kill(child.pid(), SIGKILL), 0);
+  s = d[0]->Poll(&done, milliseconds(5000));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find("connection to rank 2 lost"), std::string::npos) << s.message();
+  child.Reap(milliseconds(5000));
+  EXPECT_TRUE(ShmFiles(SegmentPrefix(settings.secret)).empty());
+}
+
+// Ranks in two processes move data both ways through the segment they share.
+TEST(ShmTransport, RanksInTwoProcessesExchangeData) {
+  ConnectSettings settings = TestSettings(milliseconds(10000));
+  ChildRank child;
+  ASSERT_FALSE(child.dir().empty());
+  constexpr size_t kBytes = 20 << 20;
+  child.Start("shm", settings, 1, 2, [](Device& device) {
+    // Echo one message back, incremented bytewise.
+    std::vector<uint8_t> buf(kBytes);
+    auto region = device.Register(buf.data(), buf.size());
+    if (!region.ok() || !device.pair(0).Recv(**region, 0, kBytes, 1).ok()) ::_exit(2);
+    std::vector<Completion> done;
+    if (!WaitFor(device, 1, &done, std::chrono::milliseconds(10000)).ok()) ::_exit(3);
+    for (auto& b : buf) ++b;
+    if (!device.pair(0).Send(**region, 0, kBytes, 2).ok()) ::_exit(4);
+    if (!WaitFor(device, 1, &done, std::chrono::milliseconds(10000)).ok()) ::_exit(5);
+  });
+  FileStore store(child.dir());
+  Devices d = ConnectAll("shm", 1, store, settings, 2);
+  ASSERT_TRUE(d[0]);
+  const std::vector<uint8_t> sent = kolo::testing::Pattern(kBytes, 3);
+  std::vector<uint8_t> back(kBytes);
+  auto out = d[0]->Register(const_cast<uint8_t*>(sent.data()), kBytes);
+  auto in = d[0]->Register(back.data(), kBytes);
+  ASSERT_TRUE(out.ok() && in.ok());
+  ASSERT_TRUE(d[0]->pair(1).Send(**out, 0, kBytes, 1).ok());
+  ASSERT_TRUE(d[0]->pair(1).Recv(**in, 0, kBytes, 2).ok());
+  std::vector<Completion> done;
+  ASSERT_TRUE(WaitFor(*d[0], 2, &done, milliseconds(20000)).ok());
+  for (size_t i = 0; i < kBytes; ++i) {
+    ASSERT_EQ(back[i], static_cast<uint8_t>(sent[i] + 1)) << "byte " << i;
+  }
+  const int status = child.Reap(milliseconds(10000));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_TRUE(ShmFiles(SegmentPrefix(settings.secret)).empty());
+}
+
+}  // namespace
+}  // namespace kolo::transport::shm

@@ -33,6 +33,7 @@ cluster_wait_errors $((peer_timeout_s + 10)) 0 1 3
 for r in 0 1 3; do
   echo "rank $r failed ${took[$r]} s after the fault: $(cluster_error "$r" | cut -c1-240)"
   cluster_error "$r" | grep -Eq "rank 2" || fail "rank $r's error does not name rank 2: $(cluster_error "$r")"
+  cluster_error "$r" | grep -q "rank 2 is on host h2" || fail "rank $r's error does not name rank 2's host: $(cluster_error "$r")"
   blamed=$(cluster_blamed "$r")
   [[ -z $blamed || $blamed == 2 ]] || fail "rank $r's error blames rank(s) '$blamed', not rank 2: $(cluster_error "$r")"
 done

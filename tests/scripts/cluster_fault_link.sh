@@ -40,6 +40,7 @@ for r in 0 1 3; do
   echo "rank $r failed $((${took[$r]%.*})) s after the fault (${took[$r]} s): $(cluster_error "$r" | cut -c1-240)"
   blamed=$(cluster_blamed "$r")
   [[ $blamed == 2 ]] || fail "rank $r's error blames rank(s) '$blamed', expected only rank 2: $(cluster_error "$r")"
+  cluster_error "$r" | grep -q "rank 2 is on host h2" || fail "rank $r's error does not name rank 2's host: $(cluster_error "$r")"
 done
 python3 - "$work/run.json" <<'PY' || fail "rank 0's record"
 import json, sys

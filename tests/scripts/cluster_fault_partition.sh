@@ -39,6 +39,9 @@ for r in 0 1 2 3; do
     if ((r < 2 && b < 2 || r >= 2 && b >= 2)); then
       fail "rank $r blames rank $b, on its own side of the partition: $(cluster_error "$r")"
     fi
+    # One rank per host: rank b is on hb.
+    cluster_error "$r" | grep -q "rank $b is on host h$b" ||
+      fail "rank $r's error does not name rank $b's host: $(cluster_error "$r")"
   done
 done
 cluster_down_clean

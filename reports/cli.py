@@ -152,12 +152,15 @@ LOOPBACK_MEANING = (
 )
 
 
-def _network_here(sweep: sweepfile.Sweep) -> tuple[sweepfile.Sweep, str | None, list[str]]:
+def _network_here(
+    sweep: sweepfile.Sweep, found: cluster.Check | None = None
+) -> tuple[sweepfile.Sweep, str | None, list[str]]:
     """For a sweep of kind "cluster": (the sweep to run here, the fallback note or None, the
-    problems that stop it). Where scripts/cluster check fails the sweep runs over loopback with
-    [launcher] fallback = "mpirun" (sweepfile.on_loopback), else that is a problem; a delay where
-    the kernel cannot emulate one is a problem too."""
-    found = cluster.check()
+    problems that stop it). Where scripts/cluster check fails (`found`: its answer, asked here
+    when None) the sweep runs over loopback with [launcher] fallback = "mpirun"
+    (sweepfile.on_loopback), else that is a problem; a delay where the kernel cannot emulate one
+    is a problem too."""
+    found = found or cluster.check()
     if not found.ok:
         if sweep.launcher.fallback == "mpirun":
             note = (

@@ -86,7 +86,11 @@ def _sweep(args) -> int:
         for problem in e.problems:
             print(f"  {problem}", file=sys.stderr)
         return 2
-    bin_dir = args.bin_dir or os.environ.get("KOLO_BIN_DIR") or os.path.join(ROOT, "build", "bin")
+    # Absolute: on an emulated cluster the ranks start through other hosts' shells.
+    bin_dir = os.path.abspath(
+        args.bin_dir or os.environ.get("KOLO_BIN_DIR") or os.path.join(ROOT, "build", "bin")
+    )
+    args.out = os.path.abspath(args.out)
     fallback_note = None
     if sweep.launcher.kind == "cluster":
         sweep, fallback_note, problems = _network_here(sweep)

@@ -357,3 +357,45 @@ def _fake_trainers(out):
         if FAKE_TRAIN.name.encode() in cmd and str(out).encode() in cmd:
             found.append(pid)
     return found
+
+
+# --- The report says where the rows ran.
+
+
+def test_the_report_names_the_emulated_network_and_the_dilation(tmp_path):
+    from test_report import legacy_rows
+
+    rows = [
+        dict(
+            r, network="emulated", link="1gbit", link_represented="25gbit", dilation="25", ranks_per_host="1"
+        )
+        for r in legacy_rows()
+    ]
+    schema.write_rows(str(tmp_path / "results.csv"), rows)
+    result = run_cli("report", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert (
+        "network: emulated (scripts/cluster): 1gbit links, 1 rank(s) per host, dilation 25: stands for 25gbit"
+        in page
+    )
+    assert "Time dilation 25: every replayed layer time was slept that many times over" in page
+    assert "Not on an emulated network" not in page
+
+
+def test_the_report_says_when_a_cluster_sweep_ran_over_loopback(tmp_path):
+    from test_report import legacy_rows
+
+    schema.write_rows(str(tmp_path / "results.csv"), legacy_rows())
+    (tmp_path / "network.txt").write_text(
+        "no emulated network here (cluster check: no: test); running over loopback\n"
+    )
+    result = run_cli("report", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    page = (tmp_path / "report" / "index.html").read_text()
+    plots_at = page.index("<h2>Plots</h2>")
+    banner = page.index("Not on an emulated network: no emulated network here (cluster check: no: test)")
+    assert plots_at < banner < page.index("<figure>")
+    ring_vs_ps = page[page.index("plots/ring-vs-ps.png") :]
+    assert "Over loopback on one host, not a network" in ring_vs_ps[: ring_vs_ps.index("</figure>")]
+    assert "network: loopback on one host" in page

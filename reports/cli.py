@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 
-from reports import browser, gate, report, runner, schema, sweepfile
+from reports import browser, cluster, gate, report, runner, schema, sweepfile
 from reports.launch import command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,23 +86,25 @@ def _sweep(args) -> int:
         for problem in e.problems:
             print(f"  {problem}", file=sys.stderr)
         return 2
-    bin_dir = args.bin_dir or os.environ.get("KOLO_BIN_DIR") or os.path.join(ROOT, "build", "bin")
+    # Absolute: on an emulated cluster the ranks start through other hosts' shells.
+    bin_dir = os.path.abspath(
+        args.bin_dir or os.environ.get("KOLO_BIN_DIR") or os.path.join(ROOT, "build", "bin")
+    )
+    args.out = os.path.abspath(args.out)
+    fallback_note = None
+    if sweep.launcher.kind == "cluster":
+        sweep, fallback_note, problems = _network_here(sweep)
+        if problems and not args.dry_run:
+            print(f"sweep: {len(problems)} problem(s) in {sweep.path}:", file=sys.stderr)
+            for problem in problems:
+                print(f"  {problem}", file=sys.stderr)
+            return 2
+        for problem in problems:  # a dry run lists the points all the same
+            print(f"sweep {sweep.name}: here it would stop (exit 2): {problem}", file=sys.stderr)
+        if fallback_note:
+            print(f"sweep {sweep.name}: {fallback_note}", file=sys.stderr)
     if args.dry_run:
-        print(f"sweep {sweep.name}: {len(sweep.points)} point(s), timeout {sweep.timeout_s:g} s each")
-        program = sweep.launcher.program or os.path.join(bin_dir, "kolo-train")
-        for point in sweep.points:
-            profile = sweepfile.profile_path(point, ROOT) if "profile" in point else None
-            json_path = os.path.join(args.out, "points", point["point_id"], "record.json")
-            argv = command(
-                point,
-                sweep.launcher,
-                program,
-                os.path.join(bin_dir, "kolo-run"),
-                json_path,
-                sweep.timeout_s,
-                profile,
-            )
-            print(f"{point['point_id']}  {sweepfile.describe(point)}\n    {' '.join(argv)}")
+        _dry_run(sweep, args.out, bin_dir)
         return 0
     if (
         not args.bin_dir
@@ -117,6 +119,7 @@ def _sweep(args) -> int:
         if build.returncode != 0:
             print("sweep: building kolo-train and kolo-run failed (scripts/build)", file=sys.stderr)
             return 1
+    _note_fallback(args.out, fallback_note)
     try:
         outcome = runner.run(sweep, args.out, bin_dir=bin_dir, retry_failed=args.retry_failed)
     except runner.Interrupted as e:
@@ -141,7 +144,97 @@ def _sweep(args) -> int:
         status = 1
     if not args.no_report:
         status = max(status, _report(args.out))
+    if fallback_note:
+        print(f"sweep {sweep.name}: {fallback_note}", file=sys.stderr)
     return status
+
+
+# What a cluster sweep's fallback means for its comparison, said on screen and in the report.
+LOOPBACK_MEANING = (
+    "every rank ran on this host over loopback, so the ranks share its {cores} core(s) and what "
+    "limits the multi-rank points is this host's CPU, not a network"
+)
+
+
+def _network_here(
+    sweep: sweepfile.Sweep, found: cluster.Check | None = None
+) -> tuple[sweepfile.Sweep, str | None, list[str]]:
+    """For a sweep of kind "cluster": (the sweep to run here, the fallback note or None, the
+    problems that stop it). Where scripts/cluster check fails (`found`: its answer, asked here
+    when None) the sweep runs over loopback with [launcher] fallback = "mpirun"
+    (sweepfile.on_loopback), else that is a problem; a delay where the kernel cannot emulate one
+    is a problem too."""
+    found = found or cluster.check()
+    if not found.ok:
+        if sweep.launcher.fallback == "mpirun":
+            note = (
+                f"no emulated network here ({found.text}); running over loopback instead "
+                f"([launcher] fallback): " + LOOPBACK_MEANING.format(cores=os.cpu_count() or "?")
+            )
+            return sweepfile.on_loopback(sweep), note, []
+        return (
+            sweep,
+            None,
+            [
+                f'[launcher] kind = "cluster": this machine cannot host an emulated network: '
+                f'{found.text} (scripts/cluster check; set [launcher] fallback = "mpirun" to run '
+                "over loopback instead)"
+            ],
+        )
+    problems = []
+    if not found.netem:
+        delays = sorted({p["delay_us"] for p in sweep.points if p.get("delay_us")})
+        if delays:
+            problems.append(
+                f"delay_us = {', '.join(map(str, delays))}: this kernel cannot emulate a delay "
+                f"({found.text}); allowed here: 0 (leave delay_us out)"
+            )
+    return sweep, None, problems
+
+
+def _note_fallback(out_dir: str, note: str | None) -> None:
+    """Keeps (or clears) why this run went over loopback, for the report."""
+    path = os.path.join(out_dir, runner.FALLBACK_NOTE)
+    if note:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(path, "w") as f:
+            f.write(note + "\n")
+    elif os.path.exists(path):
+        os.unlink(path)
+
+
+def _dry_run(sweep: sweepfile.Sweep, out_dir: str, bin_dir: str) -> None:
+    """Lists every point with its id and command line; on an emulated cluster also the
+    scripts/cluster commands that bring it up before the point (where its shape changes) and
+    down at the end."""
+    print(f"sweep {sweep.name}: {len(sweep.points)} point(s), timeout {sweep.timeout_s:g} s each")
+    program = sweep.launcher.program or os.path.join(bin_dir, "kolo-train")
+    name = cluster.new_name() if sweep.launcher.kind == "cluster" else None
+    shapes = cluster.plan(sweep.points) if name else [None] * len(sweep.points)
+    current = None
+    for point, shape in zip(sweep.points, shapes, strict=True):
+        profile = sweepfile.profile_path(point, ROOT) if "profile" in point else None
+        json_path = os.path.join(out_dir, "points", point["point_id"], "record.json")
+        argv = command(
+            point,
+            sweep.launcher,
+            program,
+            os.path.join(bin_dir, "kolo-run"),
+            json_path,
+            sweep.timeout_s,
+            profile,
+            cluster_name=name,
+            cluster_script=cluster.SCRIPT,
+        )
+        print(f"{point['point_id']}  {sweepfile.describe(point)}")
+        if shape is not None and shape != current:
+            if current is not None:
+                print(f"    {cluster.SCRIPT} down --name {name}")
+            print(f"    {' '.join(shape.up_argv(name))}")
+            current = shape
+        print(f"    {' '.join(argv)}")
+    if current is not None:
+        print(f"{cluster.SCRIPT} down --name {name}")
 
 
 def _report(out_dir: str) -> int:

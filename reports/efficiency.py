@@ -227,4 +227,6 @@ SHORT = {
     "batch_size": "batch",
     "ps_servers": "servers",
     "ps_placement": "placement",
+    "ranks_per_host": "ranks/host",
+    "link_represented": "stands for",
 }

@@ -28,8 +28,14 @@ LOOPBACK_MPIRUN_ARGS = (
     "--bind-to",
     "none",
 )
+# mpirun flags for ranks on an emulated cluster (scripts/cluster mpirun adds its own for the
+# cluster's subnet): no binding, since every emulated host's daemon would bind its ranks to the
+# same first cores of this machine.
+CLUSTER_MPIRUN_ARGS = ("--bind-to", "none")
 # Every process of a point inherits this variable with the point's own token, so that processes
-# which left the process group (or were orphaned) are still found and stopped.
+# which left the process group (or were orphaned) are still found and stopped. (On an emulated
+# cluster mpirun passes it on to the ranks with -x; the other hosts' daemons start with a clean
+# environment, and the cluster's own namespaces tell them apart.)
 TOKEN_VAR = "KOLOSWEEP_POINT"
 TERM_GRACE_S = 5.0
 REAP_BOUND_S = 10.0
@@ -43,8 +49,11 @@ def command(
     json_path: str,
     timeout_s: float,
     profile: str | None,
+    cluster_name: str | None = None,
+    cluster_script: str | None = None,
 ) -> list[str]:
-    """The argv that runs `point`: mpirun or kolo-run around `program` (kolo-train)."""
+    """The argv that runs `point`: mpirun, kolo-run, or scripts/cluster mpirun on the emulated
+    cluster `cluster_name` (kind "cluster"), around `program` (kolo-train)."""
     args = settings.trainer_args(point)
     if profile is not None:
         i = args.index("--profile")
@@ -53,6 +62,15 @@ def command(
     np_ = str(settings.process_count(point))
     if launcher.kind == "local":
         return [kolo_run, "-np", np_, "--timeout-s", str(int(timeout_s) + 1), "--", *train]
+    if launcher.kind == "cluster":
+        if cluster_name is None or cluster_script is None:
+            raise ValueError('kind "cluster" needs the cluster\'s name and scripts/cluster')
+        argv = [cluster_script, "mpirun", "--name", cluster_name]
+        argv += ["--ranks-per-host", str(point.get("ranks_per_host", 1)), "--", "-np", np_]
+        argv += [*CLUSTER_MPIRUN_ARGS, "-x", TOKEN_VAR]
+        for name, value in launcher.env.items():
+            argv += ["-x", f"{name}={value}"]
+        return argv + launcher.args + train
     argv = [launcher.mpirun, "-np", np_]
     if launcher.is_local():
         argv += list(LOOPBACK_MPIRUN_ARGS)

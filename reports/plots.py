@@ -63,9 +63,33 @@ def _models(points: list[Point]) -> list[str]:
     return list(dict.fromkeys(p.config.get("model", "") for p in points))
 
 
+def network_note(points: list[Point]) -> str:
+    """What network the points ran over, in words, when they all share one: loopback on one host,
+    or an emulated one with its links and the links its time dilation stands for. Empty when the
+    points differ (the legends then name it) or say nothing."""
+    kinds = {tuple(p.config.get(c, "") for c in ("network", "link", "dilation")) for p in points}
+    if len(kinds) != 1:
+        return ""
+    network, link, dilation = kinds.pop()
+    if network == "emulated" and link:
+        text = f"emulated network: {link} links"
+        if dilation not in ("", "1"):
+            represented = points[0].config.get("link_represented", "")
+            text += f", time dilation {dilation} (stands for {represented} links)"
+        return text
+    if network == "loopback":
+        return "network: loopback on one host (the ranks share its cores)"
+    return ""
+
+
 def _replay_note(fig: Figure, points: list[Point]) -> None:
+    parts = []
     if any(p.replay for p in points):
-        note = textwrap.fill("REPLAY: " + REPLAY_NOTE, width=int(fig.get_figwidth() * 11))
+        parts.append("REPLAY: " + REPLAY_NOTE)
+    if parts and (net := network_note(points)):
+        parts.append(net)
+    if parts:
+        note = textwrap.fill(". ".join(parts), width=int(fig.get_figwidth() * 11))
         fig.supxlabel(note, fontsize=9, color="#b00020", fontweight="bold")
 
 

@@ -64,11 +64,27 @@ def build(out_dir: str) -> str:
         plots.save(fig, os.path.join(plot_dir, stem))
         figures.append((stem, caption))
     sweep_name = _sweep_name(out_dir)
-    page = render(rows, points, figures, sweep_name)
+    page = render(rows, points, figures, sweep_name, _fallback_note(out_dir))
     path = os.path.join(report_dir, "index.html")
     with open(path, "w") as f:
         f.write(page)
     return path
+
+
+# Written by the sweep when a sweep meant for an emulated network ran over loopback instead
+# (reports.runner.FALLBACK_NOTE).
+FALLBACK_NOTE = "network.txt"
+# The figures that compare backends across rank counts: the fallback note goes under them too.
+COMPARISONS = ("ring-vs-ps", "backends", "scaling", "efficiency")
+
+
+def _fallback_note(out_dir: str) -> str | None:
+    path = os.path.join(out_dir, FALLBACK_NOTE)
+    try:
+        with open(path) as f:
+            return " ".join(f.read().split()) or None
+    except OSError:
+        return None
 
 
 def _sweep_name(out_dir: str) -> str:
@@ -84,8 +100,15 @@ def _sweep_name(out_dir: str) -> str:
     return os.path.basename(os.path.abspath(out_dir))
 
 
-def render(rows: list[dict], points: list[Point], figures: list[tuple[str, str]], name: str) -> str:
-    """The HTML page (a pure function of its inputs)."""
+def render(
+    rows: list[dict],
+    points: list[Point],
+    figures: list[tuple[str, str]],
+    name: str,
+    fallback_note: str | None = None,
+) -> str:
+    """The HTML page (a pure function of its inputs). `fallback_note`: why a sweep meant for an
+    emulated network ran over loopback, said above the plots and under the comparisons."""
     e = html.escape
     ok = sum(r["status"] == "ok" for r in rows)
     failed = len(rows) - ok
@@ -105,6 +128,17 @@ def render(rows: list[dict], points: list[Point], figures: list[tuple[str, str]]
             "<p class='banner'>Rows marked <span class='replay'>replay</span> ran with "
             f"{e(plots.REPLAY_NOTE)}. They measure communication at the recorded compute pace.</p>"
         )
+    dilated = sorted({r["dilation"] for r in rows if r.get("dilation") not in ("", "1")}, key=float)
+    if dilated:
+        parts.append(
+            f"<p class='banner'>Time dilation {e(', '.join(dilated))}: every replayed layer time "
+            "was slept that many times over, on emulated links that many times slower than the "
+            "links they stand for (column link_represented), so compute and network keep their "
+            "true ratio. Every time and images/sec shown is the measured one divided by the "
+            "dilation: the pace the run stands for. The host's own work (the engine's copies, "
+            "sums and negotiation) is divided too, so it stands for a host that many times "
+            "faster.</p>"
+        )
     if points and not any(p.is_baseline and p.total is not None for p in points):
         parts.append(
             "<p class='banner'>No single-rank run without distribution (backend none) succeeded in "
@@ -112,11 +146,18 @@ def render(rows: list[dict], points: list[Point], figures: list[tuple[str, str]]
             "vs each configuration's own smallest rank count.</p>"
         )
     parts.append("<h2>Plots</h2>")
+    if fallback_note:
+        parts.append(f"<p class='banner'>Not on an emulated network: {e(fallback_note)}.</p>")
     if not figures:
         parts.append("<p>No plot: the data has a single rank count and no knob that varies.</p>")
     stems = [stem for stem, _ in figures]
     side = [f for f in figures if f[0] in SIDE_BY_SIDE] if all(s in stems for s in SIDE_BY_SIDE) else []
     why = _time_section(points)  # the sentences go right under the breakdown figure
+    if fallback_note:
+        figures = [
+            (stem, caption + (". Over loopback on one host, not a network" if stem in COMPARISONS else ""))
+            for stem, caption in figures
+        ]
     for stem, caption in figures:
         if side and stem in SIDE_BY_SIDE:
             if stem == side[0][0]:  # the pair, where the first of them would be
@@ -144,6 +185,9 @@ def _figure(stem: str, caption: str) -> str:
 def _environment(rows: list[dict]) -> str:
     e = html.escape
     items = []
+    networks = Counter(_network_words(r) for r in rows)
+    if networks:
+        items.append("<li>network: " + "; ".join(e(v) for v in networks) + "</li>")
     for column, title in (
         ("kolo_commit", "kolo commit"),
         ("hosts", "hosts"),
@@ -155,6 +199,23 @@ def _environment(rows: list[dict]) -> str:
         if values:
             items.append(f"<li>{title}: " + ", ".join(e(v) for v in values) + "</li>")
     return "<ul>" + "".join(items) + "</ul>" if items else ""
+
+
+def _network_words(row: dict) -> str:
+    """How a row's ranks were connected, in words."""
+    network = row.get("network") or "loopback"
+    if network == "emulated":
+        text = f"emulated (scripts/cluster): {row.get('link', '')} links"
+        if row.get("ranks_per_host"):
+            text += f", {row['ranks_per_host']} rank(s) per host"
+        if row.get("delay_us") not in ("", "0", None):
+            text += f", {row['delay_us']} µs one-way delay"
+        if row.get("dilation") not in ("", "1", None):
+            text += f", dilation {row['dilation']}: stands for {row.get('link_represented', '')} links"
+        return text
+    if network == "loopback":
+        return "loopback on one host"
+    return "the hosts' own network"
 
 
 def _fmt(x: float | None, spec: str) -> str:

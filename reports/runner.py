@@ -5,12 +5,15 @@ Layout of the output folder:
   points/<id>/log.txt    the point's output (launcher and every rank)
   points/<id>/record.json  kolo-train's JSON record
   sweep.toml             a copy of the sweep file that ran last
+  cluster.log            kind "cluster": every scripts/cluster command and its output
+  network.txt            kind "cluster" run over loopback instead ([launcher] fallback): why
   report/                the report (reports.report)
 A point whose id has a row in results.csv is skipped when the sweep runs again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import json
@@ -24,10 +27,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from reports import efficiency, hostload, launch, schema, settings, sweepfile
+from reports import cluster, efficiency, hostload, launch, schema, settings, sweepfile
 from reports.sweepfile import Sweep
 
 RESULTS = "results.csv"
+# Where a cluster sweep says why it ran over loopback instead (the report shows it).
+FALLBACK_NOTE = "network.txt"
 _ERROR_RE = re.compile(r"\b(error|failed|exception|what\(\))", re.IGNORECASE)
 _HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _MPIRUN_NOISE = re.compile(r"^(-{5,}|mpirun (detected|noticed)|Primary job|Prterun|\s*$)")
@@ -139,6 +144,8 @@ def _run_locked(sweep: Sweep, out_dir: str, bin_dir: str, retry_failed: bool, st
     _require_executable(program, "the trainer (kolo-train)")
     if sweep.launcher.kind == "local":
         _require_executable(kolo_run, 'kolo-run ([launcher] kind = "local")')
+    elif sweep.launcher.kind == "cluster":
+        _require_executable(cluster.SCRIPT, 'scripts/cluster ([launcher] kind = "cluster")')
     elif shutil.which(sweep.launcher.mpirun) is None:
         raise FileNotFoundError(f"mpirun not found: {sweep.launcher.mpirun!r} ([launcher] mpirun)")
 
@@ -156,33 +163,21 @@ def _run_locked(sweep: Sweep, out_dir: str, bin_dir: str, retry_failed: bool, st
     if outcome.skipped:
         print(f"sweep {sweep.name}: {outcome.skipped} point(s) already in {csv_path}, skipped", file=stream)
     run_id = new_run_id()
+    session = None
+    shapes: list[cluster.Shape | None] = [None] * len(todo)
+    if sweep.launcher.kind == "cluster" and todo:
+        session = cluster.Session(os.path.join(out_dir, "cluster.log"))
+        shapes = cluster.plan(todo)
+        print(
+            f"sweep {sweep.name}: emulated cluster {session.name} (scripts/cluster; "
+            f"log: {session.log_path}): " + "; ".join(dict.fromkeys(s.describe() for s in shapes)),
+            file=stream,
+        )
     previous = _install_handlers()
     try:
-        for point in todo:
-            progress.say(f"running {sweep.label(point)}")
-            row = _run_point(point, sweep, out_dir, run_id, program, kolo_run)
-            rows = schema.read_rows(csv_path) + [row]
-            row = efficiency.with_efficiency(rows)[-1]
-            # A signal now would leave half a row; hold it until the row is on disk.
-            held = signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
-            try:
-                schema.append_row(csv_path, row)
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, held)
-            outcome.ran += 1
-            seconds = float(row["duration_s"]) if row["duration_s"] else None
-            if row["status"] == "ok":
-                eff = (
-                    f", efficiency {float(row['scaling_efficiency']):.2f}"
-                    if row["scaling_efficiency"]
-                    else ""
-                )
-                result = f"ok {float(row['total_images_per_sec'] or 0):.1f} images/sec{eff}"
-            else:
-                outcome.failed += 1
-                outcome.failures.append(f"{sweep.label(point)}: {row['error']}")
-                result = f"FAILED {row['error']} (log: {os.path.join(out_dir, row['log'])})"
-            progress.finished(seconds, f"{sweep.label(point)} -> {result}")
+        with session or contextlib.nullcontext():
+            run = (out_dir, run_id, program, kolo_run, csv_path)
+            _run_points(sweep, todo, shapes, session, run, progress, outcome)
     finally:
         _restore_handlers(previous)
     # Now that every configuration's smallest rank count may have run, recompute efficiencies.
@@ -192,12 +187,50 @@ def _run_locked(sweep: Sweep, out_dir: str, bin_dir: str, retry_failed: bool, st
     return outcome
 
 
+def _run_points(sweep, todo, shapes, session, run, progress, outcome) -> None:
+    """Runs `todo` in order (each on its cluster shape, kind "cluster"), appending a row per point."""
+    out_dir, run_id, program, kolo_run, csv_path = run
+    for point, shape in zip(todo, shapes, strict=True):
+        progress.say(f"running {sweep.label(point)}")
+        row = _run_point(point, sweep, out_dir, run_id, program, kolo_run, session, shape)
+        rows = schema.read_rows(csv_path) + [row]
+        row = efficiency.with_efficiency(rows)[-1]
+        # A signal now would leave half a row; hold it until the row is on disk.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
+        try:
+            schema.append_row(csv_path, row)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        outcome.ran += 1
+        seconds = float(row["duration_s"]) if row["duration_s"] else None
+        if row["status"] == "ok":
+            eff = f", efficiency {float(row['scaling_efficiency']):.2f}" if row["scaling_efficiency"] else ""
+            result = f"ok {float(row['total_images_per_sec'] or 0):.1f} images/sec{eff}"
+        else:
+            outcome.failed += 1
+            outcome.failures.append(f"{sweep.label(point)}: {row['error']}")
+            result = f"FAILED {row['error']} (log: {os.path.join(out_dir, row['log'])})"
+        progress.finished(seconds, f"{sweep.label(point)} -> {result}")
+        if session is not None and row["status"] != "ok":
+            # A failed point may have left the network in any state: the next starts afresh.
+            session.down()
+
+
 def _require_executable(path: str, what: str) -> None:
     if not (os.path.isfile(path) and os.access(path, os.X_OK)):
         raise FileNotFoundError(f"{what} not found or not executable: {path} (build it, or pass --bin-dir)")
 
 
-def _run_point(point: dict, sweep: Sweep, out_dir: str, run_id: str, program: str, kolo_run: str) -> dict:
+def _run_point(
+    point: dict,
+    sweep: Sweep,
+    out_dir: str,
+    run_id: str,
+    program: str,
+    kolo_run: str,
+    session: cluster.Session | None = None,
+    shape: cluster.Shape | None = None,
+) -> dict:
     pid = point["point_id"]
     pdir = os.path.join(out_dir, "points", pid)
     os.makedirs(pdir, exist_ok=True)
@@ -208,8 +241,38 @@ def _run_point(point: dict, sweep: Sweep, out_dir: str, run_id: str, program: st
             os.unlink(stale)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     profile = sweepfile.profile_path(point, root) if "profile" in point else None
-    argv = launch.command(point, sweep.launcher, program, kolo_run, json_path, sweep.timeout_s, profile)
-    with open(log_path, "w") as log:
+    open(log_path, "w").close()
+    nodes = sweep.launcher.nodes_for(settings.process_count(point))
+    cluster_name = None
+    if session is not None and shape is not None:
+        nodes = point["hosts"]
+        started = time.monotonic()
+        why = session.ensure(shape, log_path)
+        if why is not None:
+            return schema.make_row(
+                point,
+                None,
+                run_id=run_id,
+                status="failed",
+                error=why,
+                nodes=nodes,
+                duration_s=round(time.monotonic() - started, 2),
+                log=os.path.relpath(log_path, out_dir),
+                network=sweep.launcher.network(),
+            ) | {"timestamp": _now()}
+        cluster_name = session.name
+    argv = launch.command(
+        point,
+        sweep.launcher,
+        program,
+        kolo_run,
+        json_path,
+        sweep.timeout_s,
+        profile,
+        cluster_name=cluster_name,
+        cluster_script=cluster.SCRIPT,
+    )
+    with open(log_path, "a") as log:
         log.write("$ " + " ".join(_quote(a) for a in argv) + "\n")
     env = dict(os.environ)
     env.update(sweep.launcher.env)
@@ -229,10 +292,11 @@ def _run_point(point: dict, sweep: Sweep, out_dir: str, run_id: str, program: st
             log.write("sweep: interrupted; every process of this point was stopped\n")
         raise
     leftovers = launch.reap_leftovers(token)
+    if session is not None:
+        leftovers += session.reap_leftovers()
     duration = time.monotonic() - started
     other_cores = load.other_cores()
     rel_log = os.path.relpath(log_path, out_dir)
-    nodes = sweep.launcher.nodes_for(settings.process_count(point))
 
     record, record_error = _read_record(json_path)
     if timed_out:
@@ -263,6 +327,7 @@ def _run_point(point: dict, sweep: Sweep, out_dir: str, run_id: str, program: st
         duration_s=round(duration, 2),
         host_other_cores=None if other_cores is None else round(other_cores, 2),
         log=rel_log,
+        network=sweep.launcher.network(),
     )
     if not row["timestamp"]:
         row["timestamp"] = _now()

@@ -18,10 +18,16 @@ SETTING_COLUMNS = (
     "batch_size",
     "ranks",
     "nodes",
+    "ranks_per_host",
+    "network",
+    "link",
+    "link_represented",
+    "delay_us",
     "backend",
     "transport",
     "compute",
     "profile",
+    "dilation",
     "precision",
     "fusion_threshold_mb",
     "cycle_time_ms",
@@ -79,11 +85,21 @@ BREAKDOWN = (
     "cycle_hold_ms",
 )
 COLUMNS = META + SETTING_COLUMNS + RESULTS
+# How the ranks were connected (the "network" column): every rank on this host over loopback
+# ("loopback"), an emulated network of namespaces and shaped links on this host ("emulated",
+# scripts/cluster), or the network of the hosts mpirun was given ("physical").
+NETWORKS = ("loopback", "emulated", "physical")
+# The columns a results file gained with emulated networks and time dilation, and what they hold
+# for the rows of an earlier file, which never had either.
+NETWORK_COLUMNS = ("ranks_per_host", "network", "link", "link_represented", "delay_us", "dilation")
 NUMERIC = (
     "repeat",
     "batch_size",
     "ranks",
     "nodes",
+    "ranks_per_host",
+    "delay_us",
+    "dilation",
     "fusion_threshold_mb",
     "cycle_time_ms",
     "backward_passes_per_step",
@@ -117,7 +133,7 @@ _RESULT_FIELDS = (
     "kernel_share",
 )
 
-assert set(settings.NAMES) <= set(SETTING_COLUMNS), "every sweep setting needs a CSV column"
+assert {s.csv_column for s in settings.SETTINGS} <= set(SETTING_COLUMNS), "a sweep setting lacks a CSV column"
 
 
 class SchemaError(Exception):
@@ -148,11 +164,15 @@ def make_row(
     duration_s: float | None = None,
     host_other_cores: float | None = None,
     log: str = "",
+    network: str = "loopback",
 ) -> dict:
     """A CSV row for a finished point. Settings come from kolo-train's record where it has them
-    (what actually ran) and from the point otherwise; results only from the record."""
+    (what actually ran) and from the point otherwise; results only from the record. `network` is
+    one of NETWORKS; an emulated one takes its link, delay and ranks per host from the point."""
     if status not in STATUSES:
         raise ValueError(f"status {status!r}; allowed: {STATUSES}")
+    if network not in NETWORKS:
+        raise ValueError(f"network {network!r}; allowed: {NETWORKS}")
     record = record or {}
     rec_settings = record.get("settings") or {}
     results = record.get("results") or {}
@@ -175,6 +195,15 @@ def make_row(
             row[name] = merged.get(name)
     if not row["nodes"]:
         row["nodes"] = rec_settings.get("nodes") or nodes
+    # kolo-train runs undilated unless told: a record or point without it ran at dilation 1.
+    if row["dilation"] in (None, ""):
+        row["dilation"] = 1
+    row["network"] = network
+    if network != "emulated":
+        for name in ("ranks_per_host", "link", "delay_us"):
+            row[name] = None
+    elif row["link"]:
+        row["link_represented"] = settings.represented_link(row["link"], float(row["dilation"]))
     if status == "ok":
         for name in _RESULT_FIELDS:
             row[name] = results.get(name)
@@ -203,15 +232,38 @@ def read_rows(path: str) -> list[dict]:
     for row in reader:
         if None in row or any(v is None for v in row.values()):
             raise SchemaError(f"{path}: line {reader.line_num} has {len(row)} cells, expected {len(header)}")
-        # An earlier kolo's file: the columns it lacks are "not measured".
-        rows.append({c: row.get(c, "") for c in COLUMNS})
+        # An earlier kolo's file: the columns it lacks are "not measured", but for what its rows
+        # must have been (no emulated network, no dilation).
+        full = {c: row.get(c, "") for c in COLUMNS}
+        if header != COLUMNS:
+            full.update(_older_defaults(full, header))
+        rows.append(full)
     return rows
 
 
+def _older_defaults(row: dict, header: tuple[str, ...]) -> dict:
+    """The network columns of a row from a file written before they existed: every rank on one
+    host is loopback, more hosts were mpirun's own (physical); nothing was dilated."""
+    out = {}
+    if "network" not in header:
+        try:
+            nodes = float(row.get("nodes") or 1)
+        except ValueError:
+            nodes = 1
+        out["network"] = "loopback" if nodes <= 1 else "physical"
+    if "dilation" not in header:
+        out["dilation"] = "1"
+    return out
+
+
 # Columns every kolo results file has had; a file with them, in COLUMNS' order and nothing else,
-# was written by an earlier kolo (before the time breakdown, for one) and reads with the missing
-# columns empty.
-_ALWAYS = META + SETTING_COLUMNS + ("total_images_per_sec", "status", "error", "log")
+# was written by an earlier kolo (before the time breakdown or the network columns, for one) and
+# reads with the missing columns empty (the network columns: _older_defaults).
+_ALWAYS = (
+    META
+    + tuple(c for c in SETTING_COLUMNS if c not in NETWORK_COLUMNS)
+    + ("total_images_per_sec", "status", "error", "log")
+)
 
 
 def is_older_header(header: tuple[str, ...]) -> bool:

@@ -7,6 +7,7 @@ and as a CSV column.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,16 +31,27 @@ BASELINE_BACKEND = "none"
 BACKENDS = ("ring", "mpi", "ps", "nccl", BASELINE_BACKEND)
 # What fixes a single rank's compute: points (and CSV rows) equal in these share one baseline.
 # Micro-batches per step count: local aggregation changes how often the optimizer runs per image.
+# So does time dilation: a dilated run is measured against a baseline dilated alike.
 BASELINE_SETTINGS = (
     "model",
     "batch_size",
     "compute",
     "profile",
+    "dilation",
     "precision",
     "backward_passes_per_step",
     "image_size",
     "num_classes",
 )
+# The settings of the emulated network ([launcher] kind = "cluster", scripts/cluster): the
+# launcher consumes them, kolo-train never sees them. "hosts" is the training workers' hosts
+# (ranks = hosts x ranks_per_host); its CSV column is "nodes", the hosts the job spanned.
+CLUSTER_SETTINGS = ("hosts", "ranks_per_host", "link", "delay_us")
+# A link rate as scripts/cluster takes it: a number and kbit, mbit or gbit (per second), from
+# 1mbit to 100gbit.
+RATE_UNITS = {"kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
+RATE_RANGE = (1e6, 100e9)
+_RATE_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(kbit|mbit|gbit)$")
 TRANSPORTS = ("tcp", "rdma")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 PS_PLACEMENTS = ("greedy", "split")
@@ -68,11 +80,22 @@ class Setting:
     maximum: float | None = None
     applies: Callable[[dict], bool] | None = None
     help: str = ""
+    # str settings with a format: a full-match regular expression and its description in words.
+    pattern: re.Pattern | None = None
+    pattern_words: str = ""
+    # The CSV column holding the setting, when it is not the setting's own name.
+    column: str | None = None
+
+    @property
+    def csv_column(self) -> str:
+        return self.column or self.name
 
     def allowed(self) -> str:
         """Says in words what values are allowed."""
         if self.choices:
             return "one of " + ", ".join(f'"{c}"' for c in self.choices)
+        if self.pattern_words:
+            return self.pattern_words
         noun = {"int": "an integer", "float": "a number", "str": "a string"}[self.kind]
         parts = []
         if self.minimum is not None:
@@ -96,6 +119,10 @@ class Setting:
             return f"{value!r} is not allowed; allowed: {self.allowed()}"
         if self.kind == "str" and not self.choices and not value:
             return "an empty string is not allowed; allowed: a non-empty string"
+        if self.pattern is not None and not self.pattern.match(value):
+            return f"{value!r} is not allowed; allowed: {self.allowed()}"
+        if self.name == "link" and not RATE_RANGE[0] <= rate_bits(value) <= RATE_RANGE[1]:
+            return f"{value!r} is out of range; allowed: {self.allowed()}"
         if self.minimum is not None:
             low = value <= self.minimum if self.exclusive_minimum else value < self.minimum
             if low:
@@ -151,6 +178,14 @@ SETTINGS: tuple[Setting, ...] = (
         applies=_is_replay,
         help="replay profile; {model} and {batch_size} are replaced; relative to the repository",
     ),
+    Setting(
+        "dilation",
+        "float",
+        "--dilation",
+        minimum=1,
+        maximum=10000,
+        help="time dilation, replay only: replayed times slept K times over, results at the represented pace",
+    ),
     Setting("backend", "str", "--backend", choices=BACKENDS),
     Setting("transport", "str", "--transport", choices=TRANSPORTS, applies=_uses_transport),
     Setting("precision", "str", "--precision", choices=PRECISIONS),
@@ -161,10 +196,50 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("num_classes", "int", "--num-classes", minimum=1),
     Setting("ps_servers", "int", "--ps-servers", minimum=1, applies=_is_ps),
     Setting("ps_placement", "str", "--ps-placement", choices=PS_PLACEMENTS, applies=_is_ps),
+    Setting(
+        "hosts",
+        "int",
+        None,
+        minimum=1,
+        maximum=16,
+        column="nodes",
+        help="emulated hosts of the training workers (kind = cluster)",
+    ),
+    Setting("ranks_per_host", "int", None, minimum=1, maximum=64, help="workers per emulated host"),
+    Setting(
+        "link",
+        "str",
+        None,
+        pattern=_RATE_RE,
+        pattern_words='a rate like "1gbit", "500mbit" or "2.5gbit" (kbit, mbit or gbit; 1mbit to 100gbit)',
+        help="rate of each emulated host's link (tc tbf, both directions)",
+    ),
+    Setting("delay_us", "int", None, minimum=0, maximum=1000000, help="one-way delay added per link, µs"),
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 NAMES: tuple[str, ...] = tuple(s.name for s in SETTINGS)
+
+
+def rate_bits(rate: str) -> float:
+    """Bits per second of a rate like "1gbit"; 0 when it is not one."""
+    m = _RATE_RE.match(rate or "")
+    return float(m.group(1)) * RATE_UNITS[m.group(2)] if m else 0.0
+
+
+def format_rate(bits: float) -> str:
+    """A rate in tc's words, in the largest unit that keeps it at least 1: 25e9 -> "25gbit"."""
+    for unit, factor in sorted(RATE_UNITS.items(), key=lambda kv: -kv[1]):
+        if bits >= factor:
+            return f"{bits / factor:.6g}{unit}"
+    return f"{bits:.6g}bit"
+
+
+def represented_link(link: str, dilation: float) -> str:
+    """The link an emulated one stands for under time dilation: its rate times the dilation
+    ("1gbit" at dilation 25 -> "25gbit"); empty without a link."""
+    bits = rate_bits(link)
+    return format_rate(bits * dilation) if bits > 0 else ""
 
 
 def normalize(point: dict) -> dict:

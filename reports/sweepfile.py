@@ -20,8 +20,12 @@ from reports import settings
 
 TABLES = ("sweep", "launcher", "fixed", "matrix", "exclude")
 SWEEP_KEYS = ("name", "description", "timeout_s", "repeats")
-LAUNCHER_KEYS = ("kind", "mpirun", "args", "hosts", "hostfile", "env", "program")
-LAUNCHER_KINDS = ("mpirun", "local")
+LAUNCHER_KEYS = ("kind", "mpirun", "args", "hosts", "hostfile", "env", "program", "fallback")
+LAUNCHER_KINDS = ("mpirun", "local", "cluster")
+# kind = "cluster": what may stand in where scripts/cluster check fails.
+FALLBACKS = ("mpirun",)
+# Most hosts scripts/cluster makes (its MAX_HOSTS).
+CLUSTER_MAX_HOSTS = 16
 DEFAULT_TIMEOUT_S = 600.0
 _HOST_RE = re.compile(r"^[A-Za-z0-9_.\-]+(:[1-9][0-9]*)?$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -46,9 +50,15 @@ class Launcher:
     hostfile: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     program: str | None = None  # the trainer; None = <bin dir>/kolo-train
+    # kind = "cluster": "mpirun" to run over loopback on this host where no emulated network can
+    # be made (scripts/cluster check fails), without the network's settings; None to refuse.
+    fallback: str | None = None
 
     def is_local(self) -> bool:
-        """True when every rank runs on this host (then the loopback flags are added)."""
+        """True when every rank runs on this host over loopback (then the loopback flags are
+        added). An emulated cluster's ranks are on this machine but not on loopback."""
+        if self.kind == "cluster":
+            return False
         if self.kind == "local":
             return True
         if self.hostfile:
@@ -61,6 +71,12 @@ class Launcher:
         if self.hostfile:
             return [slots for _, slots in read_hostfile(self.hostfile)]
         return [slots for _, slots in self.hosts]
+
+    def network(self) -> str:
+        """The CSV's network column for the rows of this launcher (schema.NETWORKS)."""
+        if self.kind == "cluster":
+            return "emulated"
+        return "loopback" if self.is_local() else "physical"
 
     def nodes_for(self, processes: int) -> int:
         """Hosts that `processes` ranks occupy when mpirun fills each host's slots in order."""
@@ -153,7 +169,7 @@ def only(sweep: Sweep, filters: list[str]) -> Sweep:
     # The baselines the remaining points need stay (a filter on backend or ranks would drop them).
     keys = {baseline_key(p) for p in points}
     explicit = [p for p in sweep.points if is_baseline(p) and baseline_key(p) in keys]
-    points, added = add_baselines(explicit + points, sweep.repeats)
+    points, added = add_baselines(explicit + points, sweep.repeats, sweep.launcher.kind)
     return replace(sweep, points=points, added=added)
 
 
@@ -169,10 +185,12 @@ def baseline_key(point: dict) -> tuple:
     return tuple(point.get(k) for k in BASELINE_SETTINGS)
 
 
-def add_baselines(points: list[dict], repeats: int) -> tuple[list[dict], list[str]]:
+def add_baselines(points: list[dict], repeats: int, kind: str = "mpirun") -> tuple[list[dict], list[str]]:
     """`points` with, first, a single-rank point without distributed communication (backend
-    "none") for every model, batch, compute, precision and micro-batching among them that has
-    none: scaling efficiency's denominator. Returns the points and one line per baseline added."""
+    "none") for every model, batch, compute, precision, dilation and micro-batching among them
+    that has none: scaling efficiency's denominator. Under kind "cluster" it runs on one emulated
+    host with the link of the point it was made for (it sends nothing over it). Returns the points
+    and one line per baseline added."""
     have = {baseline_key(p) for p in points if is_baseline(p)}
     added: list[dict] = []
     notes: list[str] = []
@@ -183,6 +201,8 @@ def add_baselines(points: list[dict], repeats: int) -> tuple[list[dict], list[st
         have.add(key)
         raw = {k: p[k] for k in (*BASELINE_SETTINGS, "num_warmup_batches", "num_batches") if k in p}
         raw.update(ranks=1, backend="none")
+        if kind == "cluster":
+            raw.update({k: p[k] for k in ("link", "delay_us") if k in p}, hosts=1, ranks_per_host=1)
         base = settings.normalize(raw)
         for r in range(repeats):
             point = dict(base, repeat=r)
@@ -243,13 +263,15 @@ def parse(doc: dict, path: str, root: str) -> Sweep:
     points = expand(fixed, matrix, excludes, repeats)
     if not points:
         problems.append("[[exclude]] leaves no point to run")
+    if launcher.kind == "cluster":
+        points = [_cluster_shape(p, problems) for p in points]
     for point in points:
         _check_point(point, launcher, root, problems)
     if problems:
         raise SweepError(path, _dedupe(problems))
     axes = sorted(matrix, key=lambda k: k != "ranks")
     given = len(points)
-    points, added = add_baselines(points, repeats)
+    points, added = add_baselines(points, repeats, launcher.kind)
     for point in points[: len(points) - given]:  # the added baselines, checked as the others were
         _check_point(point, launcher, root, problems)
     if problems:
@@ -287,6 +309,67 @@ def expand(fixed: dict, matrix: dict, excludes: list[dict], repeats: int) -> lis
             point["point_id"] = point_id(point)
             points.append(point)
     return points
+
+
+def _cluster_shape(point: dict, problems: list[str]) -> dict:
+    """A point of kind "cluster" with its emulated network spelled out: ranks_per_host (default 1),
+    hosts (default ranks / ranks_per_host; given, hosts x ranks_per_host must be ranks) and
+    delay_us (default 0); link must be given. Problems name the keys and values."""
+    label = describe(point)
+    out = dict(point)
+    rph = out.setdefault("ranks_per_host", 1)
+    ranks = out.get("ranks", 0)
+    if "link" not in out:
+        problems.append(
+            f'point {label}: [launcher] kind = "cluster" needs link, the rate of every emulated '
+            'host\'s link (e.g. link = "1gbit" in [fixed] or [matrix])'
+        )
+    if "hosts" in out:
+        if out["hosts"] * rph != ranks:
+            problems.append(
+                f"point {label}: hosts = {out['hosts']} x ranks_per_host = {rph} is "
+                f"{out['hosts'] * rph} workers, but ranks = {ranks}; hosts x ranks_per_host must "
+                "be ranks (leave hosts out to have it worked out)"
+            )
+    elif ranks % rph:
+        problems.append(
+            f"point {label}: ranks = {ranks} is not a multiple of ranks_per_host = {rph}; allowed: "
+            "ranks that fill whole hosts"
+        )
+    else:
+        out["hosts"] = ranks // rph
+    out.setdefault("delay_us", 0)
+    out = dict(settings.normalize(out), repeat=point["repeat"])
+    out["point_id"] = point_id(out)
+    return out
+
+
+def cluster_hosts(point: dict) -> int:
+    """Emulated hosts a cluster point needs: its workers' hosts, then for backend ps the hosts of
+    its servers (ranks_per_host each), which mpirun fills after the workers'."""
+    rph = point.get("ranks_per_host", 1)
+    servers = settings.process_count(point) - point["ranks"]
+    return point.get("hosts", point["ranks"] // rph) + -(-servers // rph)
+
+
+def on_loopback(sweep: Sweep) -> Sweep:
+    """A cluster sweep as [launcher] fallback = "mpirun" runs it where no emulated network can be
+    made: every rank on this host over loopback, without the network's settings (hosts,
+    ranks_per_host, link, delay_us) or time dilation, which without a slowed network would make
+    the communication look faster than it is. Points that become the same are merged."""
+    drop = (*settings.CLUSTER_SETTINGS, "dilation")
+    launcher = replace(sweep.launcher, kind="mpirun", fallback=None)
+    seen: set[str] = set()
+    points = []
+    for p in sweep.points:
+        base = settings.normalize({k: v for k, v in p.items() if k not in drop})
+        point = dict(base, repeat=p["repeat"])
+        point["point_id"] = point_id(point)
+        if point["point_id"] not in seen:
+            seen.add(point["point_id"])
+            points.append(point)
+    axes = [a for a in sweep.axes if a not in drop]
+    return replace(sweep, launcher=launcher, points=points, axes=axes)
 
 
 def fill_profile(point: dict) -> str:
@@ -349,9 +432,19 @@ def _parse_launcher(table: dict, root: str, problems: list[str]) -> Launcher:
             problems.append(f"unknown key {where}; allowed: {_names(LAUNCHER_KEYS)}")
         elif key == "kind":
             if value not in LAUNCHER_KINDS:
-                problems.append(f"{where} = {value!r} is not allowed; allowed: " + '"mpirun", "local"')
+                kinds = ", ".join(f'"{k}"' for k in LAUNCHER_KINDS)
+                problems.append(f"{where} = {value!r} is not allowed; allowed: {kinds}")
             else:
                 launcher.kind = value
+        elif key == "fallback":
+            if value not in FALLBACKS:
+                problems.append(
+                    f"{where} = {value!r} is not allowed; allowed: "
+                    + ", ".join(f'"{k}"' for k in FALLBACKS)
+                    + " (run over loopback where no emulated network can be made)"
+                )
+            else:
+                launcher.fallback = value
         elif key in ("mpirun", "program"):
             if not isinstance(value, str) or not value:
                 problems.append(f"{where} must be a non-empty string (a command or a path)")
@@ -393,6 +486,18 @@ def _parse_launcher(table: dict, root: str, problems: list[str]) -> Launcher:
                     f'[launcher] {key} is not allowed with kind = "local" '
                     '(kolo-run starts every rank on this host); use kind = "mpirun"'
                 )
+    if launcher.kind == "cluster":
+        for key in ("mpirun", "hosts", "hostfile"):
+            if key in table:
+                problems.append(
+                    f'[launcher] {key} is not allowed with kind = "cluster" (scripts/cluster '
+                    "runs mpirun inside its first host over its own hosts; give the network as "
+                    "the settings hosts, ranks_per_host, link and delay_us)"
+                )
+    elif "fallback" in table:
+        problems.append(
+            f'[launcher] fallback is allowed only with kind = "cluster" (kind is "{launcher.kind}")'
+        )
     return launcher
 
 
@@ -500,6 +605,25 @@ def _check_point(point: dict, launcher: Launcher, root: str, problems: list[str]
         )
     if launcher.kind == "local" and point.get("backend") == "mpi":
         problems.append(f'point {label}: backend "mpi" needs mpirun; [launcher] kind = "local" runs kolo-run')
+    dilation = point.get("dilation", 1)
+    if dilation != 1 and point.get("compute") != "replay":
+        problems.append(
+            f"point {label}: dilation = {dilation} stretches replayed layer times; it needs "
+            f'compute = "replay" (compute is {point.get("compute", "left to kolo-train")!r})'
+        )
+    if launcher.kind != "cluster":
+        for key in settings.CLUSTER_SETTINGS:
+            if key in point:
+                problems.append(
+                    f"point {label}: {key} = {point[key]!r} describes an emulated network; it "
+                    f'needs [launcher] kind = "cluster" (kind is "{launcher.kind}")'
+                )
+    elif "hosts" in point and cluster_hosts(point) > CLUSTER_MAX_HOSTS:
+        problems.append(
+            f"point {label}: needs {cluster_hosts(point)} emulated hosts (hosts = {point['hosts']}"
+            + (" and its parameter servers'" if cluster_hosts(point) > point["hosts"] else "")
+            + f"); scripts/cluster makes at most {CLUSTER_MAX_HOSTS}"
+        )
     if launcher.kind == "mpirun" and not launcher.is_local() and "--oversubscribe" not in launcher.args:
         slots = launcher.slots()
         if slots and all(s is not None for s in slots):

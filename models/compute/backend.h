@@ -51,6 +51,12 @@ struct BackendConfig {
   int local_rank = 0;
   // replay: the profile to play (models/compute/replay/profile.h). Others ignore it.
   std::string profile_path;
+  // replay: time dilation, >= 1. Every recorded time (each layer's forward and backward, the
+  // update) is slept `dilation` times over, so that a network slowed by the same factor (an
+  // emulated 1 Gbit/s link with dilation 25 standing for 25 Gbit/s) keeps its true ratio to the
+  // compute. The caller divides what it measures by `dilation` to report the represented pace.
+  // Other backends refuse anything but 1.
+  double dilation = 1;
 };
 
 // torch.optim.SGD semantics: g' = g * grad_scale + weight_decay * w; v = momentum * v + g';
@@ -119,7 +125,8 @@ class ComputeBackend {
   [[nodiscard]] virtual Status Synchronize() = 0;
 
   // Seconds spent inside the backend's kernels (oneDNN primitives, cuDNN/cuBLAS calls as seen by
-  // the host, replay sleeps) since the previous call. Used to report the trainer's own overhead.
+  // the host, replay sleeps: wall-clock, dilated ones included) since the previous call. Used to
+  // report the trainer's own overhead.
   virtual double TakeKernelSeconds() = 0;
 };
 

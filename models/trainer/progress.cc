@@ -20,21 +20,22 @@ const char* kRule = "-----------------------------------------------------------
 }  // namespace
 
 Progress::Progress(std::FILE* out, int warmup_steps, int timed_steps, int display_every,
-                   bool replay)
+                   bool replay, double dilation)
     : out_(out),
       warmup_(warmup_steps),
       timed_(timed_steps),
       every_(display_every),
-      replay_(replay) {
+      replay_(replay),
+      dilation_(dilation) {
   if (out_ == nullptr) return;
   std::fprintf(out_, "%s\t%s\t%s\n", "Step", "Img/sec", "total_loss");
   if (warmup_ > 0) std::fprintf(out_, "Running warm-up: %d steps\n", warmup_);
   std::fflush(out_);
 }
 
-void Progress::Add(int step, double images_per_sec, double seconds, double loss) {
+void Progress::Add(int step, double images_per_sec, double wall_seconds, double loss) {
   if (out_ == nullptr) return;
-  elapsed_ += seconds;
+  elapsed_ += wall_seconds;
   window_.push_back(images_per_sec);
   const bool warm = step < warmup_;
   const int n = warm ? step + 1 : step + 1 - warmup_;  // 1-based within the phase
@@ -63,6 +64,7 @@ void Progress::Add(int step, double images_per_sec, double seconds, double loss)
       "elapsed {} eta {}",
       warm ? "w" : "", n, mean, stddev, jitter, loss_text, Clock(elapsed_), Clock(eta));
   if (replay_) line += "\tcompute=replay";
+  if (dilation_ != 1) line += fmt::format(" dilation={}", dilation_);
   std::fprintf(out_, "%s\n", line.c_str());
   if (warm && n == warmup_) std::fprintf(out_, "Warm-up done\n");
   std::fflush(out_);
@@ -86,6 +88,12 @@ void PrintHeader(std::FILE* out, const RunSettings& s, const Graph& graph, int r
   if (s.compute == "replay") {
     text += "Loss:        not computed (replay sleeps recorded layer times; gradients are zeros)\n";
   }
+  if (s.dilation != 1) {
+    text += fmt::format(
+        "Dilation:    {}: each recorded time is slept {} times over; every time and rate below is "
+        "the measured one / {} (the represented pace; elapsed and eta are wall time)\n",
+        s.dilation, s.dilation, s.dilation);
+  }
   text += fmt::format("Engine:      backend={} transport={} fusion={} MiB cycle={} ms\n", s.backend,
                       s.transport, s.fusion_threshold_mb, s.cycle_time_ms);
   text += fmt::format("SGD:         learning rate {}, momentum {}, weight decay {}\n",
@@ -95,8 +103,11 @@ void PrintHeader(std::FILE* out, const RunSettings& s, const Graph& graph, int r
   std::fflush(out);
 }
 
-void PrintTotal(std::FILE* out, const RunResults& r, bool replay) {
-  const char* tag = replay ? " (compute=replay)" : "";
+void PrintTotal(std::FILE* out, const RunResults& r, bool replay, double dilation) {
+  std::string tag_text = replay ? " (compute=replay" : "";
+  if (replay && dilation != 1) tag_text += fmt::format(", dilation={}", dilation);
+  if (replay) tag_text += ")";
+  const char* tag = tag_text.c_str();
   std::fprintf(out, "%s\n", kRule);
   std::fprintf(out, "total images/sec: %.2f%s\n", r.total_images_per_sec, tag);
   std::fprintf(out, "%s\n", kRule);

@@ -12,7 +12,8 @@
 // Img/sec is this rank's images per second over the window's steps (mean +/- standard deviation
 // of the per-step rates; jitter is the median absolute deviation); the total is the sum of every
 // rank's measured rate. Warm-up steps are numbered w1, w2, ... With compute=replay every line says
-// so and the loss column reads n/a.
+// so and the loss column reads n/a. With time dilation K (--dilation) the rates are at the
+// represented pace (measured / K) and the lines say dilation=K; elapsed and ETA are wall time.
 #pragma once
 
 #include <cstdio>
@@ -27,22 +28,26 @@ namespace kolo::models::trainer {
 class Progress {
  public:
   // `out` nullptr: prints nothing (ranks other than 0).
-  Progress(std::FILE* out, int warmup_steps, int timed_steps, int display_every, bool replay);
+  // `dilation` > 1: the rates given to Add are at the represented pace, and lines say so.
+  Progress(std::FILE* out, int warmup_steps, int timed_steps, int display_every, bool replay,
+           double dilation = 1);
 
   // Records step `step` (0-based over warm-up then timed steps) and prints a line at the end of
-  // each display window and at the last step of each phase.
-  void Add(int step, double images_per_sec, double seconds, double loss);
+  // each display window and at the last step of each phase. `wall_seconds` is the step's wall
+  // time, for the elapsed time and the ETA.
+  void Add(int step, double images_per_sec, double wall_seconds, double loss);
 
  private:
   std::FILE* out_;
   int warmup_, timed_, every_;
   bool replay_;
+  double dilation_;
   double elapsed_ = 0;
   std::vector<double> window_;
 };
 
 void PrintHeader(std::FILE* out, const RunSettings& s, const Graph& graph, int ranks, int nodes,
                  const compute::SgdConfig& sgd);
-void PrintTotal(std::FILE* out, const RunResults& r, bool replay);
+void PrintTotal(std::FILE* out, const RunResults& r, bool replay, double dilation = 1);
 
 }  // namespace kolo::models::trainer

@@ -28,6 +28,7 @@ std::string RunRecordToJson(const RunRecord& r) {
                    {"num_batches", s.num_batches},
                    {"compute", s.compute},
                    {"profile", s.profile},
+                   {"dilation", s.dilation},
                    {"backend", s.backend},
                    {"transport", s.transport},
                    {"hierarchical_allreduce", s.hierarchical_allreduce},

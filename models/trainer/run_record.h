@@ -4,10 +4,9 @@
 //   {"kolo_commit": "<git sha or 'unknown'>", "timestamp": "<ISO 8601 UTC>",
 //    "hosts": ["<hostname>", ...], "cpu_model": "...", "gpu_model": "<name or empty>",
 //    "settings": {"model", "batch_size", "num_warmup_batches", "num_batches", "compute",
-//                 "profile", "backend", "transport", "hierarchical_allreduce", "precision",
-//                 "fusion_threshold_mb",
-//                 "cycle_time_ms", "backward_passes_per_step", "image_size", "num_classes",
-//                 "ranks", "nodes", "ps_servers", "ps_placement"},
+//                 "profile", "dilation", "backend", "transport", "hierarchical_allreduce",
+//                 "precision", "fusion_threshold_mb", "cycle_time_ms", "backward_passes_per_step",
+//                 "image_size", "num_classes", "ranks", "nodes", "ps_servers", "ps_placement"},
 //    "results": {"total_images_per_sec", "images_per_sec_per_rank", "images_per_sec_stddev",
 //                "step_time_ms_median", "exposed_wait_ms_median", <the time breakdown>,
 //                "final_loss", "kernel_share", "engine_stats": {...}},
@@ -17,6 +16,10 @@
 // "step_time_ms_mean", "forward_ms", "backward_ms", "exposed_comm_ms", "update_ms", "comm_ms",
 // "hidden_comm_ms", "negotiation_ms", "comm_bytes_per_step", "comm_gbytes_per_sec",
 // "collectives_per_step", "cycles_per_step", "cycle_hold_ms".
+//
+// With "dilation" K > 1 (replay only) every replayed time was slept K times over; every time and
+// rate in "results" is the measured one divided by K (the pace the run stands for), bytes are as
+// sent, and only "engine_stats" (the engine's raw counters) stay at the wall clock's pace.
 //
 // "ranks" counts training workers; parameter-server ranks are counted in "ps_servers". A failed
 // run carries whatever settings were known and no "results". final_loss is null when the compute
@@ -39,6 +42,7 @@ struct RunSettings {
   int num_batches = 0;
   std::string compute;
   std::string profile;  // replay: the profile played; empty otherwise
+  double dilation = 1;  // replay: time dilation (see the file comment)
   std::string backend;
   std::string transport;
   bool hierarchical_allreduce = false;

@@ -30,7 +30,7 @@ Status Validate(TrainOptions& o, const std::optional<std::string>& precision_fla
   // CLI11's range checks let NaN through (every comparison with it is false).
   for (const auto& [flag, value] :
        {std::pair{"--learning-rate", o.sgd.learning_rate}, std::pair{"--momentum", o.sgd.momentum},
-        std::pair{"--weight-decay", o.sgd.weight_decay}}) {
+        std::pair{"--weight-decay", o.sgd.weight_decay}, std::pair{"--dilation", o.dilation}}) {
     if (!std::isfinite(value)) {
       return InvalidArgument("{} {} is not a number; allowed: a finite number in its range", flag,
                              value);
@@ -45,6 +45,12 @@ Status Validate(TrainOptions& o, const std::optional<std::string>& precision_fla
   }
   const auto computes = compute::AvailableComputeBackends();
   if (o.compute.empty()) o.compute = computes.front();
+  if (o.dilation != 1 && o.compute != "replay") {
+    return InvalidArgument(
+        "--dilation {} stretches replayed layer times; it is allowed only with --compute replay "
+        "(compute is '{}')",
+        o.dilation, o.compute);
+  }
   if (!Contains(computes, o.compute)) {
     return InvalidArgument("--compute '{}' is not available in this build; allowed: {}", o.compute,
                            fmt::join(computes, ", "));
@@ -125,6 +131,12 @@ ParsedFlags ParseTrainFlags(int argc, char** argv) {
   app.add_option("--profile", o.profile, "replay profile to play (--compute replay)");
   app.add_option("--record-profile", o.record_profile,
                  "write each layer's median forward/backward time to this file (rank 0)");
+  app.add_option("--dilation", o.dilation,
+                 "time dilation K >= 1, --compute replay only: every replayed layer time is slept "
+                 "K times over and every reported time and rate is the measured one / K (an "
+                 "emulated 1 Gbit/s network with K = 25 stands for 25 Gbit/s)")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 10000.0));
   app.add_option("--precision", precision,
                  "fp32 | tf32 | fp16 | bf16 (default: fp32; tf32 with cudnn; the profile's with "
                  "replay). fp16 and bf16 (cudnn): mixed precision with float32 master weights "

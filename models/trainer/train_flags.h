@@ -18,6 +18,10 @@ struct TrainOptions {
   std::string compute;         // default: the first of AvailableComputeBackends()
   std::string profile;         // --profile: replay's input
   std::string record_profile;  // --record-profile: written by rank 0 after the timed steps
+  // --dilation K (replay only, K >= 1): every replayed time is slept K times over, and every time
+  // and rate kolo-train reports is the measured one divided by K (the represented pace), so that
+  // a network slowed K times (an emulated 1 Gbit/s link, K = 25) stands for one K times faster.
+  double dilation = 1;
   compute::Precision precision = compute::Precision::kFp32;  // cudnn defaults to tf32
   int backward_passes_per_step = 1;
   int64_t image_size = 0;  // 0: the model's default

@@ -36,6 +36,7 @@ RunSettings SettingsFrom(const TrainOptions& o) {
   s.num_batches = o.num_batches;
   s.compute = o.compute;
   s.profile = o.profile;
+  s.dilation = o.dilation;
   s.backend = o.engine.backend;
   s.transport = o.engine.backend == "none" ? "" : o.engine.transport;
   s.hierarchical_allreduce = o.engine.hierarchical_allreduce;
@@ -101,6 +102,21 @@ CommPerStep CommBetween(const Engine::Stats& a, const Engine::Stats& b, const st
         2.0 * (size - 1) / size * static_cast<double>(b.allreduce_bytes - a.allreduce_bytes) / n;
   }
   return c;
+}
+
+// With time dilation K every replayed time was slept K times over: the step's measured times are
+// divided by K, the pace the run stands for (kernel_seconds too, so that shares stay the same).
+void Represent(StepStats* st, double dilation) {
+  if (dilation == 1) return;
+  st->seconds /= dilation;
+  st->kernel_seconds /= dilation;
+  st->wait_seconds /= dilation;
+  st->forward_seconds /= dilation;
+  st->backward_seconds /= dilation;
+  st->update_seconds /= dilation;
+  for (double& t : st->forward_ms) t /= dilation;
+  for (double& t : st->backward_ms) t /= dilation;
+  st->update_ms /= dilation;
 }
 
 // State of one run, so that every exit path can fill and write the record.
@@ -220,6 +236,7 @@ Status Run::Setup() {
   bc.device = -1;  // local_rank modulo the visible GPUs, as the engine picks
   bc.local_rank = o_.engine.local_rank;
   bc.profile_path = o_.profile;
+  bc.dilation = o_.dilation;
   Status prepared = backend_->Prepare(*graph_, bc);
   // A setting the compute refuses (a batch that cannot fit, a precision it lacks) is a bad flag.
   bad_setting_ = prepared.code() == StatusCode::kInvalidArgument;
@@ -281,7 +298,7 @@ Status Run::Loop(Trainer& trainer, const compute::SgdConfig& sgd) {
     PrintHeader(stdout, record_.settings, *graph_, size(), record_.settings.nodes, sgd);
   }
   Progress progress(rank_ == 0 ? stdout : nullptr, o_.num_warmup_batches, o_.num_batches,
-                    o_.display_every, replay);
+                    o_.display_every, replay, o_.dilation);
   const int total = o_.num_warmup_batches + o_.num_batches;
   if (!o_.record_profile.empty()) {
     fwd_ms_.assign(graph_->layers().size(), {});
@@ -293,6 +310,8 @@ Status Run::Loop(Trainer& trainer, const compute::SgdConfig& sgd) {
     if (step == o_.num_warmup_batches && distributed()) timed_start_ = engine_->stats();
     KOLO_ASSIGN_OR_RETURN(StepStats st, trainer.Step());
     last_loss_ = st.loss;
+    const double wall_s = st.seconds;
+    Represent(&st, o_.dilation);
     if (timed) {
       step_s_.push_back(st.seconds);
       wait_s_.push_back(st.wait_seconds);
@@ -306,7 +325,7 @@ Status Run::Loop(Trainer& trainer, const compute::SgdConfig& sgd) {
       }
       if (!fwd_ms_.empty()) update_ms_.push_back(st.update_ms);
     }
-    progress.Add(step, static_cast<double>(images_per_step) / st.seconds, st.seconds, st.loss);
+    progress.Add(step, static_cast<double>(images_per_step) / st.seconds, wall_s, st.loss);
   }
   // Every collective of the timed steps has completed: Step waits for all of its own.
   if (distributed()) timed_end_ = engine_->stats();
@@ -330,9 +349,13 @@ Status Run::Finish(const Trainer& trainer) {
   }
   const double my_rate = static_cast<double>(images_per_step) * step_s_.size() / seconds;
   const double steps = static_cast<double>(step_s_.size());
-  const CommPerStep comm = distributed() ? CommBetween(timed_start_, timed_end_, o_.engine.backend,
-                                                       size(), static_cast<int>(step_s_.size()))
-                                         : CommPerStep{};
+  CommPerStep comm = distributed() ? CommBetween(timed_start_, timed_end_, o_.engine.backend,
+                                                 size(), static_cast<int>(step_s_.size()))
+                                   : CommPerStep{};
+  // The engine's clock runs at the wall's pace: its times too are reported at the represented one.
+  comm.comm_ms /= o_.dilation;
+  comm.negotiation_ms /= o_.dilation;
+  comm.hold_ms /= o_.dilation;
   const double exposed_ms = 1e3 * wait / steps;
   // Each rank's own measurement, summed: never rank 0's rate times the number of ranks.
   double v[] = {my_rate,
@@ -385,7 +408,7 @@ Status Run::Finish(const Trainer& trainer) {
   res.kernel_share = seconds > 0 ? kernel / seconds : 0;
   if (distributed()) res.engine_stats = engine_->stats();
   record_.results = res;
-  if (rank_ == 0) PrintTotal(stdout, res, o_.compute == "replay");
+  if (rank_ == 0) PrintTotal(stdout, res, o_.compute == "replay", o_.dilation);
   if (rank_ == 0 && !o_.record_profile.empty()) {
     compute::replay::Profile p;
     p.model = graph_->name();

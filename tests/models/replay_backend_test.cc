@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -208,6 +209,62 @@ TEST(ReplayBackendTest, SleepsRecordedTimesAndEmitsTrueSizedZeroGradients) {
   EXPECT_GE(whole_pass, expected + 2 * ms * 1e-3 * 0.999);
   EXPECT_FALSE(b.Forward(n).ok());
   EXPECT_FALSE(b.SetParameter(0, std::vector<float>(1)).ok());
+}
+
+// One pass of every recorded time (forward of each layer, backward of each but the input, every
+// update) through `b`; returns the seconds the backend says it slept.
+double SleepOnePass(ComputeBackend& b, const Graph& g) {
+  const int n = static_cast<int>(g.layers().size());
+  b.TakeKernelSeconds();
+  for (int l = 0; l < n; ++l) EXPECT_TRUE(b.Forward(l).ok());
+  for (int l = n - 1; l > 0; --l) EXPECT_TRUE(b.Backward(l, false).ok());
+  for (int p : g.BackpropOrder()) EXPECT_TRUE(b.Update(p, SgdConfig{}, 1.0).ok());
+  return b.TakeKernelSeconds();
+}
+
+// Time dilation K sleeps every recorded time K times over: a whole pass accumulates K times the
+// profile's total. Not a timing test: the carried oversleep keeps the sum of many sleeps at what
+// was asked plus one wake-up's lateness, so the bounds only tell K from 1 and from K squared.
+TEST(ReplayBackendTest, DilationSleepsEveryRecordedTimeKTimesOver) {
+  const Graph g = TinyCnn();
+  const double ms = 5.0;
+  const Profile profile = ProfileFor(g, 4, ms);
+  TempFile f(ProfileToJson(profile));
+  double total_s = 1e-3 * profile.update_ms;
+  for (const LayerTiming& t : profile.layers) total_s += 1e-3 * t.forward_ms;
+  for (size_t l = 1; l < profile.layers.size(); ++l)
+    total_s += 1e-3 * profile.layers[l].backward_ms;
+  std::vector<float> images(static_cast<size_t>(4 * g.input_shape().size()));
+  std::vector<int32_t> labels(4, 1);
+  for (double k : {1.0, 4.0}) {
+    auto backend = CreateComputeBackend("replay");
+    ASSERT_TRUE(backend.ok());
+    BackendConfig config;
+    config.batch = 4;
+    config.profile_path = f.path();
+    config.dilation = k;
+    ASSERT_TRUE((*backend)->Prepare(g, config).ok());
+    ASSERT_TRUE((*backend)->SetInput(images, labels).ok());
+    const double slept = SleepOnePass(**backend, g);
+    EXPECT_GE(slept, k * total_s * 0.999) << "dilation " << k;
+    EXPECT_LE(slept, k * total_s * 1.5 + 0.25) << "dilation " << k;
+  }
+}
+
+TEST(ReplayBackendTest, DilationBelowOneOrNotANumberIsRefused) {
+  const Graph g = TinyCnn();
+  TempFile f(ProfileToJson(ProfileFor(g, 4, 0.01)));
+  for (double k : {0.5, 0.0, -3.0, std::nan("")}) {
+    auto b = CreateComputeBackend("replay");
+    BackendConfig config;
+    config.batch = 4;
+    config.profile_path = f.path();
+    config.dilation = k;
+    Status s = (*b)->Prepare(g, config);
+    ASSERT_FALSE(s.ok()) << k;
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("allowed: a number >= 1"), std::string::npos) << s.message();
+  }
 }
 
 TEST(ReplayBackendTest, HalfPrecisionProfilesEmitFloatGradientsAsMixedPrecisionDoes) {

@@ -1,9 +1,12 @@
 """End-to-end sweeps of the real kolo-train: two oneDNN points through mpirun, then the report and
-the gate on what they measured; and two replay points through kolo-run, which every build can run
-(no MPI, oneDNN or CUDA). Skipped, saying why, when kolo-train or a part a test needs is not
-built."""
+the gate on what they measured; two replay points through kolo-run, which every build can run
+(no MPI, oneDNN or CUDA); and two replay points on emulated hosts (scripts/cluster), where this
+machine can make them. Skipped, saying why, when kolo-train or a part a test needs is not built
+or scripts/cluster check fails."""
 
 import os
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -163,3 +166,56 @@ backend = ["ring", "ps"]
     # One denominator: whichever is faster is the more efficient.
     faster = float(ring["total_images_per_sec"]) > float(ps["total_images_per_sec"])
     assert faster == (float(ring["scaling_efficiency"]) > float(ps["scaling_efficiency"]))
+
+
+def test_two_emulated_hosts_through_the_cluster(write_sweep, tmp_path):
+    # The real kolo-train on two emulated hosts (network namespaces behind 1 Gbit/s tbf links) at
+    # time dilation 25: the rows say where they ran and what the links stand for, the ring's
+    # bandwidth while communicating stays under the 25 Gbit/s its links stand for, the single
+    # rank keeps the profile's pace, and the cluster is gone at the end.
+    from reports import cluster
+
+    need_mpirun()
+    need_train()
+    need_build(BIN_DIR, "MPI")
+    found = cluster.check()
+    if not found.ok:
+        pytest.skip(f"scripts/cluster check fails here: {found.text}")
+    text = f"""
+[sweep]
+name = "e2e-cluster"
+timeout_s = 300
+[launcher]
+kind = "cluster"
+env = {{ KOLO_PEER_TIMEOUT_SECONDS = "120" }}
+[fixed]
+{REPLAY.replace("num_batches = 3", "num_batches = 2")}
+backend = "ring"
+link = "1gbit"
+dilation = 25
+[matrix]
+ranks = [1, 2]
+"""
+    out, base, rows = run_two_points(write_sweep, tmp_path, text)
+    for r in [base, *rows]:
+        assert (r["network"], r["link"], r["link_represented"], r["dilation"]) == (
+            "emulated",
+            "1gbit",
+            "25gbit",
+            "25",
+        )
+        check_breakdown(r)
+    two = rows[1]
+    assert (two["nodes"], two["hosts"], two["ranks_per_host"]) == ("2", "h0;h1", "1")
+    assert (base["nodes"], base["hosts"]) == ("1", "h0")
+    # 25 Gbit/s is 3.125 GB/s: the ring moves its gradients no faster than the links it stands
+    # for (at the represented pace), and its step is longer than the single rank's.
+    assert 0 < float(two["comm_gbytes_per_sec"]) < 3.125
+    assert float(two["comm_bytes_per_step"]) == pytest.approx(44_549_160 * 4, rel=0.01)
+    assert float(two["step_time_ms_mean"]) > float(base["step_time_ms_mean"])
+    # The single rank at the represented pace: the H100 profile's step (83 ms), not 25 times it.
+    assert 75 < float(base["step_time_ms_mean"]) < 160
+    assert "dilation=25" in (out / two["log"]).read_text()
+    name = re.search(r" up --name (\w+)", (out / "cluster.log").read_text())[1]
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not [ln for ln in listed.splitlines() if ln.startswith(name + "-")], listed

@@ -111,11 +111,13 @@ def test_latest_row_per_point_wins():
     assert [(r["point_id"], r["status"]) for r in schema.latest_per_point(rows)] == [("b", "ok"), ("a", "ok")]
 
 
-# The columns of kolo's results files before the time breakdown and the single-rank baseline.
+# The columns of kolo's results files before the time breakdown, the single-rank baseline and the
+# network columns.
 OLDER = tuple(
     c
     for c in schema.COLUMNS
-    if c not in (*schema.BREAKDOWN, "baseline_images_per_sec", "efficiency_vs_own_base")
+    if c
+    not in (*schema.BREAKDOWN, "baseline_images_per_sec", "efficiency_vs_own_base", *schema.NETWORK_COLUMNS)
 )
 
 
@@ -149,3 +151,49 @@ def test_other_headers_are_still_refused(tmp_path, header):
     path.write_text(",".join(header) + "\n")
     with pytest.raises(schema.SchemaError, match="header is not kolo's results schema"):
         schema.read_rows(str(path))
+
+
+def test_an_earlier_kolos_rows_are_loopback_or_physical_and_undilated(tmp_path):
+    rows = schema.read_rows(str(FIXTURES / "results.csv"))
+    assert "network" not in schema.header_of(str(FIXTURES / "results.csv"))
+    assert {(r["network"], r["dilation"]) for r in rows} == {("loopback", "1")}
+    assert all(r["link"] == r["link_represented"] == r["ranks_per_host"] == "" for r in rows)
+    # A row of an earlier file that spanned two hosts ran on their own network.
+    rows[0]["nodes"] = "2"
+    path = tmp_path / "older.csv"
+    write_older(path, rows)
+    again = schema.read_rows(str(path))
+    assert (again[0]["network"], again[1]["network"]) == ("physical", "loopback")
+
+
+def test_an_emulated_row_says_its_link_and_what_it_stands_for():
+    point = {
+        "model": "vgg16",
+        "ranks": 4,
+        "hosts": 4,
+        "ranks_per_host": 1,
+        "link": "1gbit",
+        "delay_us": 0,
+        "dilation": 25,
+        "point_id": "p",
+        "repeat": 0,
+    }
+    record = dict(RECORD, settings=dict(RECORD["settings"], dilation=25, nodes=4))
+    row = schema.make_row(point, record, run_id="r", status="ok", network="emulated")
+    assert (row["network"], row["link"], row["link_represented"], row["dilation"]) == (
+        "emulated",
+        "1gbit",
+        "25gbit",
+        "25",
+    )
+    assert (row["nodes"], row["ranks_per_host"], row["delay_us"]) == ("4", "1", "0")
+    # Over loopback the network columns stay empty, and an undilated run says 1.
+    plain = schema.make_row({"model": "vgg16", "ranks": 2, "point_id": "q"}, RECORD, run_id="r", status="ok")
+    assert (plain["network"], plain["link"], plain["link_represented"], plain["dilation"]) == (
+        "loopback",
+        "",
+        "",
+        "1",
+    )
+    with pytest.raises(ValueError, match="network 'wifi'"):
+        schema.make_row(point, record, run_id="r", status="ok", network="wifi")

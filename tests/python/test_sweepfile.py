@@ -17,6 +17,20 @@ model = ["resnet101", "vgg16"]
 ranks = [1, 2]
 """
 
+# A good sweep on an emulated network, for the cases below to break.
+CLUSTER = """
+[launcher]
+kind = 'cluster'
+[fixed]
+compute = 'replay'
+profile = 'models/profiles/{model}-h100-b64.json'
+link = '1gbit'
+dilation = 25
+[matrix]
+model = ['vgg16']
+ranks = [1, 2]
+"""
+
 # (sweep file text, a fragment the error must contain)
 BAD = {
     "toml-syntax": ("[matrix\nmodel = 1", "not valid TOML"),
@@ -147,6 +161,64 @@ BAD = {
         "[launcher]\nhosts='node1:4'\n[fixed]\nbackend='ps'\nps_servers=1\n[matrix]\nmodel=['vgg16']\nranks=[4]",
         "needs 5 processes but the hosts give 4 slots",
     ),
+    # The emulated network ([launcher] kind = "cluster") and time dilation.
+    "cluster-setting-without-cluster": (
+        "[fixed]\nhosts=2\n[matrix]\nmodel=['vgg16']\nranks=[2]",
+        'hosts = 2 describes an emulated network; it needs [launcher] kind = "cluster"',
+    ),
+    "link-without-cluster": (
+        "[launcher]\nkind='local'\n[fixed]\nlink='1gbit'\n[matrix]\nmodel=['vgg16']\nranks=[2]",
+        "link = '1gbit' describes an emulated network",
+    ),
+    "link-malformed": (
+        CLUSTER.replace("link = '1gbit'", "link = '1Gbps'"),
+        "[fixed] link: '1Gbps' is not allowed; allowed: a rate like",
+    ),
+    "link-out-of-range": (
+        CLUSTER.replace("link = '1gbit'", "link = '200gbit'"),
+        "[fixed] link: '200gbit' is out of range",
+    ),
+    "link-axis-value": (
+        CLUSTER.replace("link = '1gbit'\n", "").replace("[matrix]", "[matrix]\nlink = ['1gbit', '10 gbit']"),
+        "[matrix] link[1]: '10 gbit' is not allowed",
+    ),
+    "cluster-needs-link": (CLUSTER.replace("link = '1gbit'\n", ""), 'kind = "cluster" needs link'),
+    "hosts-times-ranks-per-host": (
+        CLUSTER.replace("[fixed]", "[fixed]\nhosts = 2\nranks_per_host = 2"),
+        "hosts = 2 x ranks_per_host = 2 is 4 workers, but ranks = 2",
+    ),
+    "ranks-not-whole-hosts": (
+        CLUSTER.replace("[fixed]", "[fixed]\nranks_per_host = 2"),
+        "ranks = 1 is not a multiple of ranks_per_host = 2",
+    ),
+    "too-many-emulated-hosts": (
+        CLUSTER.replace("ranks = [1, 2]", "ranks = [16]").replace("[fixed]", "[fixed]\nbackend = 'ps'"),
+        "needs 17 emulated hosts (hosts = 16 and its parameter servers'); scripts/cluster makes at most 16",
+    ),
+    "dilation-not-replay": (
+        "[fixed]\ncompute='onednn'\ndilation=25\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        "dilation = 25 stretches replayed layer times; it needs compute = \"replay\" (compute is 'onednn')",
+    ),
+    "dilation-below-one": (
+        CLUSTER.replace("dilation = 25", "dilation = 0.5"),
+        "[fixed] dilation: 0.5 is out of range; allowed: a number >= 1",
+    ),
+    "delay-negative": (
+        CLUSTER.replace("[fixed]", "[fixed]\ndelay_us = -1"),
+        "[fixed] delay_us: -1 is out of range",
+    ),
+    "fallback-without-cluster": (
+        "[launcher]\nfallback='mpirun'\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        '[launcher] fallback is allowed only with kind = "cluster"',
+    ),
+    "fallback-value": (
+        CLUSTER.replace("kind = 'cluster'", "kind = 'cluster'\nfallback = 'local'"),
+        "[launcher] fallback = 'local' is not allowed; allowed: \"mpirun\"",
+    ),
+    "cluster-with-mpirun-hosts": (
+        CLUSTER.replace("kind = 'cluster'", "kind = 'cluster'\nhosts = 'h1:2'"),
+        '[launcher] hosts is not allowed with kind = "cluster"',
+    ),
 }
 
 
@@ -249,3 +321,21 @@ def test_only_on_the_command_line(write_sweep, tmp_path):
     bad = run_cli("sweep", path, "--out", str(tmp_path / "out"), "--only", "ranks=3")
     assert bad.returncode == 2 and "ranks has no value 3" in bad.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_cluster_sweep_the_bad_cases_break_is_good(write_sweep):
+    sweep = sweepfile.load(write_sweep(CLUSTER), str(ROOT))
+    assert [(p["ranks"], p["hosts"], p["link"], p["dilation"]) for p in sweep.points] == [
+        (1, 1, "1gbit", 25),  # the single-rank baseline
+        (1, 1, "1gbit", 25),
+        (2, 2, "1gbit", 25),
+    ]
+
+
+def test_a_cluster_sweep_with_a_bad_value_exits_2_naming_it(write_sweep, tmp_path):
+    result = run_cli(
+        "sweep", write_sweep(CLUSTER.replace("link = '1gbit'", "link = 'fast'")), "--out", str(tmp_path / "o")
+    )
+    assert result.returncode == 2
+    assert "[fixed] link: 'fast' is not allowed" in result.stderr
+    assert not (tmp_path / "o").exists()

@@ -100,6 +100,12 @@ Status CudnnBackend::SetTensor4d(cudnnTensorDescriptor_t desc, int64_t n, const 
 
 Status CudnnBackend::Prepare(const Graph& graph, const BackendConfig& config) {
   if (graph_ != nullptr) return FailedPrecondition("cudnn backend: Prepare called twice");
+  if (config.dilation != 1) {
+    return InvalidArgument(
+        "cudnn backend: dilation {} is not allowed; it stretches recorded times, which only "
+        "compute 'replay' plays (allowed here: 1)",
+        config.dilation);
+  }
   if (config.batch <= 0) {
     return InvalidArgument("cudnn backend: batch size {} must be positive", config.batch);
   }

@@ -118,6 +118,12 @@ Status CheckMemory(const Graph& graph, int64_t batch) {
 
 Status OneDnnBackend::Prepare(const Graph& graph, const BackendConfig& config) {
   if (net_) return FailedPrecondition("onednn backend: Prepare was already called");
+  if (config.dilation != 1) {
+    return InvalidArgument(
+        "onednn backend: dilation {} is not allowed; it stretches recorded times, which only "
+        "compute 'replay' plays (allowed here: 1)",
+        config.dilation);
+  }
   if (config.batch <= 0) {
     return InvalidArgument("onednn backend: batch size {} must be positive", config.batch);
   }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <ctime>
 #include <new>
 
@@ -57,6 +58,10 @@ class ReplayBackend final : public ComputeBackend {
     if (config.batch <= 0) {
       return InvalidArgument("replay backend: batch {} must be positive", config.batch);
     }
+    if (!(config.dilation >= 1) || !std::isfinite(config.dilation)) {
+      return InvalidArgument("replay backend: dilation {} is not allowed; allowed: a number >= 1",
+                             config.dilation);
+    }
     if (config.profile_path.empty()) {
       return InvalidArgument(
           "compute 'replay' needs a profile (--profile FILE; record one with --record-profile)");
@@ -65,6 +70,7 @@ class ReplayBackend final : public ComputeBackend {
     KOLO_RETURN_IF_ERROR(CheckProfileMatches(profile_, graph, config.batch,
                                              PrecisionName(config.precision), config.profile_path));
     dtype_ = GradientType(config.precision);
+    dilation_ = config.dilation;
     const auto& params = graph.params();
     try {
       values_.resize(params.size());
@@ -180,9 +186,10 @@ class ReplayBackend final : public ComputeBackend {
     }
     return Status::OK();
   }
+  // Sleeps the recorded `ms`, stretched by the dilation.
   void Sleep(double ms) {
     const auto start = std::chrono::steady_clock::now();
-    PreciseSleep(ms * 1e-3, &carry_s_);
+    PreciseSleep(ms * dilation_ * 1e-3, &carry_s_);
     slept_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
@@ -192,6 +199,7 @@ class ReplayBackend final : public ComputeBackend {
   std::vector<std::vector<float>> values_;
   std::vector<std::vector<float>> grads_;  // raw storage of dtype_ elements
   int64_t total_numel_ = 0;
+  double dilation_ = 1;
   double carry_s_ = 0;
   double slept_s_ = 0;
 };

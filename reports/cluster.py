@@ -1,0 +1,251 @@
+"""The emulated network of a sweep ([launcher] kind = "cluster"), through scripts/cluster: hosts
+that are network namespaces of this machine, each behind a link shaped with tc's tbf.
+
+The runner brings a cluster up for the first point that needs one and keeps it while the next
+points fit it: the same ranks per host, link and delay, and no more hosts than it has. Each
+cluster is sized for the largest point of the sweep with its ranks per host, link and delay, so a
+sweep over rank counts brings one up once; a point with fewer hosts uses the first ones (mpirun
+fills the hosts in order) and the others idle. The cluster is brought down when the network must
+change, at the end of the sweep, when a point fails and on interrupt; a guard process, started
+first, brings it down if the runner itself is killed outright. Nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from reports import sweepfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "scripts", "cluster")
+CHECK_TIMEOUT_S = 60.0
+UP_TIMEOUT_S = 180.0
+DOWN_TIMEOUT_S = 120.0
+# How long the processes a point started in the cluster's hosts may take to end after its
+# launcher exits, before they count as left behind and are killed.
+LEFTOVER_GRACE_S = 3.0
+# The guard: waits for its stdin to close; unless it was told "done" first, the runner ended
+# without bringing the cluster down, so the guard does (argv: the down command).
+_GUARD = (
+    "import subprocess, sys\n"
+    "if sys.stdin.buffer.read() != b'done':\n"
+    "    subprocess.run(sys.argv[1:], stdin=subprocess.DEVNULL, timeout=300)\n"
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """An emulated cluster: hosts, ranks per host, link rate and one-way delay."""
+
+    hosts: int
+    ranks_per_host: int
+    link: str
+    delay_us: int = 0
+
+    def network(self) -> tuple[int, str, int]:
+        """What a point needs the same of: ranks per host, link and delay."""
+        return (self.ranks_per_host, self.link, self.delay_us)
+
+    def fits(self, need: Shape) -> bool:
+        """Whether a point needing `need` can run on this cluster (mpirun fills hosts in order)."""
+        return self.network() == need.network() and self.hosts >= need.hosts
+
+    def up_argv(self, name: str, script: str = SCRIPT) -> list[str]:
+        argv = [script, "up", "--name", name, "--hosts", str(self.hosts)]
+        argv += ["--ranks-per-host", str(self.ranks_per_host), "--link", self.link]
+        if self.delay_us:
+            argv += ["--delay-us", str(self.delay_us)]
+        return argv
+
+    def describe(self) -> str:
+        delay = f", {self.delay_us} µs one-way delay" if self.delay_us else ""
+        return f"{self.hosts} host(s) x {self.ranks_per_host} rank(s), {self.link} links{delay}"
+
+
+def needed(point: dict) -> Shape:
+    """The smallest cluster `point` runs on (sweepfile.cluster_hosts: its workers' hosts and,
+    for backend ps, its servers')."""
+    hosts = sweepfile.cluster_hosts(point)
+    return Shape(hosts, point.get("ranks_per_host", 1), point["link"], point.get("delay_us", 0))
+
+
+def plan(points: list[dict]) -> list[Shape]:
+    """The cluster each point runs on: for its ranks per host, link and delay, as many hosts as
+    the largest point with the same needs, so that one cluster serves them all."""
+    needs = [needed(p) for p in points]
+    most: dict[tuple, int] = {}
+    for n in needs:
+        most[n.network()] = max(most.get(n.network(), 0), n.hosts)
+    return [Shape(most[n.network()], *n.network()) for n in needs]
+
+
+@dataclass
+class Check:
+    ok: bool
+    text: str  # what scripts/cluster check said (why not, when not ok)
+    netem: bool  # whether delays can be emulated (scripts/cluster up --delay-us)
+
+
+def check(script: str = SCRIPT) -> Check:
+    """Whether this machine can host an emulated cluster: `scripts/cluster check`."""
+    if not (os.path.isfile(script) and os.access(script, os.X_OK)):
+        return Check(False, f"{script} is missing or not executable", False)
+    try:
+        done = subprocess.run(
+            [script, "check"],
+            capture_output=True,
+            text=True,
+            timeout=CHECK_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return Check(False, f"{script} check did not answer within {CHECK_TIMEOUT_S:g} s", False)
+    except OSError as e:
+        return Check(False, f"{script} check could not run: {e}", False)
+    text = " ".join((done.stdout + " " + done.stderr).split())
+    return Check(done.returncode == 0, text or f"exit status {done.returncode}", "netem: yes" in text)
+
+
+def new_name() -> str:
+    """A cluster name of its own for one sweep run (scripts/cluster: a lowercase letter, then up
+    to 15 lowercase letters or digits)."""
+    return "sw" + secrets.token_hex(3)
+
+
+def _tail(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else "no output"
+
+
+class Session:
+    """The cluster of one sweep run: `ensure` before each point, `close` at the end (a context
+    manager). Every scripts/cluster command and its output goes to `log_path` and to the point's
+    log."""
+
+    def __init__(self, log_path: str, name: str | None = None, script: str = SCRIPT):
+        self.name = name or new_name()
+        self.script = script
+        self.log_path = log_path
+        self.current: Shape | None = None
+        # An up was started and no down has finished since: something of the cluster may exist.
+        self._may_exist = False
+        self._guard: subprocess.Popen | None = None
+
+    def __enter__(self) -> Session:
+        with open(self.log_path, "ab") as log:
+            self._guard = subprocess.Popen(
+                [sys.executable, "-c", _GUARD, self.script, "down", "--name", self.name],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a Ctrl-C to the runner's group does not reach it
+            )
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _run(self, argv: list[str], timeout: float, point_log: str | None) -> tuple[int, str]:
+        """Runs a scripts/cluster command; returns its exit status and output, both logged."""
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+            )
+            rc, out = done.returncode, (done.stdout + done.stderr)
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            rc, out = 124, out + f"\ntimed out after {timeout:g} s"
+        text = "$ " + " ".join(argv) + "\n" + out + ("" if out.endswith("\n") else "\n")
+        for path in (self.log_path, point_log):
+            if path:
+                with open(path, "a") as f:
+                    f.write(text)
+        return rc, out
+
+    def ensure(self, shape: Shape, point_log: str | None = None) -> str | None:
+        """Makes the cluster `shape` the running one, keeping the running cluster when it is the
+        same shape. Returns None, or why it could not be brought up."""
+        if self.current == shape:
+            if point_log:
+                with open(point_log, "a") as f:
+                    f.write(f"# on cluster {self.name} ({shape.describe()}), up since an earlier point\n")
+            return None
+        self.down(point_log)
+        self._may_exist = True
+        rc, out = self._run(shape.up_argv(self.name, self.script), UP_TIMEOUT_S, point_log)
+        if rc != 0:
+            self.down(point_log)  # whatever a failed or stopped up left
+            return f"scripts/cluster up failed (exit status {rc}): {_tail(out)}"
+        self.current = shape
+        return None
+
+    def down(self, point_log: str | None = None) -> bool:
+        """Brings the running cluster down (scripts/cluster down, which stops its processes);
+        True when nothing of it is left."""
+        if not self._may_exist:
+            return True
+        self.current = None
+        rc, _ = self._run([self.script, "down", "--name", self.name], DOWN_TIMEOUT_S, point_log)
+        if rc == 0:
+            self._may_exist = False
+        return rc == 0
+
+    def close(self) -> None:
+        """Brings the cluster down and releases the guard (which brings it down itself if this
+        does not finish)."""
+        ok = self.down()
+        if self._guard is None:
+            return
+        try:
+            if ok and self._guard.stdin:
+                self._guard.stdin.write(b"done")
+        except BrokenPipeError:
+            pass
+        finally:
+            if self._guard.stdin:
+                with contextlib.suppress(BrokenPipeError):
+                    self._guard.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._guard.wait(timeout=DOWN_TIMEOUT_S + 10)
+            self._guard = None
+
+    def namespace_pids(self) -> set[int]:
+        """Processes running in the cluster's hosts (namespaces NAME-h0..: scripts/cluster's
+        layout) now."""
+        if self.current is None:
+            return set()
+        pids: set[int] = set()
+        for i in range(self.current.hosts):
+            try:
+                done = subprocess.run(
+                    ["ip", "netns", "pids", f"{self.name}-h{i}"],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                    stdin=subprocess.DEVNULL,
+                )
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            pids.update(int(w) for w in done.stdout.split() if w.isdigit())
+        return pids
+
+    def reap_leftovers(self) -> int:
+        """Kills the processes still running in the cluster's hosts once LEFTOVER_GRACE_S has
+        passed (a point's launcher has exited: whatever runs there is its leftover); returns how
+        many."""
+        deadline = time.monotonic() + LEFTOVER_GRACE_S
+        pids = self.namespace_pids()
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.2)
+            pids = self.namespace_pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        return len(pids)

@@ -40,11 +40,11 @@ BASELINE_SETTINGS = (
     "image_size",
     "num_classes",
 )
-TRANSPORTS = ("tcp", "rdma")
+TRANSPORTS = ("auto", "shm", "tcp", "rdma")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 PS_PLACEMENTS = ("greedy", "split")
 
-# Backends whose traffic goes over kolo's own transports (tcp or rdma).
+# Backends whose traffic goes over kolo's own transports (auto, shm, tcp or rdma).
 TRANSPORT_BACKENDS = ("ring", "ps")
 
 

@@ -14,11 +14,11 @@ namespace kolo::bench {
 
 // What one `--backend` name measures.
 enum class BackendKind {
-  kRing,       // kolo Engine, ring backend over kolo's TCP transport
+  kRing,       // kolo Engine, ring backend over kolo's transport (--transport)
   kMpi,        // kolo Engine, MPI backend (MPI_Allreduce on the fusion buffer)
   kMpiDirect,  // peer: plain MPI_Allreduce on a buffer allocated once
   kGloo,       // peer: gloo::AllreduceRing and gloo::AllreduceRingChunked over Gloo's TCP
-  kLink,       // ceiling: collectives::RingExchangeNoReduce on a kolo TCP Device
+  kLink,       // ceiling: collectives::RingExchangeNoReduce on a kolo Device (--transport)
 };
 // "ring", "mpi", "mpi-direct", "gloo", "link".
 const char* BackendKindName(BackendKind kind);
@@ -38,6 +38,11 @@ struct BenchConfig {
   int warmup = 5;  // untimed iterations before them
   // In the order given on the command line, without duplicates.
   std::vector<BackendKind> backends = {BackendKind::kRing};
+  // --transport: kolo's transports the ring and link rows run over, one row of each per transport
+  // (labelled "ring-shm", "link-tcp", ... when there are several; plain "ring", "link" for one).
+  // Empty: the engine's (Options::transport, KOLO_TRANSPORT). Checked against the registry when
+  // the options are configured.
+  std::vector<std::string> transports;
   // Engine settings from flags; unset means the environment's value (or the default).
   std::optional<double> fusion_threshold_mb;  // MiB; 0 disables fusion
   std::optional<double> cycle_time_ms;

@@ -88,6 +88,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
   if (!device.ok())
     return device.status().WithContext(fmt::format("rank {}: connecting to peers", options.rank));
   e.device = std::move(device).value();
+  e.pair_transports = transport::PairTransports(*e.device);
   e.comm.device = e.device.get();
   e.comm.chunk_bytes = static_cast<size_t>(options.ring_chunk_bytes);
   e.comm.timeout = link.timeout;
@@ -351,6 +352,7 @@ std::optional<std::chrono::steady_clock::time_point> Engine::failed_at() const {
 Engine::Stats Engine::stats() const {
   MutexLock lock(impl_->mu);
   Stats s = impl_->stats;
+  s.transport_pairs = impl_->pair_transports;
   impl_->AddParameterServerStats(&s);
   return s;
 }

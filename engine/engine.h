@@ -178,6 +178,9 @@ class Engine {
     // allgather; not what MPI or NCCL move themselves), as of the last cycle.
     int64_t transport_bytes_sent = 0;
     int64_t transport_bytes_received = 0;
+    // Which transports carry this rank's pairs (Options::transport "auto" picks per peer): "shm",
+    // "tcp", "shm+tcp"; "none" for one rank; empty where the engine has no transport of its own.
+    std::string transport_pairs;
   };
   Stats stats() const;
 

@@ -94,6 +94,9 @@ struct Engine::Impl final : execution::Operations {
   // Which host each rank is on, as the ranks agreed before connecting.
   bootstrap::HostLayout hosts;
   std::unique_ptr<transport::Device> device;
+  // Which transports carry this rank's pairs ("shm", "tcp", "shm+tcp"); set before the thread
+  // starts, then only read.
+  std::string pair_transports;
   collectives::Comm comm;
   std::vector<std::unique_ptr<backends::Backend>> backends;  // ordered; the last accepts all
   std::unique_ptr<timeline::Timeline> timeline;

@@ -52,11 +52,11 @@ CLUSTER_SETTINGS = ("hosts", "ranks_per_host", "link", "delay_us")
 RATE_UNITS = {"kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
 RATE_RANGE = (1e6, 100e9)
 _RATE_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(kbit|mbit|gbit)$")
-TRANSPORTS = ("tcp", "rdma")
+TRANSPORTS = ("auto", "shm", "tcp", "rdma")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 PS_PLACEMENTS = ("greedy", "split")
 
-# Backends whose traffic goes over kolo's own transports (tcp or rdma).
+# Backends whose traffic goes over kolo's own transports (auto, shm, tcp or rdma).
 TRANSPORT_BACKENDS = ("ring", "ps")
 
 

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,9 +38,15 @@ class Backend {
  public:
   virtual ~Backend() = default;
   // The row label: "ring", "mpi", "mpi-direct", "gloo-ring", "gloo-ring-chunked", "gloo-allreduce",
-  // "link".
+  // "link"; "ring-shm", "link-tcp", ... when the ring and link rows run over several transports.
   virtual std::string name() const = 0;
   virtual BackendKind kind() const = 0;
+  // The kolo transport the row runs over (Options::transport), or "" for a row that does not use
+  // kolo's transport to move its payload (mpi-direct, gloo, the engine's mpi backend).
+  virtual std::string transport() const { return ""; }
+  // Which transports carried the row's pairs, as transport::PairTransports says ("shm+tcp"), once
+  // bound; "" like transport().
+  virtual std::string pairs() const { return ""; }
   // False for `link`, which moves the bytes without reducing them: its output is not checked.
   virtual bool reduces() const { return true; }
 
@@ -51,10 +58,14 @@ class Backend {
 // What backends are built from. Pointers are owned by the caller and outlive every Backend.
 struct BackendEnv {
   const BenchConfig* config = nullptr;
-  Options options;                      // engine options: environment, then flags
-  bootstrap::Store* store = nullptr;    // the job's rendezvous store (callers prefix their keys)
-  std::string listen_addr;              // IPv4 address this rank's transports bind
-  transport::Device* device = nullptr;  // kolo TCP device (for link); null if not connected
+  Options options;                    // engine options: environment, then flags
+  bootstrap::Store* store = nullptr;  // the job's rendezvous store (callers prefix their keys)
+  std::string listen_addr;            // IPv4 address this rank's transports bind
+  // kolo's transports the ring and link rows run over, in order (at least one).
+  std::vector<std::string> transports;
+  // The benchmark's own device per transport, for the link rows (and control under kolo-run: the
+  // first transport's); absent where none was connected.
+  std::map<std::string, transport::Device*> devices;
   Control* control = nullptr;
   int engine_starts = 0;  // engines started so far (each gets its own key prefix)
 };
@@ -68,7 +79,7 @@ Status CheckBackendAvailable(BackendKind kind, const Options& options);
 // a single rank without mpirun needs it done here). Collective under mpirun.
 Status PrepareBackend(BackendKind kind, const Options& options);
 
-// True if `kind` needs the rendezvous store / the kolo TCP device in BackendEnv.
+// True if `kind` needs the rendezvous store / the benchmark's kolo devices in BackendEnv.
 bool NeedsStore(BackendKind kind);
 bool NeedsDevice(BackendKind kind);
 
@@ -77,6 +88,10 @@ bool NeedsDevice(BackendKind kind);
 // when `device` must be connected before MakeControl.
 bool ControlNeedsDevice(const Options& options);
 StatusOr<std::unique_ptr<Control>> MakeControl(const Options& options, transport::Device* device);
+
+// Open MPI's selection of byte transfer layers (its "btl" parameter, e.g. "self,vader") when
+// this launch runs MPI rows under mpirun; "default" when MPI was left to choose; "" without MPI.
+std::string MpiBtl(const Options& options);
 
 // After a rank-local failure under mpirun: MPI_Abort, so that no rank waits forever in a
 // collective for this one (and this one does not wait in MPI_Finalize for them). Returns if MPI

@@ -44,7 +44,7 @@ StatusOr<std::vector<BackendKind>> ParseBackends(const std::string& list) {
 struct RawFlags {
   std::string minbytes = "8", maxbytes = "256M", stepfactor = "2", dtype = "float32", op = "sum";
   std::string iters = "20", warmup = "5", backend = "ring", check = "1", fusion = "both";
-  std::string fusion_threshold_mb, cycle_time_ms, json, tensors;
+  std::string fusion_threshold_mb, cycle_time_ms, json, tensors, transport;
   bool gloo_all = false;
 };
 
@@ -67,6 +67,21 @@ Status Convert(const RawFlags& raw, BenchConfig* c) {
   c->iters = static_cast<int>(iters);
   c->warmup = static_cast<int>(warmup);
   KOLO_ASSIGN_OR_RETURN(c->backends, ParseBackends(raw.backend));
+  if (!raw.transport.empty()) {
+    std::stringstream in(raw.transport);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+      if (item.empty()) {
+        return InvalidArgument(
+            "--transport '{}' has an empty name: give a comma list of "
+            "transports, e.g. shm,tcp",
+            raw.transport);
+      }
+      if (std::find(c->transports.begin(), c->transports.end(), item) == c->transports.end()) {
+        c->transports.push_back(item);
+      }
+    }
+  }
   KOLO_ASSIGN_OR_RETURN(c->check, ParseBool("--check", raw.check));
   c->gloo_all = raw.gloo_all;
   if (raw.fusion == "on") {
@@ -113,6 +128,12 @@ Status Convert(const RawFlags& raw, BenchConfig* c) {
           "--fusion-threshold-mb={} with --tensors leaves no fusion for the fusion-on rows: "
           "allowed is at least 1 byte (1e-6 MiB), or pass --fusion off",
           *c->fusion_threshold_mb);
+    }
+    if (c->transports.size() > 1) {
+      return InvalidArgument(
+          "--transport '{}' names several transports: with --tensors give one (the step mode "
+          "measures one engine per backend)",
+          raw.transport);
     }
     for (BackendKind k : c->backends) {
       if (!IsEngineBackend(k)) {
@@ -169,6 +190,9 @@ StatusOr<ParsedFlags> ParseBenchFlags(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--backend", raw.backend, std::string("comma list of: ") + kBackendList)
       ->capture_default_str();
+  app.add_option("--transport", raw.transport,
+                 "comma list of kolo transports for the ring and link rows, a row of each per "
+                 "transport: auto, shm, tcp (default: KOLO_TRANSPORT, else auto)");
   app.add_option("--fusion-threshold-mb", raw.fusion_threshold_mb,
                  "engine fusion threshold (MiB; overrides KOLO_FUSION_THRESHOLD_BYTES)");
   app.add_option("--cycle-time-ms", raw.cycle_time_ms,

@@ -14,12 +14,12 @@ namespace kolo::bench {
 
 // What one `--backend` name measures.
 enum class BackendKind {
-  kRing,       // kolo Engine, ring backend over kolo's transport
+  kRing,       // kolo Engine, ring backend over kolo's transport (--transport)
   kRingHier,   // the same with hierarchical allreduce (within hosts, across, within)
   kMpi,        // kolo Engine, MPI backend (MPI_Allreduce on the fusion buffer)
   kMpiDirect,  // peer: plain MPI_Allreduce on a buffer allocated once
   kGloo,       // peer: gloo::AllreduceRing and gloo::AllreduceRingChunked over Gloo's TCP
-  kLink,       // ceiling: collectives::RingExchangeNoReduce on a kolo TCP Device
+  kLink,       // ceiling: collectives::RingExchangeNoReduce on a kolo Device (--transport)
 };
 // "ring", "ring-hier", "mpi", "mpi-direct", "gloo", "link".
 const char* BackendKindName(BackendKind kind);
@@ -39,6 +39,11 @@ struct BenchConfig {
   int warmup = 5;  // untimed iterations before them
   // In the order given on the command line, without duplicates.
   std::vector<BackendKind> backends = {BackendKind::kRing};
+  // --transport: kolo's transports the ring and link rows run over, one row of each per transport
+  // (labelled "ring-shm", "link-tcp", ... when there are several; plain "ring", "link" for one).
+  // Empty: the engine's (Options::transport, KOLO_TRANSPORT). Checked against the registry when
+  // the options are configured.
+  std::vector<std::string> transports;
   // Engine settings from flags; unset means the environment's value (or the default).
   std::optional<double> fusion_threshold_mb;  // MiB; 0 disables fusion
   std::optional<double> cycle_time_ms;

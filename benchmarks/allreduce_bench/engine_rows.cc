@@ -20,13 +20,18 @@ std::chrono::milliseconds WaitTimeout(const Options& o) {
 
 class EngineRow final : public Backend {
  public:
-  EngineRow(BackendKind kind, BackendEnv& env) : kind_(kind), env_(env) {}
+  EngineRow(BackendKind kind, BackendEnv& env, std::string transport, std::string label)
+      : kind_(kind), env_(env), transport_(std::move(transport)), label_(std::move(label)) {}
 
-  std::string name() const override { return BackendKindName(kind_); }
+  std::string name() const override { return label_; }
   BackendKind kind() const override { return kind_; }
+  // The mpi backend moves the payload through MPI; the engine's transport only negotiates.
+  std::string transport() const override { return kind_ == BackendKind::kRing ? transport_ : ""; }
+  std::string pairs() const override { return kind_ == BackendKind::kRing ? pairs_ : ""; }
 
   Status Bind(HostBuffer& buf, size_t count) override {
-    KOLO_ASSIGN_OR_RETURN(started_, StartEngine(env_, kind_));
+    KOLO_ASSIGN_OR_RETURN(started_, StartEngine(env_, kind_, std::nullopt, transport_));
+    pairs_ = started_.engine->stats().transport_pairs;
     buf_ = buf.data();
     count_ = count;
     tensor_ = fmt::format("bench/allreduce/{}", count);
@@ -48,6 +53,9 @@ class EngineRow final : public Backend {
  private:
   BackendKind kind_;
   BackendEnv& env_;
+  const std::string transport_;
+  const std::string label_;
+  std::string pairs_;
   StartedEngine started_;
   void* buf_ = nullptr;
   size_t count_ = 0;
@@ -58,25 +66,29 @@ constexpr sched_param kNoPriority{};  // SCHED_BATCH and SCHED_OTHER take priori
 
 class LinkRow final : public Backend {
  public:
-  explicit LinkRow(BackendEnv& env)
+  LinkRow(BackendEnv& env, transport::Device& device, std::string label)
       : env_(env),
+        device_(device),
+        label_(std::move(label)),
         batch_(
             EngineThreadIsBatch(env.options.engine_sched, env.options.local_size, OnlineCpus())) {
     // The calling thread's own policy, restored after each exchange.
     caller_policy_ = ::sched_getscheduler(0);
     if (caller_policy_ < 0 || ::sched_getparam(0, &caller_param_) != 0) batch_ = false;
-    comm_.device = env.device;
+    comm_.device = &device;
     comm_.chunk_bytes = static_cast<size_t>(env.options.ring_chunk_bytes);
     comm_.timeout =
         std::chrono::milliseconds(static_cast<int64_t>(env.options.peer_timeout_s * 1000.0));
   }
 
-  std::string name() const override { return "link"; }
+  std::string name() const override { return label_; }
   BackendKind kind() const override { return BackendKind::kLink; }
   bool reduces() const override { return false; }
+  std::string transport() const override { return device_.name(); }
+  std::string pairs() const override { return transport::PairTransports(device_); }
 
   Status Bind(HostBuffer& buf, size_t count) override {
-    KOLO_ASSIGN_OR_RETURN(region_, env_.device->Register(buf.data(), buf.size()));
+    KOLO_ASSIGN_OR_RETURN(region_, device_.Register(buf.data(), buf.size()));
     count_ = count;
     return Status::OK();
   }
@@ -94,6 +106,8 @@ class LinkRow final : public Backend {
 
  private:
   BackendEnv& env_;
+  transport::Device& device_;
+  const std::string label_;
   bool batch_;
   int caller_policy_ = SCHED_OTHER;
   sched_param caller_param_{};
@@ -105,10 +119,12 @@ class LinkRow final : public Backend {
 }  // namespace
 
 StatusOr<StartedEngine> StartEngine(BackendEnv& env, BackendKind kind,
-                                    std::optional<int64_t> fusion_threshold_bytes) {
+                                    std::optional<int64_t> fusion_threshold_bytes,
+                                    const std::string& transport) {
   Options o = env.options;
   o.backend = kind == BackendKind::kMpi ? "mpi" : "ring";
   o.hierarchical_allreduce = kind == BackendKind::kRingHier;
+  if (!transport.empty()) o.transport = transport;
   if (fusion_threshold_bytes) o.fusion_threshold_bytes = *fusion_threshold_bytes;
   StartedEngine started;
   started.store = std::make_unique<bootstrap::PrefixStore>(
@@ -129,10 +145,14 @@ Status StopEngine(StartedEngine& started) {
   return s;
 }
 
-std::unique_ptr<Backend> MakeEngineRow(BackendKind kind, BackendEnv& env) {
-  return std::make_unique<EngineRow>(kind, env);
+std::unique_ptr<Backend> MakeEngineRow(BackendKind kind, BackendEnv& env,
+                                       const std::string& transport, const std::string& label) {
+  return std::make_unique<EngineRow>(kind, env, transport, label);
 }
 
-std::unique_ptr<Backend> MakeLinkRow(BackendEnv& env) { return std::make_unique<LinkRow>(env); }
+std::unique_ptr<Backend> MakeLinkRow(BackendEnv& env, transport::Device& device,
+                                     const std::string& label) {
+  return std::make_unique<LinkRow>(env, device, label);
+}
 
 }  // namespace kolo::bench

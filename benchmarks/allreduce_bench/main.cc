@@ -7,7 +7,9 @@
 
 #include <climits>
 #include <cstdio>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "benchmarks/allreduce_bench/backend.h"
 #include "benchmarks/allreduce_bench/bench_config.h"
@@ -46,7 +48,13 @@ Status Configure(const BenchConfig& config, Options* options) {
         static_cast<int64_t>(*config.fusion_threshold_mb * 1024.0 * 1024.0);
   }
   if (config.cycle_time_ms) options->cycle_time_ms = *config.cycle_time_ms;
+  // The engines of every row start from the first transport; ring and link rows take their own.
+  if (!config.transports.empty()) options->transport = config.transports.front();
   KOLO_RETURN_IF_ERROR(options->Validate());
+  for (const std::string& t : config.transports) {
+    Status s = transport::CheckTransport(t);
+    if (!s.ok()) return s.WithContext("--transport");
+  }
   KOLO_RETURN_IF_ERROR(transport::CheckTransport(options->transport));
   const int64_t max_count = config.max_bytes / static_cast<int64_t>(DataTypeSize(config.dtype));
   for (BackendKind kind : config.backends) {
@@ -81,20 +89,32 @@ Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
     // Engines started later join through this store; they must present the same secret.
     options.job_secret = rv.secret;
   }
-  std::unique_ptr<bootstrap::PrefixStore> link_store;
-  std::unique_ptr<transport::Device> device;
-  if (need_device) {
-    link_store = std::make_unique<bootstrap::PrefixStore>("bench/link/", *rv.store);
-    auto connected = transport::Connect(options.transport,
-                                        transport::SettingsFrom(options, rv.listen_addr, rv.secret),
-                                        *link_store, options.rank, options.size);
+  const std::vector<std::string> transports =
+      config.transports.empty() ? std::vector<std::string>{options.transport} : config.transports;
+  // The benchmark's own devices: one per transport for the link rows, and the first for control
+  // under kolo-run.
+  bool link = false;
+  for (BackendKind kind : config.backends) link = link || NeedsDevice(kind);
+  std::vector<std::unique_ptr<bootstrap::PrefixStore>> link_stores;
+  std::vector<std::unique_ptr<transport::Device>> devices;
+  std::map<std::string, transport::Device*> device_of;
+  for (size_t i = 0; need_device && i < (link ? transports.size() : 1); ++i) {
+    const std::string& t = transports[i];
+    link_stores.push_back(std::make_unique<bootstrap::PrefixStore>(
+        transports.size() > 1 ? fmt::format("bench/link/{}/", t) : std::string("bench/link/"),
+        *rv.store));
+    auto connected =
+        transport::Connect(t, transport::SettingsFrom(options, rv.listen_addr, rv.secret),
+                           *link_stores.back(), options.rank, options.size);
     if (!connected.ok()) {
       return connected.status().WithContext(
-          fmt::format("rank {}: connecting the benchmark's device", options.rank));
+          fmt::format("rank {}: connecting the benchmark's {} device", options.rank, t));
     }
-    device = std::move(connected).value();
+    devices.push_back(std::move(connected).value());
+    device_of[t] = devices.back().get();
   }
-  KOLO_ASSIGN_OR_RETURN(std::unique_ptr<Control> control, MakeControl(options, device.get()));
+  transport::Device* control_device = devices.empty() ? nullptr : devices.front().get();
+  KOLO_ASSIGN_OR_RETURN(std::unique_ptr<Control> control, MakeControl(options, control_device));
   for (BackendKind kind : config.backends) KOLO_RETURN_IF_ERROR(PrepareBackend(kind, options));
 
   RunInfo info;
@@ -105,13 +125,16 @@ Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
                   : !options.store_addr.empty() ? "kolo-run"
                                                 : "none";
   info.control = control->name();
+  info.transports = transports;
+  info.mpi_btl = MpiBtl(options);
 
   BackendEnv env;
   env.config = &config;
   env.options = options;
   env.store = rv.store;
   env.listen_addr = rv.listen_addr;
-  env.device = device.get();
+  env.transports = transports;
+  env.devices = device_of;
   env.control = control.get();
 
   std::vector<SweepRow> sweep;

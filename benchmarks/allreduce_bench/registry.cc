@@ -1,5 +1,7 @@
 // The one file that knows which optional peers this build has (KOLO_HAVE_MPI, KOLO_HAVE_GLOO);
 // everything else asks it.
+#include <fmt/format.h>
+
 #include <chrono>
 
 #include "benchmarks/allreduce_bench/backend.h"
@@ -99,6 +101,15 @@ StatusOr<std::unique_ptr<Control>> MakeControl(const Options& options, transport
   return MakeDeviceControl(*device, PeerTimeout(options));
 }
 
+std::string MpiBtl(const Options& options) {
+#if KOLO_HAVE_MPI
+  if (options.launched_by_mpirun) return mpi::BtlSelection();
+#else
+  (void)options;
+#endif
+  return "";
+}
+
 void AbortJobAfterError(const Options& options, int exit_code) {
 #if KOLO_HAVE_MPI
   if (options.launched_by_mpirun && options.size > 1) mpi::AbortWorld(exit_code);
@@ -111,17 +122,33 @@ void AbortJobAfterError(const Options& options, int exit_code) {
 StatusOr<std::vector<std::unique_ptr<Backend>>> MakeBackends(BackendKind kind, BackendEnv& env) {
   KOLO_RETURN_IF_ERROR(CheckBackendAvailable(kind, env.options));
   std::vector<std::unique_ptr<Backend>> rows;
+  // With several transports, a ring and a link row per transport, labelled by it.
+  auto label = [&](const std::string& transport) {
+    return env.transports.size() > 1 ? fmt::format("{}-{}", BackendKindName(kind), transport)
+                                     : std::string(BackendKindName(kind));
+  };
   switch (kind) {
     case BackendKind::kRing:
     case BackendKind::kRingHier:
     case BackendKind::kMpi:
-      if (env.store == nullptr)
+      if (env.store == nullptr || env.transports.empty())
         return Internal("backend {} needs the rendezvous store", BackendKindName(kind));
-      rows.push_back(MakeEngineRow(kind, env));
+      if (kind == BackendKind::kMpi) {
+        rows.push_back(MakeEngineRow(kind, env, env.transports.front(), BackendKindName(kind)));
+        return rows;
+      }
+      for (const std::string& t : env.transports) {
+        rows.push_back(MakeEngineRow(kind, env, t, label(t)));
+      }
       return rows;
     case BackendKind::kLink:
-      if (env.device == nullptr) return Internal("backend link needs a connected device");
-      rows.push_back(MakeLinkRow(env));
+      for (const std::string& t : env.transports) {
+        auto it = env.devices.find(t);
+        if (it == env.devices.end() || it->second == nullptr) {
+          return Internal("backend link needs a connected {} device", t);
+        }
+        rows.push_back(MakeLinkRow(env, *it->second, label(t)));
+      }
       return rows;
     case BackendKind::kMpiDirect: {
 #if KOLO_HAVE_MPI

@@ -38,17 +38,19 @@ nlohmann::json TimeJson(const TimeSummary& t) {
 
 std::vector<RatioRow> ComputeRatios(const std::vector<SweepRow>& rows) {
   struct AtSize {
-    std::optional<double> ring, link, gloo, mpi_direct;
+    std::vector<const SweepRow*> rings;
+    std::map<std::string, double> link;  // by transport
+    std::optional<double> gloo, mpi_direct;
   };
   std::map<int64_t, AtSize> by_size;
   for (const SweepRow& r : rows) {
     AtSize& a = by_size[r.bytes];
     switch (r.kind) {
       case BackendKind::kRing:
-        a.ring = r.busbw_gbs;
+        a.rings.push_back(&r);
         break;
       case BackendKind::kLink:
-        a.link = r.busbw_gbs;
+        a.link[r.transport] = r.busbw_gbs;
         break;
       case BackendKind::kMpiDirect:
         a.mpi_direct = r.busbw_gbs;
@@ -68,12 +70,19 @@ std::vector<RatioRow> ComputeRatios(const std::vector<SweepRow>& rows) {
   };
   std::vector<RatioRow> out;
   for (const auto& [bytes, a] : by_size) {
-    RatioRow r;
-    r.bytes = bytes;
-    r.ring_link = ratio(a.ring, a.link);
-    r.ring_gloo_best = ratio(a.ring, a.gloo);
-    r.ring_mpi_direct = ratio(a.ring, a.mpi_direct);
-    if (r.ring_link || r.ring_gloo_best || r.ring_mpi_direct) out.push_back(r);
+    for (const SweepRow* ring : a.rings) {
+      RatioRow r;
+      r.bytes = bytes;
+      r.ring = ring->backend;
+      r.transport = ring->transport;
+      const auto link = a.link.find(ring->transport);
+      r.ring_link =
+          ratio(ring->busbw_gbs,
+                link == a.link.end() ? std::nullopt : std::optional<double>(link->second));
+      r.ring_gloo_best = ratio(ring->busbw_gbs, a.gloo);
+      r.ring_mpi_direct = ratio(ring->busbw_gbs, a.mpi_direct);
+      if (r.ring_link || r.ring_gloo_best || r.ring_mpi_direct) out.push_back(r);
+    }
   }
   return out;
 }
@@ -110,9 +119,13 @@ std::string FormatHeader(const RunInfo& info) {
   }
   s += fmt::format(
       "# engine: fusion threshold {} bytes, cycle time {} ms, cache {}, ring chunk {} bytes, "
-      "socket buffer {} bytes, listen {}\n",
+      "socket buffer {} bytes, shm ring {} bytes, listen {}\n",
       o.fusion_threshold_bytes, o.cycle_time_ms, o.cache_capacity, o.ring_chunk_bytes,
-      o.socket_buffer_bytes, o.iface.empty() ? "auto" : o.iface);
+      o.socket_buffer_bytes, o.shm_ring_bytes, o.iface.empty() ? "auto" : o.iface);
+  s += fmt::format(
+      "# kolo transport{} of the ring and link rows: {}{}\n", info.transports.size() > 1 ? "s" : "",
+      fmt::join(info.transports, ", "),
+      info.mpi_btl.empty() ? "" : fmt::format("; MPI (mpi, mpi-direct): btl {}", info.mpi_btl));
   s += "# time: median over iterations of the slowest rank's time; busbw = algbw * 2(n-1)/n\n";
   s += "# every row reduces in place; untimed around each iteration: the input is restored, the "
        "ranks pass a barrier before it and another after it\n";
@@ -140,10 +153,10 @@ std::string FormatSweepRows(const std::vector<SweepRow>& rows) {
 std::string FormatRatios(const std::vector<RatioRow>& ratios) {
   if (ratios.empty()) return "# ratios: no size has ring and a peer (link, gloo, mpi-direct)\n";
   std::string s = "#\n# bus bandwidth ratios (ring / peer)\n";
-  s += fmt::format("#{:>12} {:>10} {:>16} {:>16}\n", "size(B)", "ring/link", "ring/gloo(best)",
-                   "ring/mpi-direct");
+  s += fmt::format("#{:>12} {:>10} {:>10} {:>16} {:>16}\n", "size(B)", "ring", "ring/link",
+                   "ring/gloo(best)", "ring/mpi-direct");
   for (const RatioRow& r : ratios) {
-    s += fmt::format(" {:>12} {:>10} {:>16} {:>16}\n", r.bytes, Ratio(r.ring_link),
+    s += fmt::format(" {:>12} {:>10} {:>10} {:>16} {:>16}\n", r.bytes, r.ring, Ratio(r.ring_link),
                      Ratio(r.ring_gloo_best), Ratio(r.ring_mpi_direct));
   }
   return s;
@@ -214,6 +227,9 @@ nlohmann::json ToJson(const RunInfo& info, const std::vector<SweepRow>& sweep,
       {"socket_buffer_bytes", o.socket_buffer_bytes},
       {"peer_timeout_s", o.peer_timeout_s},
       {"iface", o.iface},
+      {"shm_ring_bytes", o.shm_ring_bytes},
+      {"transports", info.transports},
+      {"mpi_btl", info.mpi_btl},
       {"argv", c.argv},
   };
   doc["ranks"] = info.hosts.size();
@@ -228,6 +244,8 @@ nlohmann::json ToJson(const RunInfo& info, const std::vector<SweepRow>& sweep,
                         {"dtype", DataTypeName(r.dtype)},
                         {"backend", r.backend},
                         {"kind", BackendKindName(r.kind)},
+                        {"transport", r.transport},
+                        {"pairs", r.pairs},
                         {"time", TimeJson(r.time)},
                         {"cpu_iters_us", r.cpu_iters_us},
                         {"algbw_gbs", r.algbw_gbs},
@@ -242,6 +260,8 @@ nlohmann::json ToJson(const RunInfo& info, const std::vector<SweepRow>& sweep,
   nlohmann::json rj = nlohmann::json::array();
   for (const RatioRow& r : ratios) {
     rj.push_back({{"bytes", r.bytes},
+                  {"ring", r.ring},
+                  {"transport", r.transport},
                   {"ring_link", OptionalJson(r.ring_link)},
                   {"ring_gloo_best", OptionalJson(r.ring_gloo_best)},
                   {"ring_mpi_direct", OptionalJson(r.ring_mpi_direct)}});

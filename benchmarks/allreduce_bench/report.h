@@ -18,16 +18,21 @@ namespace kolo::bench {
 
 struct RunInfo {
   const BenchConfig* config = nullptr;
-  Options options;                 // the engine settings every engine row starts from
-  std::vector<std::string> hosts;  // host name of each rank, in rank order
-  std::string launcher;            // "mpirun", "kolo-run" or "none" (single rank)
-  std::string control;             // what carried control messages: "mpi", "tcp", "local"
-  std::vector<std::string> rows;   // the row labels measured, in order
+  Options options;                      // the engine settings every engine row starts from
+  std::vector<std::string> hosts;       // host name of each rank, in rank order
+  std::string launcher;                 // "mpirun", "kolo-run" or "none" (single rank)
+  std::string control;                  // what carried control messages: "mpi", "tcp", "local"
+  std::vector<std::string> rows;        // the row labels measured, in order
+  std::vector<std::string> transports;  // kolo's transports of the ring and link rows
+  std::string mpi_btl;  // Open MPI's btl selection under mpirun ("self,vader"), else ""
 };
 
-// Ring's bus bandwidth over each peer's at one size; unset where either is missing.
+// A ring row's bus bandwidth over each peer's at one size (link: the link row of the same
+// transport); unset where either is missing. One per ring row and size.
 struct RatioRow {
   int64_t bytes = 0;
+  std::string ring;  // the ring row's label
+  std::string transport;
   std::optional<double> ring_link;
   std::optional<double> ring_gloo_best;
   std::optional<double> ring_mpi_direct;

@@ -94,6 +94,8 @@ StatusOr<std::vector<SweepRow>> MeasureSize(const BenchConfig& config,
     row.dtype = config.dtype;
     row.backend = backend.name();
     row.kind = backend.kind();
+    row.transport = backend.transport();
+    row.pairs = backend.pairs();
     row.checked = config.check && backend.reduces();
     // One gather per row: this rank's times, then its check result.
     std::vector<double> mine = times[r];
@@ -119,12 +121,13 @@ StatusOr<std::vector<SweepRow>> MeasureSize(const BenchConfig& config,
   return out;
 }
 
-// Among rows of one kind at one size (gloo's two algorithms), marks the fastest.
+// Among rows of one kind at one size (gloo's two algorithms), marks the fastest. Ring and link
+// rows over several transports are not alternatives of one kind: each is its transport's.
 void MarkBest(std::vector<SweepRow>& rows) {
   std::map<BackendKind, int> count;
   for (const SweepRow& r : rows) ++count[r.kind];
   for (auto& [kind, n] : count) {
-    if (n < 2) continue;
+    if (n < 2 || kind == BackendKind::kRing || kind == BackendKind::kLink) continue;
     SweepRow* best = nullptr;
     for (SweepRow& r : rows) {
       if (r.kind == kind && (best == nullptr || r.time.median_us < best->time.median_us)) best = &r;

@@ -33,6 +33,10 @@ struct SweepRow {
   DataType dtype = DataType::kFloat32;
   std::string backend;  // row label
   BackendKind kind = BackendKind::kRing;
+  // Backend::transport() and Backend::pairs(): the kolo transport the row ran over and which
+  // transports carried its pairs ("" for rows that move their payload otherwise).
+  std::string transport;
+  std::string pairs;
   TimeSummary time;
   // CPU time (user and system, every thread) the ranks spent in each timed iteration, summed over
   // the ranks, in order: the work an iteration costs, which other load on the host moves far less

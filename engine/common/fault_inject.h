@@ -4,8 +4,8 @@
 //
 // KOLO_FAULT_INJECT="RANK:SIGNAL:POINT:N" — rank RANK raises SIGNAL (STOP or KILL) on itself the
 // Nth time (N >= 1) it passes POINT:
-//   send  a message of at least 4 KiB posted on the TCP transport (gradient traffic of the ring
-//         and of parameter servers: the rank stops or dies mid-collective);
+//   send  a message of at least 4 KiB posted on kolo's transport, TCP or shared memory (gradient
+//         traffic of the ring and of parameter servers: the rank stops or dies mid-collective);
 //   mpi   a blocking collective of the MPI backend about to be entered (the other ranks are in it).
 // Unset or empty: nothing is injected (FaultPoint costs one relaxed atomic load).
 //

@@ -13,7 +13,7 @@ void EngineFlags::Add(CLI::App& app) {
       ->group(g);
   app.add_option("--transport", transport_,
                  "how bytes move between ranks: auto (shared memory within a host, TCP between "
-                 "hosts) | shm | tcp (KOLO_TRANSPORT, default tcp)")
+                 "hosts) | shm | tcp (KOLO_TRANSPORT, default auto)")
       ->group(g);
   app.add_option("--fusion-threshold-mb", fusion_threshold_mb_,
                  "Tensor Fusion buffer size in MiB; 0 disables fusion (default 64)")

@@ -32,7 +32,7 @@ struct ConnectSettings {
   std::chrono::milliseconds timeout{30000};
   // Options::socket_buffer_bytes (TCP), Options::shm_ring_bytes (shm), Options::busy_poll.
   int64_t socket_buffer_bytes = 2 << 20;
-  int64_t shm_ring_bytes = 4 << 20;
+  int64_t shm_ring_bytes = 1 << 20;
   bool busy_poll = false;
   // Which host each rank is on (bootstrap::ExchangeHostLayout). Unknown (empty): Connect
   // exchanges it through the store first, under this rank's `host_name`.

@@ -82,7 +82,8 @@ std::string RunRecordToJson(const RunRecord& r) {
                                {"allreduce_bytes", e.allreduce_bytes},
                                {"gather_us", e.gather_us},
                                {"transport_bytes_sent", e.transport_bytes_sent},
-                               {"transport_bytes_received", e.transport_bytes_received}};
+                               {"transport_bytes_received", e.transport_bytes_received},
+                               {"transport_pairs", e.transport_pairs}};
     j["results"] = std::move(results);
   }
   j["status"] = r.ok ? "ok" : "failed";

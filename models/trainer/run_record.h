@@ -9,7 +9,7 @@
 //                 "image_size", "num_classes", "ranks", "nodes", "ps_servers", "ps_placement"},
 //    "results": {"total_images_per_sec", "images_per_sec_per_rank", "images_per_sec_stddev",
 //                "step_time_ms_median", "exposed_wait_ms_median", <the time breakdown>,
-//                "final_loss", "kernel_share", "engine_stats": {...}},
+//                "final_loss", "kernel_share", "engine_stats": {..., "transport_pairs"}},
 //    "status": "ok" | "failed", "error": "<message when failed>"}
 //
 // The time breakdown (Breakdown's fields, each a mean per timed step over the steps and the ranks):

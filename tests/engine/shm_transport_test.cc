@@ -206,6 +206,25 @@ TEST(ShmTransport, SetupTimeoutNamesMissingRanks) {
   EXPECT_TRUE(ShmFiles(SegmentPrefix(settings.secret)).empty());
 }
 
+// A name published for a rank that nothing listens under (the rank is gone, or sits in another
+// network namespace behind the same host name) fails the set-up at once, saying what to do.
+TEST(ShmTransport, APublishedSocketNobodyListensOnFailsAtOnce) {
+  bootstrap::InMemoryStore store;
+  ConnectSettings settings = TestSettings(milliseconds(10000));
+  settings.hosts = kolo::testing::Layout(2);
+  const std::string name = fmt::format("@kolo-shm-{}-0-{:016x}", JobId(settings.secret), 12345);
+  ASSERT_TRUE(IsListenerName(name, JobId(settings.secret), 0));
+  ASSERT_TRUE(store.Set("shm/addr/0", std::vector<uint8_t>(name.begin(), name.end())).ok());
+  const auto start = Clock::now();
+  auto dev = Connect("shm", settings, store, 1, 2);
+  ASSERT_FALSE(dev.ok());
+  EXPECT_LT(Clock::now() - start, milliseconds(2000));
+  EXPECT_EQ(dev.status().code(), StatusCode::kUnavailable) << dev.status().ToString();
+  EXPECT_NE(dev.status().message().find("KOLO_HOST_NAME"), std::string::npos)
+      << dev.status().message();
+  EXPECT_NE(dev.status().message().find("rank 0"), std::string::npos) << dev.status().message();
+}
+
 // Raw bytes at the listener and a handshake with the wrong secret are turned away (the
 // connection closed, no segment made); the real rank 1 still gets in.
 TEST(ShmTransport, ImpostorsAndGarbageDuringSetupAreRejected) {

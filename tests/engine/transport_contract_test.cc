@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,6 +33,7 @@ struct Variant {
   const char* transport;
   bool two_hosts;  // ranks [0, n/2) on host "a", the others on host "b"
 };
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.label; }
 
 class TransportContract : public ::testing::TestWithParam<Variant> {
  protected:
@@ -220,15 +222,27 @@ TEST_P(TransportContract, TimeoutNamesThePendingPeerAndIsNotSticky) {
 }
 
 // Rank 0 waits on rank 1, which is alive (it waits for arrivals, sending keepalives) but waits
-// itself; rank 2 is never polled, as a stopped process. The timeout names rank 2 as the silent
-// one, not rank 1, and the keepalives leave the pair intact for the message that follows.
+// itself; rank 2 takes one message from rank 0 and is then never polled again, as a stopped
+// process. The timeout names rank 2 as the silent one (its last sign of life, taking the message,
+// is not mistaken for a recent one), not rank 1, and the keepalives leave the pair intact for the
+// message that follows.
 TEST_P(TransportContract, TimeoutNamesTheSilentPeerNotTheLiveOneWaitedOn) {
   bootstrap::InMemoryStore store;
   Devices d = Connect(3, store, milliseconds(800));  // keepalive every 100 ms
-  uint64_t word = 0, sent = 42;
+  uint64_t word = 0, sent = 42, to_two = 7, at_two = 0;
   auto in = d[0]->Register(&word, 8);
   auto out = d[1]->Register(&sent, 8);
-  ASSERT_TRUE(in.ok() && out.ok());
+  auto o2 = d[0]->Register(&to_two, 8);
+  auto i2 = d[2]->Register(&at_two, 8);
+  ASSERT_TRUE(in.ok() && out.ok() && o2.ok() && i2.ok());
+  {
+    std::vector<Completion> c;
+    ASSERT_TRUE(d[0]->pair(2).Send(**o2, 0, 8, 3).ok());
+    ASSERT_TRUE(WaitFor(*d[0], 1, &c, milliseconds(5000)).ok());
+    ASSERT_TRUE(d[2]->pair(0).Recv(**i2, 0, 8, 3).ok());
+    ASSERT_TRUE(WaitFor(*d[2], 1, &c, milliseconds(5000)).ok());
+    ASSERT_EQ(at_two, 7u);
+  }
   std::atomic<bool> stop{false};
   std::thread alive([&] {
     while (!stop.load()) {

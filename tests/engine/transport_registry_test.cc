@@ -24,7 +24,7 @@ using ::testing::HasSubstr;
 TEST(TransportRegistry, NamesTheTransportsOfThisBuild) {
   EXPECT_THAT(TransportNames(), ElementsAre("auto", "shm", "tcp"));
   for (const char* name : {"auto", "shm", "tcp"}) EXPECT_TRUE(CheckTransport(name).ok()) << name;
-  EXPECT_EQ(Options{}.transport, "tcp");
+  EXPECT_EQ(Options{}.transport, "auto");
 }
 
 TEST(TransportRegistry, UnknownAndAbsentNamesSayWhatIsAllowed) {
@@ -139,7 +139,7 @@ TEST(TransportRegistry, KoloTransportIsReadFromTheEnvironment) {
     ASSERT_TRUE(o.ok()) << o.status().ToString();
     EXPECT_EQ(o->transport, name);
   }
-  EXPECT_EQ(OptionsFromEnvironment({})->transport, "tcp");
+  EXPECT_EQ(OptionsFromEnvironment({})->transport, "auto");
   EXPECT_TRUE(
       UnknownKoloVariables({{"KOLO_TRANSPORT", "tcp"}, {"KOLO_SHM_RING_BYTES", "65536"}}).empty());
 }

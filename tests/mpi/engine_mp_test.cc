@@ -81,6 +81,18 @@ void CheckBroadcastAndAllgather(Engine& engine) {
 TEST(MultiProcess, RingBackend) {
   auto engine = MakeEngine("ring");
   ASSERT_NE(engine, nullptr);
+  // Launched on this one host (tests/CMakeLists.txt): the default transport, auto, connects every
+  // pair over shared memory.
+  auto options = OptionsFromEnvironment();
+  ASSERT_TRUE(options.ok());
+  const std::string pairs = engine->stats().transport_pairs;
+  if (engine->size() == 1) {
+    EXPECT_EQ(pairs, "none");
+  } else if (options->transport == "auto" && options->host_name.empty()) {
+    EXPECT_EQ(pairs, "shm");
+  } else if (options->transport != "auto") {
+    EXPECT_EQ(pairs, options->transport);
+  }
   CheckAllreduce(*engine);
   CheckBroadcastAndAllgather(*engine);
   ASSERT_TRUE(engine->Barrier().ok());

@@ -121,7 +121,7 @@ ranks = [1, 2]
 """
     out, base, rows = run_two_points(write_sweep, tmp_path, text)
     for r in rows:
-        assert r["compute"] == "replay" and r["backend"] == "ring" and r["transport"] == "tcp"
+        assert r["compute"] == "replay" and r["backend"] == "ring" and r["transport"] == "auto"
         assert float(r["total_images_per_sec"]) > 0
         assert "(compute=replay)" in (out / r["log"]).read_text()
     for r in [base, *rows]:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Smoke test of kolo-allreduce-bench: every backend over a tiny size range under kolo-run and
-# mpirun (2 ranks), a ResNet-101 step, flag errors, and the JSON report.
+# mpirun (2 ranks), the ring and link rows over two transports in one run, MPI over shared memory,
+# a ResNet-101 step, flag errors, and the JSON report.
 # $1: the build's bin directory. Exit 77 (skip) if mpirun or the build's MPI is missing, after the
 # kolo-run part.
 set -u -o pipefail
@@ -116,6 +117,10 @@ expect_error bad_size "maxbytes" "$BENCH" -b 1M -e 1K
 expect_error odd_size "is not a whole number of float32 elements" "$BENCH" -b 3 -e 64
 expect_error bad_tensors "allowed are resnet101" "$BENCH" --tensors alexnet
 expect_error zero_threshold "fusion-threshold-mb=0" "$BENCH" --tensors resnet101 --fusion-threshold-mb 0
+expect_error bad_transport "transport 'udp' is unknown; allowed: auto, shm, tcp" \
+  "$BENCH" --transport shm,udp
+expect_error empty_transport "has an empty name" "$BENCH" --transport shm,,tcp
+expect_error steps_transports "names several transports" "$BENCH" --tensors resnet101 --transport shm,tcp
 # With MPI built, the MPI rows need mpirun's launch; without it, they are refused as not built.
 if [[ $HAVE_MPI == 1 ]]; then
   expect_error mpi_under_kolo_run "needs a launch by mpirun" \
@@ -157,6 +162,26 @@ if run kr_int "$KOLO_RUN" -np 2 --timeout-s 280 "$BENCH" "${TINY[@]}" --backend 
   check_sweep kr_int "$WORK/kr_int.json" "${KR_ROWS[@]}"
 else
   fail "kr_int: non-zero exit"
+fi
+# The ring and link rows over two transports in one run: a row of each per transport, and each
+# ring row's ratio against its own transport's link.
+if run kr_transports "$KOLO_RUN" -np 2 --timeout-s 280 "$BENCH" "${TINY[@]}" --backend ring,link \
+    --transport shm,tcp --json "$WORK/kr_transports.json"; then
+  check_table kr_transports ring-shm ring-tcp link-shm link-tcp
+  python3 - "$WORK/kr_transports.json" <<'EOF' || fail "kr_transports: JSON check"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+assert doc["settings"]["transports"] == ["shm", "tcp"], doc["settings"]
+for r in doc["rows"]:
+    t = r["backend"].split("-")[1]
+    assert r["transport"] == t and r["pairs"] == t, r
+    assert r["backend"].startswith("link") or (r["checked"] and r["wrong"] == 0), r
+assert {(x["ring"], x["transport"]) for x in doc["ratios"]} == {("ring-shm", "shm"), ("ring-tcp", "tcp")}
+assert all(x["ring_link"] is not None for x in doc["ratios"]), doc["ratios"]
+print("kr_transports: ok")
+EOF
+else
+  fail "kr_transports: non-zero exit"
 fi
 if run kr_steps "$KOLO_RUN" -np 2 --timeout-s 280 "$BENCH" --tensors resnet101 --iters 2 -w 1 \
     --json "$WORK/kr_steps.json"; then
@@ -200,6 +225,19 @@ else
   fail "mr_steps: non-zero exit"
 fi
 expect_error mr_bad_flag "allowed are sum, avg" mpirun "${MPIRUN_ARGS[@]}" -np 2 "$BENCH" --op max
+# Open MPI over shared memory (vader) against kolo's ring over shared memory and TCP: the record
+# says which BTLs MPI was given.
+SHM_MPIRUN_ARGS=(--oversubscribe --allow-run-as-root --mca btl self,vader --mca oob_tcp_if_include lo
+                 -x MALLOC_MMAP_THRESHOLD_=4294967295)
+if run mr_shm mpirun "${SHM_MPIRUN_ARGS[@]}" -np 2 "$BENCH" "${TINY[@]}" --backend ring,mpi-direct \
+    --transport shm,tcp --json "$WORK/mr_shm.json"; then
+  check_sweep mr_shm "$WORK/mr_shm.json" ring-shm ring-tcp mpi-direct
+  grep -q "btl self,vader" "$WORK/mr_shm.out" || fail "mr_shm: the header does not name the BTLs"
+  python3 -c 'import json, sys; s = json.load(open(sys.argv[1]))["settings"]; assert s["mpi_btl"] == "self,vader", s' \
+    "$WORK/mr_shm.json" || fail "mr_shm: mpi_btl"
+else
+  fail "mr_shm: non-zero exit"
+fi
 
 if [[ $failures -ne 0 ]]; then
   echo "FAILED: $failures check(s)"

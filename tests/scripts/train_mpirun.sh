@@ -51,7 +51,7 @@ for k in ["model", "batch_size", "num_warmup_batches", "num_batches", "compute",
     assert k in s, f"settings lack {k}"
 assert s["model"] == "tiny-cnn" and s["batch_size"] == 4 and s["num_batches"] == 6, s
 assert s["compute"] == "onednn" and s["ranks"] == 2 and s["nodes"] == 1, s
-assert s["backend"] == "ring" and s["transport"] == "tcp" and s["precision"] == "fp32", s
+assert s["backend"] == "ring" and s["transport"] == "auto" and s["precision"] == "fp32", s
 res = r["results"]
 for k in ["total_images_per_sec", "images_per_sec_per_rank", "images_per_sec_stddev",
           "step_time_ms_median", "final_loss", "kernel_share", "engine_stats"]:
@@ -61,6 +61,7 @@ assert abs(res["images_per_sec_per_rank"] * 2 - res["total_images_per_sec"]) < 1
 assert isinstance(res["final_loss"], float) and res["final_loss"] > 0, res
 assert 0 < res["kernel_share"] <= 1.0, res
 assert res["engine_stats"]["tensors"] > 0, res
+assert res["engine_stats"]["transport_pairs"] == "shm", res  # auto: both ranks on this host
 assert len(r["hosts"]) == 2 and r["timestamp"].endswith("Z"), r
 p = json.load(open(sys.argv[2]))
 assert p["format"] == "kolo-replay-profile" and p["model"] == "tiny-cnn", p
@@ -144,7 +145,7 @@ expect_bad() {
 expect_bad "'nosuchnet'" --model nosuchnet
 expect_bad "tiny-cnn" --model nosuchnet
 expect_bad "--compute 'gpu'" --model tiny-cnn --compute gpu
-expect_bad "allowed: tcp" --model tiny-cnn --transport rdma
+expect_bad "allowed: auto, shm, tcp" --model tiny-cnn --transport rdma
 expect_bad "--batch-size" --model tiny-cnn --batch-size 0
 expect_bad "fp32, tf32, fp16, bf16" --model tiny-cnn --precision fp8
 expect_bad "needs --profile" --model tiny-cnn --compute replay

@@ -41,7 +41,7 @@ train() {
     fail "$name: the total line does not say compute=replay"
 }
 
-# --- ring over TCP, 2 ranks.
+# --- ring over the default transport (auto: shared memory between ranks of one host), 2 ranks.
 train ring 2
 python3 - "$work/ring.json" "$((warmup + batches))" <<'EOF'
 import json, sys
@@ -49,9 +49,11 @@ r = json.load(open(sys.argv[1]))
 steps = int(sys.argv[2])
 s, res = r["settings"], r["results"]
 assert r["status"] == "ok", r
-assert (s["compute"], s["backend"], s["transport"], s["ranks"]) == ("replay", "ring", "tcp", 2), s
+assert (s["compute"], s["backend"], s["transport"], s["ranks"]) == ("replay", "ring", "auto", 2), s
 assert res["total_images_per_sec"] > 0, res
 stats = res["engine_stats"]
+# The default transport, auto, carries both ranks of this host over shared memory.
+assert stats["transport_pairs"] == "shm", stats
 # Every step allreduces each of the 314 gradients once, 44,549,160 float32 values in all; most go
 # in fused groups (fused_bytes counts those; a tensor that happens to be agreed alone is not).
 assert stats["tensors"] >= steps * 314 and stats["collectives"] >= steps, stats

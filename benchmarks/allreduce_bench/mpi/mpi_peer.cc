@@ -2,7 +2,10 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
+#include <string>
+#include <vector>
 
 #include "engine/backends/mpi/mpi_types.h"
 #include "engine/bootstrap/mpi/mpi_env.h"
@@ -135,6 +138,30 @@ StatusOr<std::unique_ptr<Backend>> MakeMpiDirect(const BenchConfig& config) {
   auto peer = std::make_unique<MpiDirect>(config);
   KOLO_RETURN_IF_ERROR(peer->Init());
   return std::unique_ptr<Backend>(std::move(peer));
+}
+
+std::string BtlSelection() {
+  // The thread level MPI already runs at: Open MPI records what MPI_T_init_thread asks for as the
+  // process's level.
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  int provided = 0;
+  if (MPI_T_init_thread(level, &provided) != MPI_SUCCESS) return "unknown";
+  std::string value = "unknown";
+  int index = -1;
+  MPI_T_cvar_handle handle = MPI_T_CVAR_HANDLE_NULL;
+  int count = 0;
+  if (MPI_T_cvar_get_index("btl", &index) == MPI_SUCCESS &&
+      MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count) == MPI_SUCCESS) {
+    std::vector<char> text(static_cast<size_t>(std::max(count, 1)) + 1, '\0');
+    if (MPI_T_cvar_read(handle, text.data()) == MPI_SUCCESS) {
+      value = text.data();
+      if (value.empty()) value = "default";
+    }
+    MPI_T_cvar_handle_free(&handle);
+  }
+  MPI_T_finalize();
+  return value;
 }
 
 void AbortWorld(int exit_code) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "benchmarks/allreduce_bench/backend.h"
 #include "benchmarks/allreduce_bench/control.h"
@@ -21,6 +22,11 @@ StatusOr<std::unique_ptr<Control>> MakeMpiControl();
 // types);
 // `--op avg` scales the sum by 1/ranks afterwards, inside the timed call, as a trainer would.
 StatusOr<std::unique_ptr<Backend>> MakeMpiDirect(const BenchConfig& config);
+
+// Open MPI's "btl" control variable, read through the MPI tool interface: the byte transfer
+// layers the job was told to use ("self,vader"), "default" if unset, "unknown" if it cannot be
+// read.
+std::string BtlSelection();
 
 // MPI_Abort on MPI_COMM_WORLD if MPI is initialised and not finalised; otherwise returns.
 void AbortWorld(int exit_code);

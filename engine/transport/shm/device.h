@@ -57,7 +57,7 @@ struct ShmOptions {
   std::chrono::milliseconds timeout{30000};
   // Bytes of each ring (one per direction and pair): a power of two, 64 KiB to 1 GiB. The lower
   // rank's value is the pair's.
-  uint64_t ring_bytes = 4 << 20;
+  uint64_t ring_bytes = 1 << 20;
   // Spin instead of sleeping in epoll. Only for ranks with dedicated cores.
   bool busy_poll = false;
 };

@@ -193,11 +193,17 @@ class MeshBuilder {
     for (;;) {
       KOLO_ASSIGN_OR_RETURN(fd, UnixSocket());
       if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), len) == 0) break;
-      // EAGAIN: the listener's backlog is full; ECONNREFUSED: it went away (then the handshake
-      // below could not succeed either, so retrying until the deadline costs nothing).
       const int err = errno;
-      if (Clock::now() + backoff >= deadline_) {
-        return ErrnoStatus(StatusCode::kUnavailable, fmt::format("connect({})", published), err);
+      // EAGAIN: the listener's backlog is full, worth another try. Anything else (nothing listens
+      // under the name: the peer has gone, or it is in another network namespace) will not mend:
+      // the name was published after the listener was bound.
+      if ((err != EAGAIN && err != EINTR) || Clock::now() + backoff >= deadline_) {
+        return ErrnoStatus(StatusCode::kUnavailable, fmt::format("connect({})", published), err)
+            .WithContext(fmt::format(
+                "rank {} published its shared-memory socket but cannot be reached there (ranks "
+                "that share a host name must share a network namespace and /dev/shm: give each "
+                "host its own KOLO_HOST_NAME, or use --transport tcp)",
+                peer));
       }
       std::this_thread::sleep_for(backoff);
       backoff = std::min(backoff * 2, kRetryMax);

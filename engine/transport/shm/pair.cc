@@ -85,6 +85,7 @@ Status ShmPair::PostRecv(Region& region, size_t offset, size_t capacity, uint64_
 }
 
 Status ShmPair::Progress() {
+  Observe();
   Status s = PushSends();
   if (s.ok()) s = PullRecvs();
   if (s.ok()) s = CheckClosed();
@@ -437,19 +438,25 @@ Status ShmPair::MaybeKeepalive(Clock::time_point now, std::chrono::milliseconds 
   return Status::OK();
 }
 
-Clock::duration ShmPair::SilentFor(Clock::time_point now) {
-  if (closing_ || eof_) return Clock::duration::zero();
+void ShmPair::Observe() {
   const uint64_t head = rx_->head.load(std::memory_order_acquire);
   const uint64_t tail = tx_->tail.load(std::memory_order_acquire);
   if (head != rx_head_seen_ || tail != tx_tail_seen_) {
     rx_head_seen_ = head;
     tx_tail_seen_ = tail;
-    last_rx_ = now;
+    last_rx_ = Clock::now();
   }
+}
+
+Clock::duration ShmPair::SilentFor(Clock::time_point now) const {
+  if (closing_ || eof_) return Clock::duration::zero();
   // A message of the peer's waits for a receive here: the peer waits on us.
+  const uint64_t head = rx_->head.load(std::memory_order_acquire);
   if (recvs_.empty() && !rx_in_message_ && head - rx_pos_ >= kFrameBytes) {
     return Clock::duration::zero();
   }
+  // Not updated from the rings here: a move seen only now may be long past. Progress looks at
+  // them every round of Poll and WaitForArrival.
   return now - last_rx_;
 }
 

@@ -75,7 +75,7 @@ class ShmPair final : public Pair {
   // the peer's silence is the time since anything came from it (a control frame, or either ring
   // moving on its side), zero while a message of its waits here for a receive.
   Status MaybeKeepalive(Clock::time_point now, std::chrono::milliseconds interval);
-  Clock::duration SilentFor(Clock::time_point now);
+  Clock::duration SilentFor(Clock::time_point now) const;
   // "rank P: 2 recv (next tag 0x..., N bytes), 1 send (...)" or "" when nothing is pending.
   std::string DescribePending() const;
 
@@ -104,6 +104,8 @@ class ShmPair final : public Pair {
 
   Status PostRecv(Region& region, size_t offset, size_t capacity, uint64_t tag,
                   const Accumulator& acc);
+  // Notes the peer alive when either ring has moved on its side since last looked at.
+  void Observe();
   Status PushSends();
   Status PullRecvs();
   // Reads the next message's header and matches it to the first posted receive.

@@ -110,7 +110,7 @@ expect_error() {
   grep -q -- "$pattern" "$WORK/$name.out" || fail "$name: message lacks '$pattern'"
 }
 expect_error bad_flag "bogus" "$BENCH" --bogus
-expect_error bad_backend "allowed are a comma list of ring, mpi, mpi-direct, gloo, link" \
+expect_error bad_backend "allowed are a comma list of ring, ring-hier, mpi, mpi-direct, gloo, link" \
   "$BENCH" --backend ring,nccl
 expect_error bad_dtype "float8" "$BENCH" --dtype float8
 expect_error bad_size "maxbytes" "$BENCH" -b 1M -e 1K

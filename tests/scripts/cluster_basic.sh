@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The emulated cluster (scripts/cluster) with 3 hosts at 1 Gbit/s: each host has its own host
-# name and address, every pair pings, the root namespace's network is untouched, tbf shapes each
-# link in both directions (one flow and a 2-to-1 incast each reach about the link's rate, not
-# more), status reports the counters, and down stops a process left in a host (one that ignores
-# SIGTERM) and removes every namespace and the state.
+# name and address, exec passes stdin, stdout and the exit status through, every pair pings, the
+# root namespace's network is untouched, tbf shapes each link in both directions (one flow and a
+# 2-to-1 incast each reach about the link's rate, not more), status reports the counters, and down
+# stops a process left in a host (one that ignores SIGTERM) and removes every namespace and the
+# state.
 # Usage: cluster_basic.sh BIN_DIR (unused). Exit 77 (skip) when scripts/cluster check fails.
 set -euo pipefail
 
@@ -43,6 +44,11 @@ for i in 0 1 2; do
   got=$("$cluster" exec --name "$name" "h$i" getent hosts "h$(((i + 1) % 3))")
   [[ $got == "${addr[h$(((i + 1) % 3))]} "* ]] || fail "h$i resolves h$(((i + 1) % 3)) to '$got'"
 done
+
+# exec passes stdin, stdout and the exit status through.
+rc=0
+got=$(echo "through h1" | "$cluster" exec --name "$name" h1 sh -c 'cat; exit 7') || rc=$?
+[[ $got == "through h1" && $rc == 7 ]] || fail "exec h1: output '$got', status $rc (expected 'through h1', 7)"
 
 for a in 0 1 2; do
   for b in 0 1 2; do
@@ -110,7 +116,7 @@ python3 -c "import json, sys; d = json.load(open(sys.argv[1])); assert d['hosts'
 straggler=$!
 for _ in $(seq 50); do [[ -n $(ip netns pids "$name-h2") ]] && break; sleep 0.1; done
 [[ -n $(ip netns pids "$name-h2") ]] || fail "the process in h2 did not start"
-KOLO_CLUSTER_STOP_GRACE_S=1 timeout 30 "$cluster" down --name "$name" || fail "down exited $?"
+timeout 30 "$cluster" down --name "$name" --grace-s 1 || fail "down exited $?"
 wait "$straggler" 2>/dev/null && fail "the process in h2 ended normally instead of being killed"
 kill -0 "$straggler" 2>/dev/null && fail "the process in h2 is still running after down"
 left=$(cluster_leftovers)

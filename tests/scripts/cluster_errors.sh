@@ -41,6 +41,7 @@ expect 2 "\-\-name 'Bad_Name' is not allowed: a lowercase letter" up --hosts 2 -
 expect 2 "unknown argument '--bogus'" up --hosts 2 --link 1gbit --bogus
 expect 2 "unknown command 'launch'" launch
 expect 2 "check takes no arguments" check --now
+expect 2 "\-\-grace-s 'soon' is not allowed: seconds" down --name "$name" --grace-s soon
 [[ -z $(cluster_leftovers) ]] || fail "a refused up left: $(cluster_leftovers)"
 
 cluster_gate

@@ -5,7 +5,7 @@
 # least the bytes the ring must send (2(n-1)/n of the buffer per allreduce, each way). Then
 # kolo-train (replay compute, ResNet-101) trains two steps: its record names the 3 hosts, and while
 # it runs its data connections join the hosts' own addresses (each rank has local_size 1, so it
-# listens on its host's address, not on loopback).
+# listens on its host's address, not on loopback). KOLO_IFACE=kolo0 works on every host.
 # Usage: cluster_mpi.sh BIN_DIR. Exit 77 (skip) when scripts/cluster check fails, without mpirun
 # or without MPI in the build.
 set -euo pipefail
@@ -68,6 +68,13 @@ for i in range(3):
           f"the ring must move {need:.0f} each way ({sent / need:.3f}x, {received / need:.3f}x)")
     assert sent >= need and received >= need, f"h{i}: fewer bytes than the ring must move"
 EOF
+
+# --- KOLO_IFACE names the same interface on every host (kolo0), as eth0 would on a real cluster.
+"${mpi[@]}" -x KOLO_IFACE=kolo0 "$bench" -b 1M -e 1M --backend ring -n 2 -w 1 >"$work/iface.out" 2>&1 ||
+  { cat "$work/iface.out"; fail "the bench with KOLO_IFACE=kolo0 exited $?"; }
+grep -q "listen kolo0" "$work/iface.out" || fail "the bench does not report listening on kolo0"
+grep -Eq "^ +1048576 .* ring .* 0 +0$" "$work/iface.out" || fail "no checked ring row with KOLO_IFACE=kolo0"
+echo "ok: KOLO_IFACE=kolo0 on every host"
 
 # --- kolo-train, 2 steps of ResNet-101 (replay of a oneDNN profile, batch 16).
 rm -f "$work/run.json"

@@ -5,6 +5,7 @@
 # cluster_gate_mpi BIN: also exit 77 without mpirun or without MPI in the build.
 # cluster_name PREFIX: a cluster name of this test process (PREFIX + pid), set in `name`.
 # cluster_teardown: `scripts/cluster down` of `name` (for the EXIT trap).
+# shellcheck disable=SC2154  # root, work and fault_at are the sourcing test's
 
 cluster=$root/scripts/cluster
 name=
@@ -28,10 +29,10 @@ cluster_name() {
 }
 
 cluster_teardown() {
-  [[ -n $name ]] && "$cluster" down --name "$name" >/dev/null 2>&1 || true
+  if [[ -n $name ]]; then "$cluster" down --name "$name" >/dev/null 2>&1 || true; fi
 }
 
-# cluster_json_field EXPR: evaluates the Python expression EXPR over `status --json` (as `s`).
+# cluster_status_py CODE: runs the Python CODE with `s`, the cluster's `status --json`.
 cluster_status_py() {
   "$cluster" status --name "$name" --json | python3 -c "import json, sys; s = json.load(sys.stdin); $1"
 }
@@ -99,6 +100,7 @@ cluster_wait_errors() {
     local -a still=()
     for r in "${left[@]}"; do
       if grep -q "^kolo-train rank $r: error:" "$work/rank$r.log" 2>/dev/null; then
+        # shellcheck disable=SC2034  # read by the sourcing test
         took[$r]=$(awk -v a="$fault_at" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
       else
         still+=("$r")

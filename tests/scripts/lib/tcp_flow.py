@@ -47,7 +47,9 @@ def recv(port: int, senders: int) -> None:
         t.join(TIMEOUT_S)
     end = time.monotonic()
     if len(totals) != senders:
-        sys.exit(f"tcp_flow recv: {senders - len(totals)} flow(s) did not end within {TIMEOUT_S} s")
+        sys.exit(
+            f"tcp_flow recv: {senders - len(totals)} flow(s) did not end within {TIMEOUT_S} s"
+        )
     print(sum(totals), f"{end - first[0]:.6f}")
 
 

@@ -151,8 +151,8 @@ def _sweep(args) -> int:
 
 # What a cluster sweep's fallback means for its comparison, said on screen and in the report.
 LOOPBACK_MEANING = (
-    "every rank ran on this host over loopback, so the ranks share its {cores} core(s) and what "
-    "limits the multi-rank points is this host's CPU, not a network"
+    "every rank on this host, so the ranks share its {cores} core(s), and this host's CPU, not a "
+    "network, limits the multi-rank points"
 )
 
 

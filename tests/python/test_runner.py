@@ -153,7 +153,9 @@ def test_resume_after_the_runner_is_killed(write_sweep, tmp_path, sig):
     out = tmp_path / "out"
     calls = tmp_path / "calls.txt"
     path = write_sweep(sweep_text(models=("resnet101", "vgg16", "resnet50"), ranks=(1, 2)))
-    env = dict(os.environ, PYTHONPATH=str(ROOT), FAKE_TRAIN_CALLS=str(calls), FAKE_TRAIN_SLEEP_S="1")
+    # 3 s per point: the sweep cannot finish before the kill even if this process is starved for a
+    # while on a loaded host (at 1 s per point it once did, and nothing was left to resume).
+    env = dict(os.environ, PYTHONPATH=str(ROOT), FAKE_TRAIN_CALLS=str(calls), FAKE_TRAIN_SLEEP_S="3")
     proc = subprocess.Popen(
         [sys.executable, "-m", "reports.cli", "sweep", path, "--out", str(out), "--no-report"],
         env=env,

@@ -171,10 +171,10 @@ struct Lane {
 // and the step before it in its lane has posted all of its operations (not necessarily completed
 // them), so that consecutive steps on the same pairs leave no gap between them; messages on a pair
 // still follow the steps' order. So a step that needs the bytes an earlier step of its own lane
-// leaves must name it as its dependency. Lanes must use disjoint pairs (or pairs in different directions),
-// and every rank must build the same steps in the same order, so that each pair sees the same
-// sequence of messages on both sides. The timeline sees one `phase` for the whole. Every wait is
-// bounded by comm.timeout.
+// leaves must name it as its dependency. Lanes must use disjoint pairs (or pairs in different
+// directions), and every rank must build the same steps in the same order, so that each pair sees
+// the same sequence of messages on both sides. The timeline sees one `phase` for the whole. Every
+// wait is bounded by comm.timeout.
 Status RunLanes(Comm& comm, std::vector<Lane>& lanes, Phase phase, DescribeFn what);
 
 // Runs `plan` on buf. When `reduce` is true, the combine pieces are summed (`dtype`) into the

@@ -46,7 +46,8 @@ void Say(const std::string& text) {
 }
 
 bool IsLauncherOption(const std::string& a) {
-  return a == "-n" || a == "--np" || a == "--timeout-s" || a == "--iface";
+  return a == "-n" || a == "--np" || a == "--timeout-s" || a == "--iface" || a == "-H" ||
+         a == "--host" || a == "--hosts" || a == "--hostfile";
 }
 
 // Splits argv into the launcher's own arguments (with "-np" spelled "--np", which CLI11 accepts)
@@ -356,6 +357,11 @@ int main(int argc, char** argv) {
   auto* timeout = app.add_option("--timeout-s", timeout_s,
                                  "stop every rank after this many seconds, in (0, 10000000]");
   app.add_option("--iface", iface, "interface or IPv4 address the ranks listen on (KOLO_IFACE)");
+  // Cluster launchers' host options, accepted only to say that kolo-run is not one.
+  std::string hosts;
+  app.add_option("-H,--host,--hosts,--hostfile", hosts,
+                 "refused: kolo-run starts ranks on this host only")
+      ->group("");
   std::vector<const char*> own_argv;
   for (const auto& a : own) own_argv.push_back(a.c_str());
   try {
@@ -365,6 +371,14 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // A bad command line exits 2, as every kolo tool does (CLI11's own codes are 100 and up).
     Say(fmt::format("{}; see kolo-run --help", e.what()));
+    return 2;
+  }
+  if (!hosts.empty()) {
+    Say(fmt::format(
+        "kolo-run starts every rank on this host; it is not a cluster launcher and takes no host "
+        "list ('{}'). Across hosts use mpirun (mpirun -np N -H h1:4,h2:4 ...), srun, or mpiexec "
+        "(MPICH, Intel MPI): kolo's ranks find their place under each",
+        hosts));
     return 2;
   }
   if (timeout->count() > 0 && !(timeout_s > 0 && timeout_s <= 1e7)) {

@@ -121,9 +121,7 @@ Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
   info.config = &config;
   info.options = options;
   KOLO_ASSIGN_OR_RETURN(info.hosts, control->AllgatherStrings(HostName()));
-  info.launcher = options.launched_by_mpirun    ? "mpirun"
-                  : !options.store_addr.empty() ? "kolo-run"
-                                                : "none";
+  info.launcher = options.launcher.empty() ? "none" : options.launcher;
   info.control = control->name();
   info.transports = transports;
   info.mpi_btl = MpiBtl(options);

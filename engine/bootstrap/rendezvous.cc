@@ -1,5 +1,6 @@
 #include "engine/bootstrap/rendezvous.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
@@ -81,6 +82,49 @@ Status StartOverMpi(const Options& options, Rendezvous* rv) {
   return Status::OK();
 }
 
+// Under srun and Hydra: rank 0 serves the store at options.serve_store_addr (a name or address
+// of its own host, and a port), every rank connects to it there; the secret comes from the
+// environment, since nothing else can carry it to every rank.
+Status StartServedStore(const Options& options, Rendezvous* rv) {
+  const std::string& addr = options.serve_store_addr;
+  if (options.job_secret.empty()) {
+    return InvalidArgument(
+        "launched by {} with rank 0 serving the rendezvous at {}, but KOLO_JOB_SECRET is not set: "
+        "every rank must know the job's secret; export it before launching (e.g. export "
+        "KOLO_JOB_SECRET=$(head -c16 /dev/urandom | od -An -tx1 | tr -d ' \\n'); srun and mpiexec "
+        "pass the environment on)",
+        options.launcher, addr);
+  }
+  rv->secret = options.job_secret;
+  KOLO_ASSIGN_OR_RETURN(const sockaddr_in sa, ResolveHostPort(addr));
+  const std::string resolved = FormatAddress(sa);
+  const auto timeout =
+      std::max(PeerTimeout(options),
+               std::chrono::milliseconds(static_cast<int64_t>(options.start_timeout_s * 1000.0)));
+  if (options.rank == 0) {
+    TcpStoreServerOptions so;
+    so.host = resolved.substr(0, resolved.rfind(':'));
+    so.port = ntohs(sa.sin_port);
+    so.secret = rv->secret;
+    auto server = TcpStoreServer::Start(so);
+    if (!server.ok()) {
+      return server.status().WithContext(fmt::format(
+          "rank 0 serves the rendezvous at {} ({}), which must be an address of its own host and "
+          "a free port (set KOLO_STORE_ADDR=host:port{})",
+          addr, resolved, options.launcher == "srun" ? ", or KOLO_STORE_PORT" : ""));
+    }
+    rv->server = std::move(server).value();
+  }
+  auto client = TcpStoreClient::Connect(resolved, rv->secret, timeout);
+  if (!client.ok()) {
+    return client.status().WithContext(
+        fmt::format("the rendezvous store that rank 0 serves at {} ({})", addr, resolved));
+  }
+  rv->store = client->get();
+  rv->owned_store = std::move(client).value();
+  return Status::OK();
+}
+
 }  // namespace
 
 std::string GenerateSecret() {
@@ -108,6 +152,12 @@ StatusOr<Rendezvous> StartRendezvous(const Options& options, Store* external) {
     rv.secret = !options.job_secret.empty()
                     ? options.job_secret
                     : fmt::format("{}{:016x}", salt, reinterpret_cast<uintptr_t>(external));
+    return rv;
+  }
+
+  if (!options.serve_store_addr.empty()) {
+    Status s = StartServedStore(options, &rv);
+    if (!s.ok()) return s.WithContext(fmt::format("rank {}", options.rank));
     return rv;
   }
 
@@ -141,8 +191,8 @@ StatusOr<Rendezvous> StartRendezvous(const Options& options, Store* external) {
 
   return InvalidArgument(
       "size={} but no launcher was found: start several ranks with mpirun (e.g. `mpirun -np {} "
-      "PROGRAM`) or kolo-run (`kolo-run -np {} PROGRAM`), which set OMPI_COMM_WORLD_* or "
-      "KOLO_STORE_ADDR and KOLO_JOB_SECRET",
+      "PROGRAM`), srun, mpiexec (MPICH, Intel MPI) or kolo-run (`kolo-run -np {} PROGRAM`), "
+      "which tell each rank where it is",
       options.size, options.size, options.size);
 }
 

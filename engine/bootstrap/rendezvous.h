@@ -30,6 +30,9 @@ struct Rendezvous {
 // - `external` given (ranks as threads of one process sharing an in-process store): use it. The
 //   secret is options.job_secret, or else a value fixed per store and process, so that every
 //   thread sharing `external` agrees on it.
+// - options.serve_store_addr set (a launch by srun or Hydra, launch_env.h): rank 0 starts a
+//   TcpStoreServer there (an address of its own host), presenting options.job_secret, which is
+//   required; every rank connects a TcpStoreClient, retrying until the start or peer timeout.
 // - options.store_addr set (a launch by kolo-run): a TcpStoreClient to it, presenting
 //   options.job_secret, which is then required.
 // - options.launched_by_mpirun: initialises MPI if nobody has (MPI_THREAD_MULTIPLE); rank 0 starts

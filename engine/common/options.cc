@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "engine/common/fault_inject.h"
+#include "engine/common/launch_env.h"
 
 extern char** environ;
 
@@ -62,13 +63,14 @@ Status ReadDouble(const std::map<std::string, std::string>& env, const char* nam
 // Every KOLO_* variable kolo reads, in this file or in the tools' launch scripts.
 const char* const kKnownVariables[] = {
     "KOLO_RANK", "KOLO_SIZE", "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE", "KOLO_STORE_ADDR",
-    "KOLO_JOB_SECRET", "KOLO_IFACE", "KOLO_HOST_NAME", "KOLO_HIERARCHICAL_ALLREDUCE",
-    "KOLO_BACKEND", "KOLO_TRANSPORT", "KOLO_TIMELINE", "KOLO_LOG_LEVEL", "KOLO_BUSY_POLL",
-    "KOLO_ENGINE_SCHED", "KOLO_SOCKET_BUFFER_BYTES", "KOLO_SHM_RING_BYTES", "KOLO_RING_CHUNK_BYTES",
-    "KOLO_FUSION_THRESHOLD_BYTES", "KOLO_CACHE_CAPACITY", "KOLO_CYCLE_TIME_MS",
-    "KOLO_PEER_TIMEOUT_SECONDS", "KOLO_START_TIMEOUT_SECONDS", "KOLO_FAULT_INJECT",
-    "KOLO_STALL_CHECK_SECONDS", "KOLO_STALL_SHUTDOWN_SECONDS", "KOLO_SKIP_BOOTSTRAP",
-    "KOLO_PS_SERVERS", "KOLO_PS_SERVER_RANKS", "KOLO_PS_PLACEMENT",
+    "KOLO_STORE_PORT", "KOLO_JOB_SECRET", "KOLO_IFACE", "KOLO_HOST_NAME",
+    "KOLO_HIERARCHICAL_ALLREDUCE", "KOLO_BACKEND", "KOLO_TRANSPORT", "KOLO_TIMELINE",
+    "KOLO_LOG_LEVEL", "KOLO_BUSY_POLL", "KOLO_ENGINE_SCHED", "KOLO_SOCKET_BUFFER_BYTES",
+    "KOLO_SHM_RING_BYTES", "KOLO_RING_CHUNK_BYTES", "KOLO_FUSION_THRESHOLD_BYTES",
+    "KOLO_CACHE_CAPACITY", "KOLO_CYCLE_TIME_MS", "KOLO_PEER_TIMEOUT_SECONDS",
+    "KOLO_START_TIMEOUT_SECONDS", "KOLO_FAULT_INJECT", "KOLO_STALL_CHECK_SECONDS",
+    "KOLO_STALL_SHUTDOWN_SECONDS", "KOLO_SKIP_BOOTSTRAP", "KOLO_PS_SERVERS", "KOLO_PS_SERVER_RANKS",
+    "KOLO_PS_PLACEMENT",
     // Read by scripts/ (and exported to the ranks they start).
     "KOLO_ROOT", "KOLO_VENV", "KOLO_OUT", "KOLO_BIN_DIR", "KOLO_SKIP_BUILD", "KOLO_RECONFIGURE",
     "KOLO_MPIRUN_ARGS", "KOLO_MAIN_TIMEOUT"};
@@ -248,6 +250,14 @@ Status Options::Validate() const {
   if (transport.empty()) {
     return InvalidArgument("transport '' is empty: name one, e.g. auto, shm or tcp");
   }
+  if (!serve_store_addr.empty() && job_secret.empty()) {
+    return InvalidArgument(
+        "launched by {} with rank 0 serving the rendezvous at {}, but KOLO_JOB_SECRET is not set: "
+        "every rank must know the job's secret; export it before launching (e.g. export "
+        "KOLO_JOB_SECRET=$(head -c16 /dev/urandom | od -An -tx1 | tr -d ' \\n'); srun and mpiexec "
+        "pass the environment on)",
+        launcher, serve_store_addr);
+  }
   KOLO_RETURN_IF_ERROR(ValidateParameterServers(*this));
   if (backend == "mpi" && !launched_by_mpirun && size > 1) {
     return InvalidArgument("backend 'mpi' needs a launch by mpirun (OMPI_COMM_WORLD_SIZE unset)");
@@ -340,23 +350,15 @@ int64_t LastLevelCacheBytes() {
 
 StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string>& env) {
   Options o;
-  // Open MPI's launch environment wins over kolo's own.
-  if (Find(env, "OMPI_COMM_WORLD_SIZE")) {
-    o.launched_by_mpirun = true;
-    KOLO_RETURN_IF_ERROR(ReadInt32(env, "OMPI_COMM_WORLD_SIZE", 1, 1 << 20, &o.size));
-    KOLO_RETURN_IF_ERROR(ReadInt32(env, "OMPI_COMM_WORLD_RANK", 0, 1 << 20, &o.rank));
-    o.local_size = o.size;
-    o.local_rank = o.rank;
-    KOLO_RETURN_IF_ERROR(ReadInt32(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1, 1 << 20, &o.local_size));
-    KOLO_RETURN_IF_ERROR(ReadInt32(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0, 1 << 20, &o.local_rank));
-  } else if (Find(env, "KOLO_SIZE")) {
-    KOLO_RETURN_IF_ERROR(ReadInt32(env, "KOLO_SIZE", 1, 1 << 20, &o.size));
-    KOLO_RETURN_IF_ERROR(ReadInt32(env, "KOLO_RANK", 0, 1 << 20, &o.rank));
-    o.local_size = o.size;
-    o.local_rank = o.rank;
-    KOLO_RETURN_IF_ERROR(ReadInt32(env, "KOLO_LOCAL_SIZE", 1, 1 << 20, &o.local_size));
-    KOLO_RETURN_IF_ERROR(ReadInt32(env, "KOLO_LOCAL_RANK", 0, 1 << 20, &o.local_rank));
-  }
+  // Where this rank is: Open MPI's mpirun, kolo-run, srun or Hydra (launch_env.h).
+  KOLO_ASSIGN_OR_RETURN(const LaunchPlace place, ReadLaunchPlace(env));
+  o.launcher = place.launcher;
+  o.launched_by_mpirun = place.launcher == "mpirun";
+  o.rank = place.rank;
+  o.size = place.size;
+  o.local_rank = place.local_rank;
+  o.local_size = place.local_size;
+  o.serve_store_addr = place.serve_store_addr;
   if (const std::string* v = Find(env, "KOLO_STORE_ADDR")) o.store_addr = *v;
   if (const std::string* v = Find(env, "KOLO_JOB_SECRET")) o.job_secret = *v;
   if (const std::string* v = Find(env, "KOLO_IFACE")) o.iface = *v;
@@ -417,9 +419,7 @@ StatusOr<Options> OptionsFromEnvironment() {
     const size_t eq = kv.find('=');
     if (eq == std::string::npos) continue;
     const std::string key = kv.substr(0, eq);
-    if (key.rfind("KOLO_", 0) == 0 || key.rfind("OMPI_COMM_WORLD_", 0) == 0) {
-      env[key] = kv.substr(eq + 1);
-    }
+    if (IsLaunchVariable(key)) env[key] = kv.substr(eq + 1);
   }
   return OptionsFromEnvironment(env);
 }

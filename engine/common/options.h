@@ -1,6 +1,6 @@
 // Options: every engine knob in one struct, with its default and unit.
 //
-// Filled once from the environment (KOLO_* and Open MPI's OMPI_COMM_WORLD_*) by
+// Filled once from the environment (KOLO_*, and the launchers' variables: launch_env.h) by
 // OptionsFromEnvironment(), then optionally overridden by command-line flags (AddEngineFlags in
 // engine/common/flags.h). Nothing else in kolo reads the environment.
 #pragma once
@@ -17,15 +17,21 @@ namespace kolo {
 
 struct Options {
   // --- Launch: which rank this process is. From OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}
-  // under mpirun, else KOLO_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE} (set by kolo-run); a process with
-  // neither is a single rank (rank 0 of 1).
+  // under mpirun, else KOLO_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE} (set by kolo-run), else srun's or
+  // Hydra's variables; a process with none is a single rank (rank 0 of 1).
   int rank = 0;
   int size = 1;
   int local_rank = 0;
   int local_size = 1;
+  // Also from Slurm's srun and from MPICH's or Intel MPI's Hydra (launch_env.h). `launcher` says
+  // which: "mpirun", "kolo-run", "srun", "hydra", or "" for a single rank with no launcher.
+  std::string launcher;
   // True when the values came from Open MPI's environment (the bootstrap then exchanges addresses
   // over MPI and the mpi backend is available).
   bool launched_by_mpirun = false;
+  // srun and Hydra: "host:port" where rank 0 serves the rendezvous store and every rank finds it
+  // (KOLO_STORE_ADDR, or under srun the step's first node; launch_env.h). Needs KOLO_JOB_SECRET.
+  std::string serve_store_addr;
 
   // --- Rendezvous (launch without MPI). KOLO_STORE_ADDR "host:port" of the key-value store that
   // rank 0 serves; KOLO_JOB_SECRET the per-job secret every connection must present (hex, at

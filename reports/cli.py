@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 
-from reports import browser, cluster, gate, report, runner, schema, sweepfile
+from reports import browser, cluster, gate, launch, report, runner, schema, sweepfile
 from reports.launch import command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,7 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         help="folder of kolo-train and kolo-run (default: $KOLO_BIN_DIR or build/bin, built first)",
     )
     p.add_argument(
-        "--dry-run", action="store_true", help="validate, list the points and commands, run nothing"
+        "--dry-run",
+        action="store_true",
+        help="validate, list every point's command line and placement, run nothing",
     )
     p.add_argument(
         "--only",
@@ -44,6 +46,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=V[,V...]",
         help="run only the points whose matrix setting KEY is one of the values (repeatable: all must match)",
     )
+    p.add_argument(
+        "--hosts",
+        metavar="H1:SLOTS,H2:SLOTS",
+        help="the hosts to run on, replacing the file's [launcher] hosts or hostfile (kind mpirun)",
+    )
+    p.add_argument("--hostfile", metavar="FILE", help="an Open MPI hostfile, replacing the file's hosts")
     p.add_argument("--retry-failed", action="store_true", help="run points again whose row says failed")
     p.add_argument("--no-report", action="store_true", help="skip the report at the end")
 
@@ -78,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _sweep(args) -> int:
     try:
-        sweep = sweepfile.load(args.file, ROOT)
+        sweep = sweepfile.load(args.file, ROOT, hosts=args.hosts, hostfile=args.hostfile)
         if args.only:
             sweep = sweepfile.only(sweep, args.only)
     except sweepfile.SweepError as e:
@@ -227,6 +235,10 @@ def _dry_run(sweep: sweepfile.Sweep, out_dir: str, bin_dir: str) -> None:
             cluster_script=cluster.SCRIPT,
         )
         print(f"{point['point_id']}  {sweepfile.describe(point)}")
+        where = launch.placement_of(point, sweep.launcher)
+        if where is not None:
+            for line in where.lines:
+                print(f"    placement {line}")
         if shape is not None and shape != current:
             if current is not None:
                 print(f"    {cluster.SCRIPT} down --name {name}")

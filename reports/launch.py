@@ -9,7 +9,7 @@ import signal
 import subprocess
 import time
 
-from reports import settings
+from reports import placement, settings, sweepfile
 from reports.sweepfile import Launcher
 
 # mpirun flags for ranks on this host over loopback TCP (the same as scripts/lib.sh's).
@@ -52,14 +52,34 @@ def command(
     cluster_name: str | None = None,
     cluster_script: str | None = None,
 ) -> list[str]:
-    """The argv that runs `point`: mpirun, kolo-run, or scripts/cluster mpirun on the emulated
-    cluster `cluster_name` (kind "cluster"), around `program` (kolo-train)."""
+    """The argv that runs `point`: mpirun, kolo-run, srun, or scripts/cluster mpirun on the
+    emulated cluster `cluster_name` (kind "cluster"), around `program` (kolo-train). Where rank 0
+    may run on another host (mpirun across hosts, srun) kolo-train also prints its record on
+    stdout, so that the runner needs no shared filesystem."""
     args = settings.trainer_args(point)
     if profile is not None:
         i = args.index("--profile")
         args[i + 1] = profile
     train = [program, *args, "--json", json_path]
+    if launcher.kind == "srun" or (launcher.kind == "mpirun" and not launcher.is_local()):
+        # Rank 0 may run on another host: the record comes back with the output as well.
+        train.append("--json-stdout")
+    where = placement_of(point, launcher)
+    if where is not None:
+        train += ["--ps-server-ranks", ",".join(map(str, where.server_ranks))]
     np_ = str(settings.process_count(point))
+    if launcher.kind == "srun":
+        processes = settings.process_count(point)
+        argv = [launcher.srun, "--ntasks", np_, "--nodes", str(launcher.nodes_for(processes))]
+        argv += ["--ntasks-per-node", str(min(launcher.tasks_per_node or processes, processes))]
+        argv += ["--distribution", "block", "--kill-on-bad-exit=1", "--export", "ALL"]
+        if launcher.partition:
+            argv += ["--partition", launcher.partition]
+        if launcher.gpus_per_node:
+            argv += ["--gpus-per-node", str(launcher.gpus_per_node)]
+        if launcher.time_limit:
+            argv += ["--time", launcher.time_limit]
+        return argv + launcher.args + train
     if launcher.kind == "local":
         return [kolo_run, "-np", np_, "--timeout-s", str(int(timeout_s) + 1), "--", *train]
     if launcher.kind == "cluster":
@@ -74,13 +94,29 @@ def command(
     argv = [launcher.mpirun, "-np", np_]
     if launcher.is_local():
         argv += list(LOOPBACK_MPIRUN_ARGS)
-    if launcher.hosts:
+    if where is not None:
+        argv += ["-H", where.host_arg()]
+        if "--map-by" not in launcher.args:
+            argv += ["--map-by", "slot"]
+    elif launcher.hosts:
         argv += ["-H", ",".join(h if s is None else f"{h}:{s}" for h, s in launcher.hosts)]
-    if launcher.hostfile:
+    elif launcher.hostfile:
         argv += ["--hostfile", launcher.hostfile]
     for name, value in launcher.env.items():
         argv += ["-x", f"{name}={value}"]
     return argv + launcher.args + train
+
+
+def placement_of(point: dict, launcher: Launcher) -> placement.Placement | None:
+    """Where the point's processes go when it places its parameter servers (ps_hosts) under
+    mpirun across hosts; None otherwise (mpirun's own order, servers last)."""
+    if "ps_hosts" not in point or launcher.kind != "mpirun" or launcher.is_local():
+        return None
+    hosts = sweepfile.read_hostfile(launcher.hostfile) if launcher.hostfile else launcher.hosts
+    where, why = placement.plan(point, hosts)
+    if where is None:
+        raise ValueError(f"ps_hosts: {why}")  # the sweep file's validation refuses this first
+    return where
 
 
 _libc = None

@@ -276,6 +276,9 @@ def _run_point(
         log.write("$ " + " ".join(_quote(a) for a in argv) + "\n")
     env = dict(os.environ)
     env.update(sweep.launcher.env)
+    if sweep.launcher.kind == "srun" and "KOLO_JOB_SECRET" not in env:
+        # srun passes the environment on; rank 0 serves the rendezvous store with it.
+        env["KOLO_JOB_SECRET"] = secrets.token_hex(16)
     token = f"{run_id}-{pid}"
     started = time.monotonic()
     load = hostload.HostLoad()
@@ -299,6 +302,15 @@ def _run_point(
     rel_log = os.path.relpath(log_path, out_dir)
 
     record, record_error = _read_record(json_path)
+    if record is None and not os.path.exists(json_path):
+        # Rank 0 ran on another host: its record came back with the output (--json-stdout).
+        from_log, why = _record_from_log(log_path)
+        if from_log is not None:
+            record, record_error = from_log, ""
+            with contextlib.suppress(OSError), open(json_path, "w") as f:
+                json.dump(from_log, f, indent=2)
+        elif why:
+            record_error = why
     if timed_out:
         status, error = (
             "failed",
@@ -344,6 +356,31 @@ def _read_record(path: str) -> tuple[dict | None, str]:
         return None, f"wrote an unreadable JSON record ({path}: {e})"
     if not isinstance(record, dict):
         return None, f"wrote a JSON record that is not an object ({path})"
+    return record, ""
+
+
+RECORD_PREFIX = "kolo-record: "
+
+
+def _record_from_log(log_path: str) -> tuple[dict | None, str]:
+    """The last record kolo-train printed with --json-stdout in the point's output, or (None,
+    why) when it printed one that cannot be read, or (None, "") when it printed none."""
+    line = None
+    try:
+        with open(log_path, errors="replace") as f:
+            for text in f:
+                if text.startswith(RECORD_PREFIX):
+                    line = text[len(RECORD_PREFIX) :]
+    except OSError:
+        return None, ""
+    if line is None:
+        return None, ""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        return None, f"printed an unreadable record in its output ({e})"
+    if not isinstance(record, dict):
+        return None, "printed a record that is not a JSON object"
     return record, ""
 
 

@@ -34,6 +34,7 @@ SETTING_COLUMNS = (
     "backward_passes_per_step",
     "ps_servers",
     "ps_placement",
+    "ps_hosts",
     "image_size",
     "num_classes",
     "num_warmup_batches",
@@ -259,9 +260,11 @@ def _older_defaults(row: dict, header: tuple[str, ...]) -> dict:
 # Columns every kolo results file has had; a file with them, in COLUMNS' order and nothing else,
 # was written by an earlier kolo (before the time breakdown or the network columns, for one) and
 # reads with the missing columns empty (the network columns: _older_defaults).
+# Settings added after the network columns: ps_hosts.
+_LATER_SETTINGS = ("ps_hosts",)
 _ALWAYS = (
     META
-    + tuple(c for c in SETTING_COLUMNS if c not in NETWORK_COLUMNS)
+    + tuple(c for c in SETTING_COLUMNS if c not in NETWORK_COLUMNS and c not in _LATER_SETTINGS)
     + ("total_images_per_sec", "status", "error", "log")
 )
 

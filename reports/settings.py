@@ -55,6 +55,8 @@ _RATE_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(kbit|mbit|gbit)$")
 TRANSPORTS = ("auto", "shm", "tcp", "rdma")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 PS_PLACEMENTS = ("greedy", "split")
+# Which hosts a point's parameter servers run on, under mpirun across hosts (reports/placement.py).
+PS_HOSTS = ("spread", "dedicated")
 
 # Backends whose traffic goes over kolo's own transports (auto, shm, tcp or rdma).
 TRANSPORT_BACKENDS = ("ring", "ps")
@@ -196,6 +198,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("num_classes", "int", "--num-classes", minimum=1),
     Setting("ps_servers", "int", "--ps-servers", minimum=1, applies=_is_ps),
     Setting("ps_placement", "str", "--ps-placement", choices=PS_PLACEMENTS, applies=_is_ps),
+    Setting(
+        "ps_hosts",
+        "str",
+        None,
+        choices=PS_HOSTS,
+        applies=_is_ps,
+        help="parameter servers one per worker host (spread) or on hosts of their own (dedicated)",
+    ),
     Setting(
         "hosts",
         "int",

@@ -16,12 +16,29 @@ import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from reports import settings
+from reports import placement, settings
 
 TABLES = ("sweep", "launcher", "fixed", "matrix", "exclude")
 SWEEP_KEYS = ("name", "description", "timeout_s", "repeats")
-LAUNCHER_KEYS = ("kind", "mpirun", "args", "hosts", "hostfile", "env", "program", "fallback")
-LAUNCHER_KINDS = ("mpirun", "local", "cluster")
+LAUNCHER_KEYS = (
+    "kind",
+    "mpirun",
+    "args",
+    "hosts",
+    "hostfile",
+    "env",
+    "program",
+    "fallback",
+    "srun",
+    "partition",
+    "tasks_per_node",
+    "gpus_per_node",
+    "time_limit",
+)
+LAUNCHER_KINDS = ("mpirun", "local", "cluster", "srun")
+# kind = "srun" only, and the keys only it takes.
+SRUN_KEYS = ("srun", "partition", "tasks_per_node", "gpus_per_node", "time_limit")
+_TIME_RE = re.compile(r"^([0-9]+-)?[0-9]+(:[0-9]{2}){0,2}$")
 # kind = "cluster": what may stand in where scripts/cluster check fails.
 FALLBACKS = ("mpirun",)
 # Most hosts scripts/cluster makes (its MAX_HOSTS).
@@ -53,11 +70,18 @@ class Launcher:
     # kind = "cluster": "mpirun" to run over loopback on this host where no emulated network can
     # be made (scripts/cluster check fails), without the network's settings; None to refuse.
     fallback: str | None = None
+    # kind = "srun": the command, partition, ranks per node (the GPUs each node trains on), GPUs
+    # to ask per node, and the step's time limit (Slurm's format, e.g. "30:00").
+    srun: str = "srun"
+    partition: str | None = None
+    tasks_per_node: int | None = None
+    gpus_per_node: int | None = None
+    time_limit: str | None = None
 
     def is_local(self) -> bool:
         """True when every rank runs on this host over loopback (then the loopback flags are
         added). An emulated cluster's ranks are on this machine but not on loopback."""
-        if self.kind == "cluster":
+        if self.kind in ("cluster", "srun"):
             return False
         if self.kind == "local":
             return True
@@ -79,7 +103,10 @@ class Launcher:
         return "loopback" if self.is_local() else "physical"
 
     def nodes_for(self, processes: int) -> int:
-        """Hosts that `processes` ranks occupy when mpirun fills each host's slots in order."""
+        """Hosts that `processes` ranks occupy when mpirun fills each host's slots in order (under
+        srun: the nodes it asks for)."""
+        if self.kind == "srun" and self.tasks_per_node:
+            return max(1, -(-processes // self.tasks_per_node))
         slots = self.slots()
         if not slots or any(s is None for s in slots):
             return max(1, min(len(slots), processes)) if slots else 1
@@ -222,9 +249,11 @@ def point_id(point: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def load(path: str, root: str) -> Sweep:
+def load(path: str, root: str, hosts: str | None = None, hostfile: str | None = None) -> Sweep:
     """Reads and validates the sweep file at `path`; relative paths in it (profiles, hostfile)
-    are taken from the repository root `root`. Raises SweepError listing every problem."""
+    are taken from the repository root `root`. `hosts` ("node01:8,node02:8") or `hostfile` (a
+    path), given on the command line, replace the file's [launcher] hosts and hostfile. Raises
+    SweepError listing every problem."""
     try:
         with open(path, "rb") as f:
             doc = tomllib.load(f)
@@ -232,6 +261,25 @@ def load(path: str, root: str) -> Sweep:
         raise SweepError(path, [f"cannot read the file: {e.strerror}"]) from None
     except tomllib.TOMLDecodeError as e:
         raise SweepError(path, [f"not valid TOML: {e}"]) from None
+    if hosts is not None and hostfile is not None:
+        raise SweepError(path, ["--hosts and --hostfile are both given; give one"])
+    if hosts is not None or hostfile is not None:
+        table = doc.get("launcher", {})
+        if not isinstance(table, dict):
+            raise SweepError(path, ["launcher must be a table ([launcher])"])
+        kind = table.get("kind", "mpirun")
+        if kind != "mpirun":
+            flag = "--hosts" if hosts is not None else "--hostfile"
+            raise SweepError(
+                path,
+                [f'{flag} replaces the hosts of [launcher] kind = "mpirun"; this file\'s kind is {kind!r}'],
+            )
+        table = {k: v for k, v in table.items() if k not in ("hosts", "hostfile")}
+        if hosts is not None:
+            table["hosts"] = hosts
+        else:
+            table["hostfile"] = os.path.abspath(hostfile)
+        doc = {**doc, "launcher": table}
     return parse(doc, path, root)
 
 
@@ -467,6 +515,21 @@ def _parse_launcher(table: dict, root: str, problems: list[str]) -> Launcher:
                 launcher.hostfile = full
             except (OSError, ValueError) as e:
                 problems.append(f"{where} = {value!r} cannot be read: {e}")
+        elif key in ("srun", "partition", "time_limit"):
+            if not isinstance(value, str) or not value:
+                problems.append(f"{where} must be a non-empty string")
+            elif key == "time_limit" and not _TIME_RE.match(value):
+                problems.append(
+                    f"{where} = {value!r} is not allowed; allowed: Slurm's time format, "
+                    'e.g. "30", "30:00", "2:00:00" or "1-00:00:00"'
+                )
+            else:
+                setattr(launcher, key, value)
+        elif key in ("tasks_per_node", "gpus_per_node"):
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1024:
+                problems.append(f"{where} = {value!r} is not allowed; allowed: an integer in [1, 1024]")
+            else:
+                setattr(launcher, key, value)
         elif key == "env":
             if not isinstance(value, dict):
                 problems.append(f'{where} must be a table of NAME = "value"')
@@ -479,6 +542,21 @@ def _parse_launcher(table: dict, root: str, problems: list[str]) -> Launcher:
             launcher.env = {k: v for k, v in value.items() if isinstance(v, str)}
     if launcher.hosts and launcher.hostfile:
         problems.append("[launcher] hosts and hostfile are both set; give one")
+    if launcher.kind != "srun":
+        for key in SRUN_KEYS:
+            if key in table:
+                problems.append(
+                    f'[launcher] {key} is allowed only with kind = "srun" (kind is "{launcher.kind}")'
+                )
+    else:
+        for key in ("mpirun", "hosts", "hostfile"):
+            if key in table:
+                problems.append(
+                    f'[launcher] {key} is not allowed with kind = "srun" (Slurm chooses the nodes; '
+                    "give partition, tasks_per_node and gpus_per_node)"
+                )
+        if launcher.tasks_per_node is None:
+            problems.append('[launcher] kind = "srun" needs tasks_per_node (ranks per node, e.g. 8)')
     if launcher.kind == "local":
         for key in ("mpirun", "args", "hosts", "hostfile"):
             if key in table:
@@ -603,8 +681,25 @@ def _check_point(point: dict, launcher: Launcher, root: str, problems: list[str]
             f'point {label}: backend "none" (no distributed communication) runs one rank; '
             f"ranks = {point.get('ranks')} is not allowed, only 1"
         )
-    if launcher.kind == "local" and point.get("backend") == "mpi":
-        problems.append(f'point {label}: backend "mpi" needs mpirun; [launcher] kind = "local" runs kolo-run')
+    if launcher.kind in ("local", "srun") and point.get("backend") == "mpi":
+        runs = "kolo-run" if launcher.kind == "local" else "srun (no Open MPI world)"
+        problems.append(
+            f'point {label}: backend "mpi" needs mpirun; [launcher] kind = "{launcher.kind}" runs {runs}'
+        )
+    _check_combination(point, label, problems)
+    if "ps_hosts" in point:
+        if launcher.kind != "mpirun" or launcher.is_local():
+            problems.append(
+                f"point {label}: ps_hosts = {point['ps_hosts']!r} places parameter servers on hosts; "
+                f'it needs [launcher] kind = "mpirun" with hosts of their own (kind is "{launcher.kind}"'
+                + (", every host local)" if launcher.kind == "mpirun" else ")")
+            )
+        else:
+            hosts = read_hostfile(launcher.hostfile) if launcher.hostfile else launcher.hosts
+            _, why = placement.plan(point, hosts)
+            if why is not None:
+                problems.append(f"point {label}: ps_hosts = {point['ps_hosts']!r} {why}")
+        return
     dilation = point.get("dilation", 1)
     if dilation != 1 and point.get("compute") != "replay":
         problems.append(
@@ -633,6 +728,24 @@ def _check_point(point: dict, launcher: Launcher, root: str, problems: list[str]
                     f"point {label}: needs {need} processes but the hosts give {sum(slots)} slots; "
                     'add hosts or put "--oversubscribe" in [launcher] args'
                 )
+
+
+def _check_combination(point: dict, label: str, problems: list[str]) -> None:
+    """Settings that each are allowed but cannot run together, refused before the first point
+    (compute x backend x precision; transport and placement are checked where they apply)."""
+    compute = point.get("compute")
+    backend = point.get("backend", "ring")
+    precision = point.get("precision")
+    if compute == "onednn" and precision not in (None, "fp32"):
+        problems.append(
+            f'point {label}: precision = "{precision}" with compute = "onednn": oneDNN computes in '
+            'fp32 only; allowed with onednn: "fp32"'
+        )
+    if backend == "nccl" and compute != "cudnn":
+        problems.append(
+            f'point {label}: backend = "nccl" reduces GPU tensors; it needs compute = "cudnn" '
+            f"(compute is {compute!r})"
+        )
 
 
 def describe(point: dict) -> str:

@@ -159,6 +159,9 @@ ParsedFlags ParseTrainFlags(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--json", o.json, "write the run record (JSON) to this file (rank 0)");
+  app.add_flag("--json-stdout", o.json_stdout,
+               "also print the run record on stdout as one line 'kolo-record: {...}' (rank 0), for "
+               "launchers on another host");
   app.add_option("--display-every", o.display_every, "print a line every N steps")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 30));

@@ -32,6 +32,9 @@ struct TrainOptions {
   compute::SgdConfig sgd;
   bool learning_rate_given = false;
   std::string json;  // --json: the run record, written by rank 0
+  // --json-stdout: rank 0 also prints the record on stdout as one line "kolo-record: {...}", so
+  // that a launcher on another host gets it with the output (no shared filesystem needed).
+  bool json_stdout = false;
   int display_every = 10;
   uint64_t seed = 1;
   Options engine;  // KOLO_* from the environment, then the engine flags

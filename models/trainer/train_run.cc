@@ -163,6 +163,14 @@ class Run {
         if (record_.ok) return kExitFailed;
       }
     }
+    if (rank_ == 0 && !serving_ && o_.json_stdout) {
+      // Pretty-printed JSON has its line breaks between tokens only (strings escape theirs).
+      std::string line = RunRecordToJson(record_);
+      std::replace(line.begin(), line.end(), '\n', ' ');
+      std::fflush(stderr);
+      std::printf("kolo-record: %s\n", line.c_str());
+      std::fflush(stdout);
+    }
     if (interrupted_) return kExitInterrupted;
     if (!record_.ok && bad_setting_) return kExitBadFlags;
     return record_.ok ? kExitOk : kExitFailed;

@@ -199,21 +199,30 @@ StatusOr<StepStats> Trainer::Step() {
 
 StatusOr<Handle> Trainer::PushPull(int p, const compute::GradientView& g) {
   const Parameter& param = graph_.params()[static_cast<size_t>(p)];
-  if (g.device >= 0 || g.dtype != DataType::kFloat32) {
-    return InvalidArgument(
-        "parameter servers take float32 host gradients; '{}' is {} on {} (use --backend ring or "
-        "--precision fp32)",
-        param.name, DataTypeName(g.dtype), g.device >= 0 ? "a GPU" : "the host");
-  }
   if (pulled_.size() != graph_.params().size()) {
     return FailedPrecondition("trainer: BroadcastParameters must run before the first step");
+  }
+  // Parameter servers keep float32 master values in host memory. A gradient elsewhere (on a GPU,
+  // or in another type) is staged: the backend copies it, as float32, into a host buffer of this
+  // parameter's, which stays untouched until the push completes (the step waits for it). The
+  // copy waits for this layer's backward pass, so on a GPU the next layer's backward starts
+  // after it; the pulled weights go back through SetParameter (which also refreshes the half
+  // copies of mixed precision).
+  const void* grad = g.data;
+  if (g.device >= 0 || g.dtype != DataType::kFloat32) {
+    if (staged_.size() != graph_.params().size()) staged_.resize(graph_.params().size());
+    std::vector<float>& host = staged_[static_cast<size_t>(p)];
+    host.resize(static_cast<size_t>(param.numel));
+    KOLO_RETURN_IF_ERROR(backend_.GetGradient(p, host).WithContext(
+        fmt::format("staging the gradient of '{}' for the parameter servers", param.name)));
+    grad = host.data();
   }
   SgdSettings sgd;
   sgd.learning_rate = config_.sgd.learning_rate;
   sgd.momentum = config_.sgd.momentum;
   sgd.weight_decay = config_.sgd.weight_decay;
   sgd.grad_scale = 1.0 / config_.backward_passes_per_step;
-  return engine_->PushPullAsync(param.name, g.data, pulled_[static_cast<size_t>(p)].data(),
+  return engine_->PushPullAsync(param.name, grad, pulled_[static_cast<size_t>(p)].data(),
                                 DataType::kFloat32, param.shape, sgd);
 }
 

@@ -124,6 +124,8 @@ class Trainer {
   bool on_servers_ = false;
   bool registered_ = false;
   std::vector<std::vector<float>> pulled_;
+  // Parameter servers: host float32 copies of gradients that are not float32 host memory.
+  std::vector<std::vector<float>> staged_;
 };
 
 }  // namespace kolo::models::trainer

@@ -21,7 +21,7 @@ from reports import settings
 TABLES = ("sweep", "launcher", "fixed", "matrix", "exclude")
 SWEEP_KEYS = ("name", "description", "timeout_s", "repeats")
 LAUNCHER_KEYS = ("kind", "mpirun", "args", "hosts", "hostfile", "env", "program", "fallback")
-LAUNCHER_KINDS = ("mpirun", "local", "cluster")
+LAUNCHER_KINDS = ("mpirun", "local", "cluster", "sim")
 # kind = "cluster": what may stand in where scripts/cluster check fails.
 FALLBACKS = ("mpirun",)
 # Most hosts scripts/cluster makes (its MAX_HOSTS).
@@ -49,7 +49,7 @@ class Launcher:
     hosts: list[tuple[str, int | None]] = field(default_factory=list)  # (host, slots or None)
     hostfile: str | None = None
     env: dict[str, str] = field(default_factory=dict)
-    program: str | None = None  # the trainer; None = <bin dir>/kolo-train
+    program: str | None = None  # the trainer (kind "sim": kolo-sim); None = <bin dir>/kolo-train
     # kind = "cluster": "mpirun" to run over loopback on this host where no emulated network can
     # be made (scripts/cluster check fails), without the network's settings; None to refuse.
     fallback: str | None = None
@@ -57,7 +57,7 @@ class Launcher:
     def is_local(self) -> bool:
         """True when every rank runs on this host over loopback (then the loopback flags are
         added). An emulated cluster's ranks are on this machine but not on loopback."""
-        if self.kind == "cluster":
+        if self.kind in ("cluster", "sim"):
             return False
         if self.kind == "local":
             return True
@@ -76,6 +76,8 @@ class Launcher:
         """The CSV's network column for the rows of this launcher (schema.NETWORKS)."""
         if self.kind == "cluster":
             return "emulated"
+        if self.kind == "sim":
+            return "simulated"
         return "loopback" if self.is_local() else "physical"
 
     def nodes_for(self, processes: int) -> int:
@@ -203,6 +205,8 @@ def add_baselines(points: list[dict], repeats: int, kind: str = "mpirun") -> tup
         raw.update(ranks=1, backend="none")
         if kind == "cluster":
             raw.update({k: p[k] for k in ("link", "delay_us") if k in p}, hosts=1, ranks_per_host=1)
+        if kind == "sim":
+            raw.update({k: p[k] for k in ("link", "calibration") if k in p}, ranks_per_host=1)
         base = settings.normalize(raw)
         for r in range(repeats):
             point = dict(base, repeat=r)
@@ -486,6 +490,13 @@ def _parse_launcher(table: dict, root: str, problems: list[str]) -> Launcher:
                     f'[launcher] {key} is not allowed with kind = "local" '
                     '(kolo-run starts every rank on this host); use kind = "mpirun"'
                 )
+    if launcher.kind == "sim":
+        for key in ("mpirun", "args", "hosts", "hostfile", "env"):
+            if key in table:
+                problems.append(
+                    f'[launcher] {key} is not allowed with kind = "sim" (kolo-sim predicts each '
+                    "point; nothing is launched on hosts)"
+                )
     if launcher.kind == "cluster":
         for key in ("mpirun", "hosts", "hostfile"):
             if key in table:
@@ -611,7 +622,16 @@ def _check_point(point: dict, launcher: Launcher, root: str, problems: list[str]
             f"point {label}: dilation = {dilation} stretches replayed layer times; it needs "
             f'compute = "replay" (compute is {point.get("compute", "left to kolo-train")!r})'
         )
-    if launcher.kind != "cluster":
+    if launcher.kind == "sim":
+        _check_sim_point(point, label, root, problems)
+    else:
+        for key in settings.SIM_SETTINGS:
+            if key in point:
+                problems.append(
+                    f"point {label}: {key} = {point[key]!r} is a setting of predictions; it needs "
+                    f'[launcher] kind = "sim" (kind is "{launcher.kind}")'
+                )
+    if launcher.kind not in ("cluster", "sim"):
         for key in settings.CLUSTER_SETTINGS:
             if key in point:
                 problems.append(
@@ -633,6 +653,32 @@ def _check_point(point: dict, launcher: Launcher, root: str, problems: list[str]
                     f"point {label}: needs {need} processes but the hosts give {sum(slots)} slots; "
                     'add hosts or put "--oversubscribe" in [launcher] args'
                 )
+
+
+def _check_sim_point(point: dict, label: str, root: str, problems: list[str]) -> None:
+    """A point kolo-sim can predict: replay compute (the profile's layer times), whole hosts, no
+    emulated-only settings, a calibration file that exists."""
+    if point.get("compute") != "replay":
+        problems.append(
+            f'point {label}: [launcher] kind = "sim" predicts from a replay profile; it needs '
+            f'compute = "replay" and a profile (compute is {point.get("compute", "not set")!r})'
+        )
+    for key in ("hosts", "delay_us"):
+        if key in point:
+            problems.append(
+                f"point {label}: {key} is not allowed with kind = \"sim\" (hosts are ranks / "
+                "ranks_per_host; the simulated links have no added delay)"
+            )
+    rph = point.get("ranks_per_host", 1)
+    if point.get("ranks", 1) % rph:
+        problems.append(
+            f"point {label}: ranks = {point.get('ranks')} is not a multiple of ranks_per_host = "
+            f"{rph}; allowed: ranks that fill whole hosts"
+        )
+    if "calibration" in point:
+        full = point["calibration"] if os.path.isabs(point["calibration"]) else os.path.join(root, point["calibration"])
+        if not os.path.isfile(full):
+            problems.append(f"point {label}: calibration {full} does not exist")
 
 
 def describe(point: dict) -> str:

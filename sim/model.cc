@@ -286,7 +286,8 @@ Network MakeNetwork(const Point& point, const Calibration& cal) {
   net.hosts = std::max(1, (point.ranks + net.per_host - 1) / net.per_host);
   const TransportCosts& t = point.transport == "rdma" ? cal.rdma : cal.tcp;
   const double link_gbit = (point.link_gbit > 0 ? point.link_gbit : cal.link_gbit);
-  net.nic_bytes_per_s = link_gbit * kGiga / 8 * t.efficiency;
+  // Under dilation K the emulated link stands for one K times faster (SCHEMA.md: link_represented).
+  net.nic_bytes_per_s = link_gbit * k * kGiga / 8 * t.efficiency;
   net.nic_latency_s = t.latency_us * 1e-6 / k;
   net.nic_copy_bytes_per_s = t.copy_gbytes_per_s * kGiga * k;
   if (point.backend == "nccl") {

@@ -50,9 +50,9 @@ struct Calibration {
   double intra_latency_us = 5;
   double reduce_gbytes_per_s = 20;  // summing received bytes into the buffer
   double fusion_copy_gbytes_per_s = 20;  // copying tensors into and out of the fusion buffer
-  // Whether a parameter server's link moves pushes and pulls at the same time. kolo's server, as
-  // measured on the emulated cluster, does not (its sends and receives take turns).
-  bool ps_full_duplex = false;
+  // Whether a parameter server's link moves pushes and pulls at the same time (each shard's pull
+  // still waits for every worker's push of it); false: they take turns on one queue.
+  bool ps_full_duplex = true;
 };
 
 StatusOr<Calibration> CalibrationFromJson(const std::string& text, const std::string& origin);

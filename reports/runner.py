@@ -142,7 +142,9 @@ def _run_locked(sweep: Sweep, out_dir: str, bin_dir: str, retry_failed: bool, st
     sim = sweep.launcher.kind == "sim"
     program = sweep.launcher.program or os.path.join(bin_dir, "kolo-sim" if sim else "kolo-train")
     kolo_run = os.path.join(bin_dir, "kolo-run")
-    _require_executable(program, 'the simulator (kolo-sim, [launcher] kind = "sim")' if sim else "the trainer (kolo-train)")
+    _require_executable(
+        program, 'the simulator (kolo-sim, [launcher] kind = "sim")' if sim else "the trainer (kolo-train)"
+    )
     if sim:
         pass
     elif sweep.launcher.kind == "local":

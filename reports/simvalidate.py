@@ -29,7 +29,10 @@ def compare(predicted: list[dict], measured: list[dict]) -> list[dict]:
 
 
 def table(pairs: list[dict]) -> str:
-    lines = ["| model | GPUs | backend | measured img/s | predicted img/s | error |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| model | GPUs | backend | measured img/s | predicted img/s | error |",
+        "|---|---|---|---|---|---|",
+    ]
     for x in pairs:
         lines.append(
             f"| {x['model']} | {x['ranks']} | {x['backend']} | {x['measured']:.1f} | {x['predicted']:.1f} "
@@ -52,7 +55,10 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     pairs = compare(schema.read_rows(a.predicted), schema.read_rows(a.measured))
     if not pairs:
-        print("sim-validate: no predicted row has a measured twin (same model, ranks, backend, transport)", file=sys.stderr)
+        print(
+            "sim-validate: no predicted row has a measured twin (same model, ranks, backend, transport)",
+            file=sys.stderr,
+        )
         return 1
     text = table(pairs)
     print(text, end="")

@@ -666,7 +666,7 @@ def _check_sim_point(point: dict, label: str, root: str, problems: list[str]) ->
     for key in ("hosts", "delay_us"):
         if key in point:
             problems.append(
-                f"point {label}: {key} is not allowed with kind = \"sim\" (hosts are ranks / "
+                f'point {label}: {key} is not allowed with kind = "sim" (hosts are ranks / '
                 "ranks_per_host; the simulated links have no added delay)"
             )
     rph = point.get("ranks_per_host", 1)
@@ -676,7 +676,11 @@ def _check_sim_point(point: dict, label: str, root: str, problems: list[str]) ->
             f"{rph}; allowed: ranks that fill whole hosts"
         )
     if "calibration" in point:
-        full = point["calibration"] if os.path.isabs(point["calibration"]) else os.path.join(root, point["calibration"])
+        full = (
+            point["calibration"]
+            if os.path.isabs(point["calibration"])
+            else os.path.join(root, point["calibration"])
+        )
         if not os.path.isfile(full):
             problems.append(f"point {label}: calibration {full} does not exist")
 

@@ -91,8 +91,8 @@ StatusOr<Fit> FitSamples(const std::vector<BenchSample>& samples) {
   std::set<double> sizes;
   bool any_ring = false, any_link = false;
   for (const auto& s : samples) {
-    if (s.ranks < 2) return InvalidArgument("{}: a sample of {} rank(s); a fit needs >= 2", s.origin,
-                                            s.ranks);
+    if (s.ranks < 2)
+      return InvalidArgument("{}: a sample of {} rank(s); a fit needs >= 2", s.origin, s.ranks);
     sizes.insert(s.bytes);
     (s.reduces ? any_ring : any_link) = true;
   }

@@ -4,10 +4,11 @@
 // Each measured row (backend row "ring": kolo's engine ring; "link": the same ring's exchange
 // without the reduction) is a ring allreduce of `bytes` over N ranks on H hosts, which the model
 // (RingAllreduceTime) times as
-//   t = 2(N-1) * latency + 2(N-1) * (bytes / N) / bandwidth + [ring rows] (N-1) * (bytes / N) / reduce
+//   t = 2(N-1) * latency + 2(N-1) * (bytes / N) / bandwidth + [ring rows] (N-1) * (bytes / N) /
+//   reduce
 // (bandwidth: the bottleneck link's, the NIC's when H > 1, the intra-host link's otherwise).
-// A linear least-squares fit in (latency, 1 / bandwidth, 1 / reduce) over every row gives the three,
-// each clamped at zero cost where the data cannot see it.
+// A linear least-squares fit in (latency, 1 / bandwidth, 1 / reduce) over every row gives the
+// three, each clamped at zero cost where the data cannot see it.
 #pragma once
 
 #include <string>
@@ -29,8 +30,8 @@ struct BenchSample {
 
 struct Fit {
   double latency_s = 0;
-  double bytes_per_s = 0;         // the bottleneck link's achieved payload rate
-  double reduce_bytes_per_s = 0;  // 0: no reduction cost seen
+  double bytes_per_s = 0;           // the bottleneck link's achieved payload rate
+  double reduce_bytes_per_s = 0;    // 0: no reduction cost seen
   std::vector<double> predicted_s;  // per sample
   double median_abs_error = 0;      // relative
   double worst_abs_error = 0;

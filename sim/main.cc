@@ -66,15 +66,15 @@ int Predict(int argc, char** argv) {
                  "single-GPU images/sec to scale the profile to (0: the profile's own)")
       ->check(CLI::Range(0.0, 1e9));
   app.add_option("--ranks", p.ranks, "GPUs (training ranks)")->check(CLI::Range(1, 65536));
-  app.add_option("--ranks-per-host", p.ranks_per_host, "GPUs per host")
-      ->check(CLI::Range(1, 1024));
+  app.add_option("--ranks-per-host", p.ranks_per_host, "GPUs per host")->check(CLI::Range(1, 1024));
   app.add_option("--backend", p.backend, "ring | nccl | mpi | ps | none")
       ->check(CLI::IsMember({"ring", "nccl", "mpi", "ps", "none"}));
   app.add_option("--allreduce", allreduce, "flat | hierarchical")
       ->check(CLI::IsMember({"flat", "hierarchical"}));
   app.add_option("--transport", p.transport, "between hosts: tcp | rdma (auto = tcp)")
       ->check(CLI::IsMember({"tcp", "rdma", "auto", "shm"}));
-  app.add_option("--link", link, "NIC line rate per host, e.g. 25gbit (default: the calibration's)");
+  app.add_option("--link", link,
+                 "NIC line rate per host, e.g. 25gbit (default: the calibration's)");
   app.add_option("--dilation", p.dilation, "the emulated cluster's time dilation (replay)")
       ->check(CLI::Range(1.0, 10000.0));
   app.add_option("--fusion-threshold-mb", p.fusion_threshold_mb, "Tensor Fusion buffer, MiB")
@@ -159,26 +159,26 @@ int Predict(int argc, char** argv) {
   const Prediction& r = *pred;
   settings["nodes"] = r.hosts;
   record["settings"] = settings;
-  record["results"] = {{"total_images_per_sec", r.total_images_per_sec},
-                       {"images_per_sec_per_rank", r.images_per_sec_per_rank},
-                       {"images_per_sec_stddev", 0.0},
-                       {"step_time_ms_median", r.step_ms},
-                       {"step_time_ms_mean", r.step_ms},
-                       {"forward_ms", r.forward_ms},
-                       {"backward_ms", r.backward_ms},
-                       {"exposed_comm_ms", r.exposed_comm_ms},
-                       {"update_ms", r.update_ms},
-                       {"comm_ms", r.comm_ms},
-                       {"hidden_comm_ms", std::max(0.0, r.comm_ms - r.exposed_comm_ms)},
-                       {"negotiation_ms", r.negotiation_ms},
-                       {"comm_bytes_per_step", r.comm_bytes_per_step},
-                       {"comm_gbytes_per_sec",
-                        r.comm_ms > 0 ? r.comm_bytes_per_step / (r.comm_ms * 1e6) : 0.0},
-                       {"collectives_per_step", r.collectives_per_step},
-                       {"cycles_per_step", r.cycles_per_step},
-                       {"cycle_hold_ms", r.cycle_hold_ms},
-                       {"final_loss", nullptr},
-                       {"kernel_share", 0.0}};
+  record["results"] = {
+      {"total_images_per_sec", r.total_images_per_sec},
+      {"images_per_sec_per_rank", r.images_per_sec_per_rank},
+      {"images_per_sec_stddev", 0.0},
+      {"step_time_ms_median", r.step_ms},
+      {"step_time_ms_mean", r.step_ms},
+      {"forward_ms", r.forward_ms},
+      {"backward_ms", r.backward_ms},
+      {"exposed_comm_ms", r.exposed_comm_ms},
+      {"update_ms", r.update_ms},
+      {"comm_ms", r.comm_ms},
+      {"hidden_comm_ms", std::max(0.0, r.comm_ms - r.exposed_comm_ms)},
+      {"negotiation_ms", r.negotiation_ms},
+      {"comm_bytes_per_step", r.comm_bytes_per_step},
+      {"comm_gbytes_per_sec", r.comm_ms > 0 ? r.comm_bytes_per_step / (r.comm_ms * 1e6) : 0.0},
+      {"collectives_per_step", r.collectives_per_step},
+      {"cycles_per_step", r.cycles_per_step},
+      {"cycle_hold_ms", r.cycle_hold_ms},
+      {"final_loss", nullptr},
+      {"kernel_share", 0.0}};
   record["status"] = "ok";
   std::printf(
       "kolo-sim: %s %d GPUs (%d hosts x %d) backend %s%s %s: %.1f images/sec (%.1f per GPU, "

@@ -33,9 +33,9 @@ Status ReadCosts(const Json& j, const char* key, TransportCosts* out, const std:
   if (!j.contains(key)) return Status::OK();
   const Json& t = j.at(key);
   if (!t.is_object()) return InvalidArgument("{}: \"{}\" must be an object", origin, key);
-  for (auto [field, target] : {std::pair{"latency_us", &out->latency_us},
-                               std::pair{"efficiency", &out->efficiency},
-                               std::pair{"copy_gbytes_per_s", &out->copy_gbytes_per_s}}) {
+  for (auto [field, target] :
+       {std::pair{"latency_us", &out->latency_us}, std::pair{"efficiency", &out->efficiency},
+        std::pair{"copy_gbytes_per_s", &out->copy_gbytes_per_s}}) {
     if (!t.contains(field)) continue;
     if (!t.at(field).is_number()) {
       return InvalidArgument("{}: {}.{} must be a number", origin, key, field);
@@ -146,11 +146,12 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text, const std::st
   KOLO_RETURN_IF_ERROR(ReadCosts(j, "tcp", &c.tcp, origin));
   KOLO_RETURN_IF_ERROR(ReadCosts(j, "rdma", &c.rdma, origin));
   KOLO_RETURN_IF_ERROR(ReadCosts(j, "shm", &c.shm, origin));
-  for (auto [field, target] : {std::pair{"link_gbit", &c.link_gbit},
-                               std::pair{"intra_gbytes_per_s", &c.intra_gbytes_per_s},
-                               std::pair{"intra_latency_us", &c.intra_latency_us},
-                               std::pair{"reduce_gbytes_per_s", &c.reduce_gbytes_per_s},
-                               std::pair{"fusion_copy_gbytes_per_s", &c.fusion_copy_gbytes_per_s}}) {
+  for (auto [field, target] :
+       {std::pair{"link_gbit", &c.link_gbit},
+        std::pair{"intra_gbytes_per_s", &c.intra_gbytes_per_s},
+        std::pair{"intra_latency_us", &c.intra_latency_us},
+        std::pair{"reduce_gbytes_per_s", &c.reduce_gbytes_per_s},
+        std::pair{"fusion_copy_gbytes_per_s", &c.fusion_copy_gbytes_per_s}}) {
     if (!j.contains(field)) continue;
     if (!j.at(field).is_number() || j.at(field).get<double>() < 0) {
       return InvalidArgument("{}: \"{}\" must be a number >= 0", origin, field);
@@ -448,8 +449,8 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
     for (const Tensor& tensor : tensors) t = std::max(t, tensor.done_s) + tensor.update_s;
     out.step_ms = t * 1e3;
     out.update_ms = update_s * 1e3;
-    out.exposed_comm_ms = std::max(0.0, out.step_ms - out.forward_ms - out.backward_ms -
-                                            out.update_ms);
+    out.exposed_comm_ms =
+        std::max(0.0, out.step_ms - out.forward_ms - out.backward_ms - out.update_ms);
     out.comm_ms = comm_s * 1e3;
     out.negotiation_ms = negotiation_s * 1e3;
     out.comm_bytes_per_step = bytes_sent;
@@ -567,9 +568,8 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
   // NCCL reduces on the GPU, beside the transfer: no host reduction cost.
   const double reduce = point.backend == "nccl" ? 0.0 : costs.reduce_bytes_per_s;
   auto allreduce = [&](double bytes) {
-    return point.hierarchical
-               ? HierarchicalAllreduceTime(costs.net, bytes, reduce)
-               : RingAllreduceTime(costs.net, bytes, reduce);
+    return point.hierarchical ? HierarchicalAllreduceTime(costs.net, bytes, reduce)
+                              : RingAllreduceTime(costs.net, bytes, reduce);
   };
   const double cycle = point.cycle_time_ms / 1e3;
   const size_t threshold = static_cast<size_t>(point.fusion_threshold_mb * (1 << 20));
@@ -592,8 +592,9 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
     double free_at = step_start;  // when the engine thread is next idle
     while (done < tensors.size()) {
       // News: the engine has work once the next tensor is submitted or something is pending.
-      double news = controller.pending() > 0 ? free_at
-                                             : std::max(free_at, step_start + tensors[next].submit_s);
+      double news = controller.pending() > 0
+                        ? free_at
+                        : std::max(free_at, step_start + tensors[next].submit_s);
       double tick_s;
       {
         const double ticks = std::max(1.0, std::ceil((news - last_start) / cycle - 1e-12));

@@ -32,8 +32,8 @@ namespace kolo::sim {
 
 // The costs of one transport (kolo's tcp, rdma or shm, or the NCCL-like intra-host link).
 struct TransportCosts {
-  double latency_us = 0;     // per message (one ring step, one push, one negotiation hop)
-  double efficiency = 1;     // achievable fraction of the link's line rate
+  double latency_us = 0;         // per message (one ring step, one push, one negotiation hop)
+  double efficiency = 1;         // achievable fraction of the link's line rate
   double copy_gbytes_per_s = 0;  // per-byte host cost (copies through the kernel); 0: none
 };
 
@@ -41,14 +41,14 @@ struct TransportCosts {
 // JSON file (sim/calibrations/, or written by `kolo-sim calibrate`).
 struct Calibration {
   std::string name = "builtin";
-  std::string source;            // where the values come from, in words
-  double link_gbit = 25;         // NIC line rate per host when the point gives no link
+  std::string source;     // where the values come from, in words
+  double link_gbit = 25;  // NIC line rate per host when the point gives no link
   TransportCosts tcp{30, 0.9, 0};
   TransportCosts rdma{3, 0.97, 0};
-  TransportCosts shm{2, 1, 0};   // kolo's ring between ranks of one host
-  double intra_gbytes_per_s = 10;   // NCCL-like link of one GPU within its host (each direction)
+  TransportCosts shm{2, 1, 0};     // kolo's ring between ranks of one host
+  double intra_gbytes_per_s = 10;  // NCCL-like link of one GPU within its host (each direction)
   double intra_latency_us = 5;
-  double reduce_gbytes_per_s = 20;  // summing received bytes into the buffer
+  double reduce_gbytes_per_s = 20;       // summing received bytes into the buffer
   double fusion_copy_gbytes_per_s = 20;  // copying tensors into and out of the fusion buffer
   // Whether a parameter server's link moves pushes and pulls at the same time (each shard's pull
   // still waits for every worker's push of it); false: they take turns on one queue.
@@ -67,18 +67,18 @@ struct Point {
   double gpu_rate = 0;  // single-GPU images/sec to scale the profile to; 0: the profile's own
   int ranks = 1;
   int ranks_per_host = 1;
-  std::string backend = "ring";    // ring | nccl | mpi | ps | none
-  bool hierarchical = false;       // ring, nccl: reduce within hosts, allreduce across, gather
-  std::string transport = "tcp";   // tcp | rdma (between hosts); auto = tcp
-  double link_gbit = 0;            // NIC line rate; 0: the calibration's
-  double dilation = 1;             // the emulated cluster's time dilation (see SCHEMA.md)
+  std::string backend = "ring";   // ring | nccl | mpi | ps | none
+  bool hierarchical = false;      // ring, nccl: reduce within hosts, allreduce across, gather
+  std::string transport = "tcp";  // tcp | rdma (between hosts); auto = tcp
+  double link_gbit = 0;           // NIC line rate; 0: the calibration's
+  double dilation = 1;            // the emulated cluster's time dilation (see SCHEMA.md)
   double fusion_threshold_mb = 64;
   double cycle_time_ms = 1;
   int backward_passes_per_step = 1;
   int ps_servers = 1;
   std::string ps_placement = "greedy";
   bool ps_on_worker_hosts = false;  // servers share worker hosts instead of hosts of their own
-  int steps = 3;                    // steps simulated; the last is reported (the first fills caches)
+  int steps = 3;  // steps simulated; the last is reported (the first fills caches)
 };
 
 struct Prediction {
@@ -89,7 +89,7 @@ struct Prediction {
   double comm_ms = 0, negotiation_ms = 0;
   double comm_bytes_per_step = 0;
   double collectives_per_step = 0, cycles_per_step = 0, cycle_hold_ms = 0;
-  double coordinator_rounds = 0;  // in the reported step
+  double coordinator_rounds = 0;         // in the reported step
   double single_gpu_images_per_sec = 0;  // compute alone, batch / (forward + backward + update)
   int hosts = 1;
 };
@@ -107,10 +107,10 @@ struct Flow {
 struct Network {
   int hosts = 1;
   int per_host = 1;
-  double nic_bytes_per_s = 0;    // achievable, per direction per host
+  double nic_bytes_per_s = 0;  // achievable, per direction per host
   double nic_latency_s = 0;
   double nic_copy_bytes_per_s = 0;  // 0: no per-byte host cost
-  double intra_bytes_per_s = 0;  // per GPU, each direction
+  double intra_bytes_per_s = 0;     // per GPU, each direction
   double intra_latency_s = 0;
   double intra_copy_bytes_per_s = 0;
 };

@@ -82,6 +82,8 @@ def command(
         return argv + launcher.args + train
     if launcher.kind == "local":
         return [kolo_run, "-np", np_, "--timeout-s", str(int(timeout_s) + 1), "--", *train]
+    if launcher.kind == "sim":
+        return sim_command(point, program, args, json_path)
     if launcher.kind == "cluster":
         if cluster_name is None or cluster_script is None:
             raise ValueError('kind "cluster" needs the cluster\'s name and scripts/cluster')
@@ -117,6 +119,26 @@ def placement_of(point: dict, launcher: Launcher) -> placement.Placement | None:
     if where is None:
         raise ValueError(f"ps_hosts: {why}")  # the sweep file's validation refuses this first
     return where
+
+
+def sim_command(point: dict, program: str, trainer_args: list[str], json_path: str) -> list[str]:
+    """kolo-sim predict with kolo-train's arguments for `point` and the prediction's own settings
+    (calibration taken from the repository root when relative)."""
+    argv = [program, "predict", *trainer_args, "--ranks", str(point["ranks"])]
+    argv += ["--ranks-per-host", str(point.get("ranks_per_host", 1))]
+    if "link" in point:
+        argv += ["--link", point["link"]]
+    if "calibration" in point:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        cal = point["calibration"]
+        argv += ["--calibration", cal if os.path.isabs(cal) else os.path.join(root, cal)]
+    if "gpu_rate" in point:
+        argv += ["--gpu-rate", f"{point['gpu_rate']:g}"]
+    if "allreduce" in point:
+        argv += ["--allreduce", point["allreduce"]]
+    if "ps_hosts" in point:
+        argv += ["--ps-hosts", point["ps_hosts"]]
+    return argv + ["--json", json_path]
 
 
 _libc = None

@@ -139,10 +139,15 @@ def _run_locked(sweep: Sweep, out_dir: str, bin_dir: str, retry_failed: bool, st
         print(f"sweep {sweep.name}: {csv_path} rewritten in today's columns (reports/SCHEMA.md)", file=stream)
     shutil.copyfile(sweep.path, os.path.join(out_dir, "sweep.toml"))
 
-    program = sweep.launcher.program or os.path.join(bin_dir, "kolo-train")
+    sim = sweep.launcher.kind == "sim"
+    program = sweep.launcher.program or os.path.join(bin_dir, "kolo-sim" if sim else "kolo-train")
     kolo_run = os.path.join(bin_dir, "kolo-run")
-    _require_executable(program, "the trainer (kolo-train)")
-    if sweep.launcher.kind == "local":
+    _require_executable(
+        program, 'the simulator (kolo-sim, [launcher] kind = "sim")' if sim else "the trainer (kolo-train)"
+    )
+    if sim:
+        pass
+    elif sweep.launcher.kind == "local":
         _require_executable(kolo_run, 'kolo-run ([launcher] kind = "local")')
     elif sweep.launcher.kind == "cluster":
         _require_executable(cluster.SCRIPT, 'scripts/cluster ([launcher] kind = "cluster")')
@@ -243,6 +248,8 @@ def _run_point(
     profile = sweepfile.profile_path(point, root) if "profile" in point else None
     open(log_path, "w").close()
     nodes = sweep.launcher.nodes_for(settings.process_count(point))
+    if sweep.launcher.kind == "sim":
+        nodes = point["ranks"] // point.get("ranks_per_host", 1)
     cluster_name = None
     if session is not None and shape is not None:
         nodes = point["hosts"]

@@ -25,8 +25,11 @@ SETTING_COLUMNS = (
     "delay_us",
     "backend",
     "transport",
+    "allreduce",
     "compute",
     "profile",
+    "calibration",
+    "gpu_rate",
     "dilation",
     "precision",
     "fusion_threshold_mb",
@@ -88,11 +91,14 @@ BREAKDOWN = (
 COLUMNS = META + SETTING_COLUMNS + RESULTS
 # How the ranks were connected (the "network" column): every rank on this host over loopback
 # ("loopback"), an emulated network of namespaces and shaped links on this host ("emulated",
-# scripts/cluster), or the network of the hosts mpirun was given ("physical").
-NETWORKS = ("loopback", "emulated", "physical")
+# scripts/cluster), the network of the hosts mpirun was given ("physical"), or none: a prediction
+# of kolo-sim ("simulated", [launcher] kind = "sim"; its compute column says "simulated").
+NETWORKS = ("loopback", "emulated", "physical", "simulated")
 # The columns a results file gained with emulated networks and time dilation, and what they hold
 # for the rows of an earlier file, which never had either.
 NETWORK_COLUMNS = ("ranks_per_host", "network", "link", "link_represented", "delay_us", "dilation")
+# The columns a results file gained with kolo-sim's predictions (empty in measured rows).
+SIM_COLUMNS = settings.SIM_SETTINGS
 NUMERIC = (
     "repeat",
     "batch_size",
@@ -100,6 +106,7 @@ NUMERIC = (
     "nodes",
     "ranks_per_host",
     "delay_us",
+    "gpu_rate",
     "dilation",
     "fusion_threshold_mb",
     "cycle_time_ms",
@@ -200,10 +207,13 @@ def make_row(
     if row["dilation"] in (None, ""):
         row["dilation"] = 1
     row["network"] = network
-    if network != "emulated":
+    if network not in ("emulated", "simulated"):
         for name in ("ranks_per_host", "link", "delay_us"):
             row[name] = None
-    elif row["link"]:
+    if network == "simulated":
+        row["compute"] = "simulated"
+        row["delay_us"] = None
+    if network in ("emulated", "simulated") and row["link"]:
         row["link_represented"] = settings.represented_link(row["link"], float(row["dilation"]))
     if status == "ok":
         for name in _RESULT_FIELDS:
@@ -264,7 +274,7 @@ def _older_defaults(row: dict, header: tuple[str, ...]) -> dict:
 _LATER_SETTINGS = ("ps_hosts",)
 _ALWAYS = (
     META
-    + tuple(c for c in SETTING_COLUMNS if c not in NETWORK_COLUMNS and c not in _LATER_SETTINGS)
+    + tuple(c for c in SETTING_COLUMNS if c not in NETWORK_COLUMNS + SIM_COLUMNS + _LATER_SETTINGS)
     + ("total_images_per_sec", "status", "error", "log")
 )
 

@@ -37,6 +37,7 @@ BASELINE_SETTINGS = (
     "batch_size",
     "compute",
     "profile",
+    "gpu_rate",
     "dilation",
     "precision",
     "backward_passes_per_step",
@@ -47,6 +48,11 @@ BASELINE_SETTINGS = (
 # launcher consumes them, kolo-train never sees them. "hosts" is the training workers' hosts
 # (ranks = hosts x ranks_per_host); its CSV column is "nodes", the hosts the job spanned.
 CLUSTER_SETTINGS = ("hosts", "ranks_per_host", "link", "delay_us")
+# The settings of a prediction ([launcher] kind = "sim", kolo-sim): what it predicts with besides
+# the profile. A simulated network also takes ranks_per_host and link (hosts = ranks /
+# ranks_per_host, up to any size), and dilation for predicting an emulated cluster's points.
+SIM_SETTINGS = ("calibration", "gpu_rate", "allreduce")
+SIM_NETWORK_SETTINGS = ("ranks_per_host", "link")
 # A link rate as scripts/cluster takes it: a number and kbit, mbit or gbit (per second), from
 # 1mbit to 100gbit.
 RATE_UNITS = {"kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
@@ -225,6 +231,21 @@ SETTINGS: tuple[Setting, ...] = (
         help="rate of each emulated host's link (tc tbf, both directions)",
     ),
     Setting("delay_us", "int", None, minimum=0, maximum=1000000, help="one-way delay added per link, µs"),
+    Setting(
+        "calibration",
+        "str",
+        None,
+        help="kolo-sim calibration JSON (kind = sim; relative to the repository; sim/calibrations/)",
+    ),
+    Setting(
+        "gpu_rate",
+        "float",
+        None,
+        minimum=0,
+        exclusive_minimum=True,
+        help="kind = sim: single-GPU images/sec the replay profile is scaled to",
+    ),
+    Setting("allreduce", "str", None, choices=("flat", "hierarchical"), help="kind = sim: ring layout"),
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

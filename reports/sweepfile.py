@@ -35,7 +35,7 @@ LAUNCHER_KEYS = (
     "gpus_per_node",
     "time_limit",
 )
-LAUNCHER_KINDS = ("mpirun", "local", "cluster", "srun")
+LAUNCHER_KINDS = ("mpirun", "local", "cluster", "srun", "sim")
 # kind = "srun" only, and the keys only it takes.
 SRUN_KEYS = ("srun", "partition", "tasks_per_node", "gpus_per_node", "time_limit")
 _TIME_RE = re.compile(r"^([0-9]+-)?[0-9]+(:[0-9]{2}){0,2}$")
@@ -66,7 +66,7 @@ class Launcher:
     hosts: list[tuple[str, int | None]] = field(default_factory=list)  # (host, slots or None)
     hostfile: str | None = None
     env: dict[str, str] = field(default_factory=dict)
-    program: str | None = None  # the trainer; None = <bin dir>/kolo-train
+    program: str | None = None  # the trainer (kind "sim": kolo-sim); None = <bin dir>/kolo-train
     # kind = "cluster": "mpirun" to run over loopback on this host where no emulated network can
     # be made (scripts/cluster check fails), without the network's settings; None to refuse.
     fallback: str | None = None
@@ -81,7 +81,7 @@ class Launcher:
     def is_local(self) -> bool:
         """True when every rank runs on this host over loopback (then the loopback flags are
         added). An emulated cluster's ranks are on this machine but not on loopback."""
-        if self.kind in ("cluster", "srun"):
+        if self.kind in ("cluster", "srun", "sim"):
             return False
         if self.kind == "local":
             return True
@@ -100,6 +100,8 @@ class Launcher:
         """The CSV's network column for the rows of this launcher (schema.NETWORKS)."""
         if self.kind == "cluster":
             return "emulated"
+        if self.kind == "sim":
+            return "simulated"
         return "loopback" if self.is_local() else "physical"
 
     def nodes_for(self, processes: int) -> int:
@@ -230,6 +232,8 @@ def add_baselines(points: list[dict], repeats: int, kind: str = "mpirun") -> tup
         raw.update(ranks=1, backend="none")
         if kind == "cluster":
             raw.update({k: p[k] for k in ("link", "delay_us") if k in p}, hosts=1, ranks_per_host=1)
+        if kind == "sim":
+            raw.update({k: p[k] for k in ("link", "calibration") if k in p}, ranks_per_host=1)
         base = settings.normalize(raw)
         for r in range(repeats):
             point = dict(base, repeat=r)
@@ -564,6 +568,13 @@ def _parse_launcher(table: dict, root: str, problems: list[str]) -> Launcher:
                     f'[launcher] {key} is not allowed with kind = "local" '
                     '(kolo-run starts every rank on this host); use kind = "mpirun"'
                 )
+    if launcher.kind == "sim":
+        for key in ("mpirun", "args", "hosts", "hostfile", "env"):
+            if key in table:
+                problems.append(
+                    f'[launcher] {key} is not allowed with kind = "sim" (kolo-sim predicts each '
+                    "point; nothing is launched on hosts)"
+                )
     if launcher.kind == "cluster":
         for key in ("mpirun", "hosts", "hostfile"):
             if key in table:
@@ -687,26 +698,36 @@ def _check_point(point: dict, launcher: Launcher, root: str, problems: list[str]
             f'point {label}: backend "mpi" needs mpirun; [launcher] kind = "{launcher.kind}" runs {runs}'
         )
     _check_combination(point, label, problems)
-    if "ps_hosts" in point:
-        if launcher.kind != "mpirun" or launcher.is_local():
+    # ps_hosts under mpirun: the runner builds the point's host list (slots are checked there).
+    placed = "ps_hosts" in point and launcher.kind == "mpirun" and not launcher.is_local()
+    if "ps_hosts" in point and launcher.kind != "sim":
+        if not placed:
             problems.append(
                 f"point {label}: ps_hosts = {point['ps_hosts']!r} places parameter servers on hosts; "
-                f'it needs [launcher] kind = "mpirun" with hosts of their own (kind is "{launcher.kind}"'
-                + (", every host local)" if launcher.kind == "mpirun" else ")")
+                f'it needs [launcher] kind = "mpirun" with hosts of their own, or kind = "sim" (kind '
+                f'is "{launcher.kind}"' + (", every host local)" if launcher.kind == "mpirun" else ")")
             )
         else:
             hosts = read_hostfile(launcher.hostfile) if launcher.hostfile else launcher.hosts
             _, why = placement.plan(point, hosts)
             if why is not None:
                 problems.append(f"point {label}: ps_hosts = {point['ps_hosts']!r} {why}")
-        return
     dilation = point.get("dilation", 1)
     if dilation != 1 and point.get("compute") != "replay":
         problems.append(
             f"point {label}: dilation = {dilation} stretches replayed layer times; it needs "
             f'compute = "replay" (compute is {point.get("compute", "left to kolo-train")!r})'
         )
-    if launcher.kind != "cluster":
+    if launcher.kind == "sim":
+        _check_sim_point(point, label, root, problems)
+    else:
+        for key in settings.SIM_SETTINGS:
+            if key in point:
+                problems.append(
+                    f"point {label}: {key} = {point[key]!r} is a setting of predictions; it needs "
+                    f'[launcher] kind = "sim" (kind is "{launcher.kind}")'
+                )
+    if launcher.kind not in ("cluster", "sim"):
         for key in settings.CLUSTER_SETTINGS:
             if key in point:
                 problems.append(
@@ -719,7 +740,12 @@ def _check_point(point: dict, launcher: Launcher, root: str, problems: list[str]
             + (" and its parameter servers'" if cluster_hosts(point) > point["hosts"] else "")
             + f"); scripts/cluster makes at most {CLUSTER_MAX_HOSTS}"
         )
-    if launcher.kind == "mpirun" and not launcher.is_local() and "--oversubscribe" not in launcher.args:
+    if (
+        launcher.kind == "mpirun"
+        and not launcher.is_local()
+        and not placed
+        and "--oversubscribe" not in launcher.args
+    ):
         slots = launcher.slots()
         if slots and all(s is not None for s in slots):
             need = settings.process_count(point)
@@ -746,6 +772,36 @@ def _check_combination(point: dict, label: str, problems: list[str]) -> None:
             f'point {label}: backend = "nccl" reduces GPU tensors; it needs compute = "cudnn" '
             f"(compute is {compute!r})"
         )
+
+
+def _check_sim_point(point: dict, label: str, root: str, problems: list[str]) -> None:
+    """A point kolo-sim can predict: replay compute (the profile's layer times), whole hosts, no
+    emulated-only settings, a calibration file that exists."""
+    if point.get("compute") != "replay":
+        problems.append(
+            f'point {label}: [launcher] kind = "sim" predicts from a replay profile; it needs '
+            f'compute = "replay" and a profile (compute is {point.get("compute", "not set")!r})'
+        )
+    for key in ("hosts", "delay_us"):
+        if key in point:
+            problems.append(
+                f'point {label}: {key} is not allowed with kind = "sim" (hosts are ranks / '
+                "ranks_per_host; the simulated links have no added delay)"
+            )
+    rph = point.get("ranks_per_host", 1)
+    if point.get("ranks", 1) % rph:
+        problems.append(
+            f"point {label}: ranks = {point.get('ranks')} is not a multiple of ranks_per_host = "
+            f"{rph}; allowed: ranks that fill whole hosts"
+        )
+    if "calibration" in point:
+        full = (
+            point["calibration"]
+            if os.path.isabs(point["calibration"])
+            else os.path.join(root, point["calibration"])
+        )
+        if not os.path.isfile(full):
+            problems.append(f"point {label}: calibration {full} does not exist")
 
 
 def describe(point: dict) -> str:

@@ -1,0 +1,152 @@
+#include "sim/calibrate.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+namespace kolo::sim {
+namespace {
+
+using Json = nlohmann::json;
+
+std::array<double, 3> Features(const BenchSample& s) {
+  const double n = s.ranks;
+  const double piece = s.bytes / n;
+  return {2 * (n - 1), 2 * (n - 1) * piece, s.reduces ? (n - 1) * piece : 0.0};
+}
+
+// Solves the k x k system a x = b (Gaussian elimination with partial pivoting); false if singular.
+bool Solve(std::vector<std::vector<double>> a, std::vector<double> b, std::vector<double>* x) {
+  const size_t k = b.size();
+  for (size_t c = 0; c < k; ++c) {
+    size_t p = c;
+    for (size_t r = c + 1; r < k; ++r) {
+      if (std::abs(a[r][c]) > std::abs(a[p][c])) p = r;
+    }
+    if (std::abs(a[p][c]) < 1e-300) return false;
+    std::swap(a[p], a[c]);
+    std::swap(b[p], b[c]);
+    for (size_t r = 0; r < k; ++r) {
+      if (r == c) continue;
+      const double f = a[r][c] / a[c][c];
+      for (size_t j = c; j < k; ++j) a[r][j] -= f * a[c][j];
+      b[r] -= f * b[c];
+    }
+  }
+  x->resize(k);
+  for (size_t c = 0; c < k; ++c) (*x)[c] = b[c] / a[c][c];
+  return true;
+}
+
+}  // namespace
+
+StatusOr<std::vector<BenchSample>> ReadBenchJson(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFound("cannot read {}", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  Json j;
+  try {
+    j = Json::parse(ss.str());
+  } catch (const Json::parse_error& e) {
+    return InvalidArgument("{}: not valid JSON: {}", path, e.what());
+  }
+  if (!j.is_object() || !j.contains("rows") || !j.contains("ranks") || !j.contains("hosts")) {
+    return InvalidArgument("{}: not a kolo-allreduce-bench --json document (no ranks, hosts, rows)",
+                           path);
+  }
+  std::vector<BenchSample> out;
+  const int ranks = j.at("ranks").get<int>();
+  const int hosts = static_cast<int>(j.at("hosts").size());
+  for (const Json& r : j.at("rows")) {
+    const std::string kind = r.value("kind", "");
+    if (kind != "ring" && kind != "link") continue;
+    if (!r.contains("time") || !r.at("time").contains("median_us")) continue;
+    BenchSample s;
+    s.ranks = ranks;
+    s.hosts = std::max(1, hosts);
+    s.bytes = r.at("bytes").get<double>();
+    s.reduces = kind == "ring";
+    s.seconds = r.at("time").at("median_us").get<double>() * 1e-6;
+    s.transport = r.value("transport", "");
+    s.origin = path;
+    out.push_back(s);
+  }
+  if (out.empty()) return InvalidArgument("{}: no ring or link rows to fit", path);
+  return out;
+}
+
+double SampleTime(const BenchSample& s, double latency_s, double bytes_per_s,
+                  double reduce_bytes_per_s) {
+  const auto f = Features(s);
+  return f[0] * latency_s + (bytes_per_s > 0 ? f[1] / bytes_per_s : 0) +
+         (reduce_bytes_per_s > 0 ? f[2] / reduce_bytes_per_s : 0);
+}
+
+StatusOr<Fit> FitSamples(const std::vector<BenchSample>& samples) {
+  std::set<double> sizes;
+  bool any_ring = false, any_link = false;
+  for (const auto& s : samples) {
+    if (s.ranks < 2)
+      return InvalidArgument("{}: a sample of {} rank(s); a fit needs >= 2", s.origin, s.ranks);
+    sizes.insert(s.bytes);
+    (s.reduces ? any_ring : any_link) = true;
+  }
+  if (samples.size() < 2 || sizes.size() < 2) {
+    return InvalidArgument("a fit needs rows at two or more buffer sizes (got {} size(s))",
+                           sizes.size());
+  }
+  // Relative least squares (each row weighted by 1 / measured time) so that small buffers count.
+  // The reduction is seen only as the difference between ring and link rows; with one kind
+  // alone it is folded into the bandwidth.
+  const bool fit_reduce = any_ring && any_link;
+  const size_t k = fit_reduce ? 3 : 2;
+  std::vector<double> x;
+  std::vector<bool> zero(k, false);
+  for (int pass = 0; pass < 3; ++pass) {
+    std::vector<std::vector<double>> a(k, std::vector<double>(k, 0));
+    std::vector<double> b(k, 0);
+    for (const auto& s : samples) {
+      auto f = Features(s);
+      const double w = 1.0 / (s.seconds * s.seconds);
+      for (size_t i = 0; i < k; ++i) {
+        for (size_t m = 0; m < k; ++m) a[i][m] += w * (zero[i] || zero[m] ? 0 : f[i] * f[m]);
+        b[i] += w * (zero[i] ? 0 : f[i] * s.seconds);
+      }
+    }
+    for (size_t i = 0; i < k; ++i) {
+      if (zero[i]) a[i][i] = 1;
+    }
+    if (!Solve(a, b, &x)) return InvalidArgument("the rows do not determine the parameters");
+    bool again = false;
+    for (size_t i = 0; i < k; ++i) {
+      if (x[i] < 0) {
+        zero[i] = true;
+        x[i] = 0;
+        again = true;
+      }
+    }
+    if (!again) break;
+  }
+  Fit fit;
+  fit.latency_s = x[0];
+  fit.bytes_per_s = x[1] > 0 ? 1.0 / x[1] : 0;
+  fit.reduce_bytes_per_s = k == 3 && x[2] > 0 ? 1.0 / x[2] : 0;
+  if (fit.bytes_per_s <= 0) return InvalidArgument("the fit found no bandwidth cost in the rows");
+  std::vector<double> errors;
+  for (const auto& s : samples) {
+    const double p = SampleTime(s, fit.latency_s, fit.bytes_per_s, fit.reduce_bytes_per_s);
+    fit.predicted_s.push_back(p);
+    errors.push_back(std::abs(p - s.seconds) / s.seconds);
+  }
+  std::sort(errors.begin(), errors.end());
+  fit.median_abs_error = errors[errors.size() / 2];
+  fit.worst_abs_error = errors.back();
+  return fit;
+}
+
+}  // namespace kolo::sim

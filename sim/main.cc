@@ -1,0 +1,329 @@
+// kolo-sim: predicts a training configuration's images/sec on hosts x GPUs per host (predict), and
+// fits the network and host parameters it predicts with to kolo-allreduce-bench JSON (calibrate).
+// See sim/model.h for the model and README.md (kolo-sim) for its use in sweeps.
+//
+//   kolo-sim predict --model resnet101 --profile models/profiles/resnet101-h100-b64.json
+//       --ranks 128 --ranks-per-host 4 --backend nccl --link 25gbit --gpu-rate 219
+//       --calibration sim/calibrations/paper-25gbe.json [--json RECORD]
+//   kolo-sim calibrate --link 1gbit [--name NAME] [--base CAL] [--out CAL] BENCH.json...
+//
+// predict prints one line; with --json it writes a record in kolo-train's --json format
+// (models/trainer/run_record.h) with "compute": "simulated", so that the sweep runner
+// ([launcher] kind = "sim") makes CSV rows of it as it does of measured runs.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "sim/calibrate.h"
+#include "sim/model.h"
+
+namespace {
+
+using kolo::sim::Calibration;
+using kolo::sim::Point;
+using kolo::sim::Prediction;
+
+void Say(const std::string& line) { std::fprintf(stderr, "kolo-sim: %s\n", line.c_str()); }
+
+// "25gbit" -> 25 (Gbit/s); -1 when it is not a rate.
+double RateGbit(const std::string& text) {
+  static const std::regex re(R"(^([0-9]+(?:\.[0-9]+)?)(kbit|mbit|gbit)$)");
+  std::smatch m;
+  if (!std::regex_match(text, m, re)) return -1;
+  const double v = std::stod(m[1]);
+  const std::string unit = m[2];
+  return unit == "gbit" ? v : unit == "mbit" ? v / 1e3 : v / 1e6;
+}
+
+std::string Utc() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+int Predict(int argc, char** argv) {
+  CLI::App app{"kolo-sim predict: images/sec of one configuration, from a replay profile"};
+  Point p;
+  std::string link, calibration_path, json_path, compute = "replay", precision, allreduce = "flat";
+  std::string ps_hosts = "dedicated";
+  int64_t image_size = 0, num_classes = 0;
+  int warmup = 0, batches = 0;
+  app.add_option("--model", p.model, "model (models/zoo)")->required();
+  app.add_option("--profile", p.profile, "replay profile: layer times")->required();
+  app.add_option("--batch-size", p.batch_size, "per rank; must be the profile's");
+  app.add_option("--gpu-rate", p.gpu_rate,
+                 "single-GPU images/sec to scale the profile to (0: the profile's own)")
+      ->check(CLI::Range(0.0, 1e9));
+  app.add_option("--ranks", p.ranks, "GPUs (training ranks)")->check(CLI::Range(1, 65536));
+  app.add_option("--ranks-per-host", p.ranks_per_host, "GPUs per host")->check(CLI::Range(1, 1024));
+  app.add_option("--backend", p.backend, "ring | nccl | mpi | ps | none")
+      ->check(CLI::IsMember({"ring", "nccl", "mpi", "ps", "none"}));
+  app.add_option("--allreduce", allreduce, "flat | hierarchical")
+      ->check(CLI::IsMember({"flat", "hierarchical"}));
+  app.add_option("--transport", p.transport, "between hosts: tcp | rdma (auto = tcp)")
+      ->check(CLI::IsMember({"tcp", "rdma", "auto", "shm"}));
+  app.add_option("--link", link,
+                 "NIC line rate per host, e.g. 25gbit (default: the calibration's)");
+  app.add_option("--dilation", p.dilation, "the emulated cluster's time dilation (replay)")
+      ->check(CLI::Range(1.0, 10000.0));
+  app.add_option("--fusion-threshold-mb", p.fusion_threshold_mb, "Tensor Fusion buffer, MiB")
+      ->check(CLI::Range(0.0, 1e6));
+  app.add_option("--cycle-time-ms", p.cycle_time_ms, "engine cycle time")
+      ->check(CLI::Range(1e-6, 1e6));
+  app.add_option("--backward-passes-per-step", p.backward_passes_per_step, "micro-batches")
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--ps-servers", p.ps_servers, "parameter servers")->check(CLI::Range(1, 65536));
+  app.add_option("--ps-placement", p.ps_placement, "greedy | split")
+      ->check(CLI::IsMember({"greedy", "split"}));
+  app.add_option("--ps-hosts", ps_hosts,
+                 "dedicated (servers on hosts of their own) | spread (one per worker host)")
+      ->check(CLI::IsMember({"dedicated", "spread"}));
+  app.add_option("--steps", p.steps, "steps simulated (the last is reported)")
+      ->check(CLI::Range(2, 100));
+  app.add_option("--calibration", calibration_path, "calibration JSON (default: built in)");
+  app.add_option("--json", json_path, "write a kolo-train-style run record here");
+  // kolo-train's flags a sweep passes on; checked against the profile.
+  app.add_option("--compute", compute, "must be replay (the profile's compute is simulated)");
+  app.add_option("--precision", precision, "must be the profile's");
+  app.add_option("--image-size", image_size, "must be the profile's");
+  app.add_option("--num-classes", num_classes, "must be the profile's");
+  app.add_option("--num-warmup-batches", warmup, "ignored (the simulation warms its caches)");
+  app.add_option("--num-batches", batches, "ignored");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    Say(fmt::format("{}; see kolo-sim predict --help", e.what()));
+    return 2;
+  }
+  if (compute != "replay") {
+    Say(fmt::format("--compute {} is not allowed; allowed: replay (kolo-sim times the profile)",
+                    compute));
+    return 2;
+  }
+  if (!link.empty()) {
+    p.link_gbit = RateGbit(link);
+    if (p.link_gbit <= 0) {
+      Say(fmt::format("--link {} is not allowed; allowed: a rate like 25gbit, 100mbit", link));
+      return 2;
+    }
+  }
+  p.hierarchical = allreduce == "hierarchical";
+  p.ps_on_worker_hosts = ps_hosts == "spread";
+  if (p.transport == "auto" || p.transport == "shm") p.transport = "tcp";
+  Calibration cal;
+  if (!calibration_path.empty()) {
+    auto c = kolo::sim::LoadCalibration(calibration_path);
+    if (!c.ok()) {
+      Say(c.status().ToString());
+      return 2;
+    }
+    cal = *c;
+  }
+  auto pred = kolo::sim::Predict(p, cal);
+  nlohmann::json record;
+  record["kolo_commit"] = "unknown";
+  record["timestamp"] = Utc();
+  record["hosts"] = std::vector<std::string>{};
+  record["cpu_model"] = "";
+  record["gpu_model"] = "";
+  nlohmann::json settings = {{"model", p.model},
+                             {"batch_size", p.batch_size},
+                             {"compute", "simulated"},
+                             {"profile", p.profile},
+                             {"calibration", cal.name},
+                             {"backend", p.backend},
+                             {"ranks", p.ranks},
+                             {"fusion_threshold_mb", p.fusion_threshold_mb},
+                             {"cycle_time_ms", p.cycle_time_ms},
+                             {"backward_passes_per_step", p.backward_passes_per_step}};
+  if (!pred.ok()) {
+    Say(pred.status().ToString());
+    record["settings"] = settings;
+    record["status"] = "failed";
+    record["error"] = pred.status().ToString();
+    if (!json_path.empty()) std::ofstream(json_path) << record.dump(2) << "\n";
+    return 1;
+  }
+  const Prediction& r = *pred;
+  settings["nodes"] = r.hosts;
+  record["settings"] = settings;
+  record["results"] = {
+      {"total_images_per_sec", r.total_images_per_sec},
+      {"images_per_sec_per_rank", r.images_per_sec_per_rank},
+      {"images_per_sec_stddev", 0.0},
+      {"step_time_ms_median", r.step_ms},
+      {"step_time_ms_mean", r.step_ms},
+      {"forward_ms", r.forward_ms},
+      {"backward_ms", r.backward_ms},
+      {"exposed_comm_ms", r.exposed_comm_ms},
+      {"update_ms", r.update_ms},
+      {"comm_ms", r.comm_ms},
+      {"hidden_comm_ms", std::max(0.0, r.comm_ms - r.exposed_comm_ms)},
+      {"negotiation_ms", r.negotiation_ms},
+      {"comm_bytes_per_step", r.comm_bytes_per_step},
+      {"comm_gbytes_per_sec", r.comm_ms > 0 ? r.comm_bytes_per_step / (r.comm_ms * 1e6) : 0.0},
+      {"collectives_per_step", r.collectives_per_step},
+      {"cycles_per_step", r.cycles_per_step},
+      {"cycle_hold_ms", r.cycle_hold_ms},
+      {"final_loss", nullptr},
+      {"kernel_share", 0.0}};
+  record["status"] = "ok";
+  std::printf(
+      "kolo-sim: %s %d GPUs (%d hosts x %d) backend %s%s %s: %.1f images/sec (%.1f per GPU, "
+      "single GPU %.1f), step %.2f ms, exposed comm %.2f ms, calibration %s\n",
+      p.model.c_str(), p.ranks, r.hosts, p.ranks_per_host, p.backend.c_str(),
+      p.hierarchical ? " hierarchical" : "", p.transport.c_str(), r.total_images_per_sec,
+      r.images_per_sec_per_rank, r.single_gpu_images_per_sec, r.step_ms, r.exposed_comm_ms,
+      cal.name.c_str());
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    out << record.dump(2) << "\n";
+    if (!out) {
+      Say(fmt::format("cannot write {}", json_path));
+      return 1;
+    }
+  }
+  return 0;
+}
+
+int Calibrate(int argc, char** argv) {
+  CLI::App app{"kolo-sim calibrate: fit link and host parameters to kolo-allreduce-bench JSON"};
+  std::vector<std::string> files;
+  std::string link, name = "fitted", base_path, out_path, transport = "tcp";
+  app.add_option("files", files, "kolo-allreduce-bench --json documents")->required();
+  app.add_option("--link", link, "the measured hosts' NIC line rate, e.g. 1gbit")->required();
+  app.add_option("--name", name, "the calibration's name (written into predicted rows)");
+  app.add_option("--base", base_path, "calibration whose other parameters the result keeps");
+  app.add_option("--transport", transport, "which transport the rows between hosts measured")
+      ->check(CLI::IsMember({"tcp", "rdma"}));
+  app.add_option("--out", out_path, "write the calibration JSON here");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    Say(fmt::format("{}; see kolo-sim calibrate --help", e.what()));
+    return 2;
+  }
+  const double gbit = RateGbit(link);
+  if (gbit <= 0) {
+    Say(fmt::format("--link {} is not allowed; allowed: a rate like 25gbit, 100mbit", link));
+    return 2;
+  }
+  std::vector<kolo::sim::BenchSample> inter, intra;
+  for (const auto& f : files) {
+    auto s = kolo::sim::ReadBenchJson(f);
+    if (!s.ok()) {
+      Say(s.status().ToString());
+      return 2;
+    }
+    for (const auto& x : *s) (x.hosts > 1 ? inter : intra).push_back(x);
+  }
+  Calibration cal;
+  if (!base_path.empty()) {
+    auto c = kolo::sim::LoadCalibration(base_path);
+    if (!c.ok()) {
+      Say(c.status().ToString());
+      return 2;
+    }
+    cal = *c;
+  }
+  cal.name = name;
+  cal.link_gbit = gbit;
+  std::string source = "kolo-sim calibrate --link " + link + " over";
+  for (const auto& f : files) source += " " + f;
+  cal.source = source;
+  auto report = [](const char* what, const std::vector<kolo::sim::BenchSample>& samples,
+                   const kolo::sim::Fit& fit) {
+    std::printf("%s: latency %.2f us, bandwidth %.4g GB/s, reduction %.4g GB/s\n", what,
+                fit.latency_s * 1e6, fit.bytes_per_s / 1e9, fit.reduce_bytes_per_s / 1e9);
+    std::printf("  %-6s %-5s %-5s %12s %12s %12s %9s\n", "ranks", "hosts", "row", "bytes",
+                "measured_us", "fitted_us", "residual");
+    for (size_t i = 0; i < samples.size(); ++i) {
+      const auto& s = samples[i];
+      std::printf("  %-6d %-5d %-5s %12.0f %12.1f %12.1f %+8.1f%%\n", s.ranks, s.hosts,
+                  s.reduces ? "ring" : "link", s.bytes, s.seconds * 1e6, fit.predicted_s[i] * 1e6,
+                  100 * (fit.predicted_s[i] - s.seconds) / s.seconds);
+    }
+    std::printf("  residuals: median |%.1f%%|, worst |%.1f%%|\n", 100 * fit.median_abs_error,
+                100 * fit.worst_abs_error);
+  };
+  if (inter.empty() && intra.empty()) {
+    Say("no rows to fit");
+    return 2;
+  }
+  kolo::sim::TransportCosts& t = transport == "rdma" ? cal.rdma : cal.tcp;
+  if (!inter.empty()) {
+    auto fit = kolo::sim::FitSamples(inter);
+    if (!fit.ok()) {
+      Say(fit.status().ToString());
+      return 2;
+    }
+    report("between hosts", inter, *fit);
+    t.latency_us = fit->latency_s * 1e6;
+    t.efficiency = std::min(1.0, fit->bytes_per_s / (gbit * 1e9 / 8));
+    t.copy_gbytes_per_s = 0;  // folded into the fitted bandwidth
+    if (fit->reduce_bytes_per_s > 0) cal.reduce_gbytes_per_s = fit->reduce_bytes_per_s / 1e9;
+    std::printf("  -> %s: latency_us %.2f, efficiency %.3f of %s\n", transport.c_str(),
+                t.latency_us, t.efficiency, link.c_str());
+  }
+  if (!intra.empty()) {
+    auto fit = kolo::sim::FitSamples(intra);
+    if (!fit.ok()) {
+      Say(fit.status().ToString());
+      return 2;
+    }
+    report("within a host", intra, *fit);
+    cal.shm.latency_us = fit->latency_s * 1e6;
+    cal.shm.efficiency = 1;
+    cal.intra_gbytes_per_s = fit->bytes_per_s / 1e9;
+    if (inter.empty() && fit->reduce_bytes_per_s > 0) {
+      cal.reduce_gbytes_per_s = fit->reduce_bytes_per_s / 1e9;
+    }
+  }
+  const std::string text = kolo::sim::CalibrationToJson(cal);
+  if (out_path.empty()) {
+    std::fputs(text.c_str(), stdout);
+  } else {
+    std::ofstream out(out_path);
+    out << text;
+    if (!out) {
+      Say(fmt::format("cannot write {}", out_path));
+      return 1;
+    }
+    std::printf("wrote %s\n", out_path.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string usage = "usage: kolo-sim predict ARGS... | kolo-sim calibrate ARGS... (--help)";
+  if (argc < 2) {
+    Say(usage);
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "predict") return Predict(argc - 1, argv + 1);
+  if (cmd == "calibrate") return Calibrate(argc - 1, argv + 1);
+  if (cmd == "--help" || cmd == "-h") {
+    std::printf("%s\n", usage.c_str());
+    return 0;
+  }
+  Say(fmt::format("unknown command '{}'; {}", cmd, usage));
+  return 2;
+}

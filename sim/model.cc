@@ -1,0 +1,662 @@
+#include "sim/model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <queue>
+#include <sstream>
+
+#include "engine/backends/ps/placement.h"
+#include "engine/common/tensor.h"
+#include "engine/coordinator/controller.h"
+#include "engine/fusion/planner.h"
+#include "models/compute/replay/profile.h"
+#include "models/zoo/zoo.h"
+
+namespace kolo::sim {
+namespace {
+
+using Json = nlohmann::json;
+using coordinator::Request;
+using coordinator::Response;
+
+constexpr double kGiga = 1e9;
+
+// ---- Calibration JSON ----
+
+Status ReadCosts(const Json& j, const char* key, TransportCosts* out, const std::string& origin) {
+  if (!j.contains(key)) return Status::OK();
+  const Json& t = j.at(key);
+  if (!t.is_object()) return InvalidArgument("{}: \"{}\" must be an object", origin, key);
+  for (auto [field, target] :
+       {std::pair{"latency_us", &out->latency_us}, std::pair{"efficiency", &out->efficiency},
+        std::pair{"copy_gbytes_per_s", &out->copy_gbytes_per_s}}) {
+    if (!t.contains(field)) continue;
+    if (!t.at(field).is_number()) {
+      return InvalidArgument("{}: {}.{} must be a number", origin, key, field);
+    }
+    *target = t.at(field).get<double>();
+  }
+  if (out->latency_us < 0 || out->copy_gbytes_per_s < 0) {
+    return InvalidArgument("{}: {}.latency_us and copy_gbytes_per_s must be >= 0", origin, key);
+  }
+  if (!(out->efficiency > 0 && out->efficiency <= 1)) {
+    return InvalidArgument("{}: {}.efficiency = {} is not allowed; allowed: a fraction in (0, 1]",
+                           origin, key, out->efficiency);
+  }
+  return Status::OK();
+}
+
+Json CostsJson(const TransportCosts& t) {
+  return {{"latency_us", t.latency_us},
+          {"efficiency", t.efficiency},
+          {"copy_gbytes_per_s", t.copy_gbytes_per_s}};
+}
+
+// ---- The symmetric job the real Controller negotiates in ----
+
+// Simulated time, as the controller reads it.
+class SimClock final : public coordinator::Clock {
+ public:
+  coordinator::SteadyClock::time_point Now() override { return At(now_s); }
+  static coordinator::SteadyClock::time_point At(double s) {
+    return coordinator::SteadyClock::time_point(
+        std::chrono::duration_cast<coordinator::SteadyClock::duration>(
+            std::chrono::duration<double>(s + 1.0)));
+  }
+  double now_s = 0;
+};
+
+// Every rank runs the same profile, so every rank submits the same tensors at the same times and
+// holds the same cache: the bit vectors every rank contributes are this rank's own, and rank 0
+// gathers `size` copies of this rank's requests. The peers record what was exchanged, for the
+// negotiation's time.
+class SymmetricPeers final : public coordinator::Peers {
+ public:
+  explicit SymmetricPeers(int size) : size_(size) {}
+  Status BitwiseAllreduce(uint64_t*, size_t and_words, size_t or_words) override {
+    bit_words = and_words + or_words;
+    ++bit_exchanges;
+    return Status::OK();
+  }
+  StatusOr<std::vector<std::vector<uint8_t>>> GatherAtRoot(
+      const std::vector<uint8_t>& mine) override {
+    gathered_bytes = static_cast<double>(mine.size());
+    ++rounds;
+    return std::vector<std::vector<uint8_t>>(static_cast<size_t>(size_), mine);
+  }
+  StatusOr<std::vector<uint8_t>> BroadcastFromRoot(const std::vector<uint8_t>& message) override {
+    broadcast_bytes = static_cast<double>(message.size());
+    return message;
+  }
+  void Reset() {
+    bit_words = 0;
+    bit_exchanges = 0;
+    rounds = 0;
+    gathered_bytes = broadcast_bytes = 0;
+  }
+  size_t bit_words = 0;
+  int bit_exchanges = 0;
+  int rounds = 0;
+  double gathered_bytes = 0, broadcast_bytes = 0;
+
+ private:
+  int size_;
+};
+
+struct Tensor {
+  std::string name;
+  Shape shape;
+  double bytes = 0;
+  double submit_s = 0;  // within the step
+  double done_s = 0;
+  double update_s = 0;  // this parameter's share of the optimizer's time
+};
+
+int CeilLog2(int n) {
+  int r = 0;
+  while ((1 << r) < n) ++r;
+  return r;
+}
+
+}  // namespace
+
+// ---- Calibration ----
+
+StatusOr<Calibration> CalibrationFromJson(const std::string& text, const std::string& origin) {
+  Json j;
+  try {
+    j = Json::parse(text);
+  } catch (const Json::parse_error& e) {
+    return InvalidArgument("{}: not valid JSON: {}", origin, e.what());
+  }
+  if (!j.is_object() || j.value("format", "") != "kolo-sim-calibration") {
+    return InvalidArgument("{}: not a kolo-sim calibration (\"format\": \"kolo-sim-calibration\")",
+                           origin);
+  }
+  Calibration c;
+  c.name = j.value("name", "");
+  if (c.name.empty()) return InvalidArgument("{}: \"name\" must be a non-empty string", origin);
+  c.source = j.value("source", "");
+  KOLO_RETURN_IF_ERROR(ReadCosts(j, "tcp", &c.tcp, origin));
+  KOLO_RETURN_IF_ERROR(ReadCosts(j, "rdma", &c.rdma, origin));
+  KOLO_RETURN_IF_ERROR(ReadCosts(j, "shm", &c.shm, origin));
+  for (auto [field, target] :
+       {std::pair{"link_gbit", &c.link_gbit},
+        std::pair{"intra_gbytes_per_s", &c.intra_gbytes_per_s},
+        std::pair{"intra_latency_us", &c.intra_latency_us},
+        std::pair{"reduce_gbytes_per_s", &c.reduce_gbytes_per_s},
+        std::pair{"fusion_copy_gbytes_per_s", &c.fusion_copy_gbytes_per_s}}) {
+    if (!j.contains(field)) continue;
+    if (!j.at(field).is_number() || j.at(field).get<double>() < 0) {
+      return InvalidArgument("{}: \"{}\" must be a number >= 0", origin, field);
+    }
+    *target = j.at(field).get<double>();
+  }
+  if (c.link_gbit <= 0 || c.intra_gbytes_per_s <= 0) {
+    return InvalidArgument("{}: link_gbit and intra_gbytes_per_s must be > 0", origin);
+  }
+  if (j.contains("ps_full_duplex")) {
+    if (!j.at("ps_full_duplex").is_boolean()) {
+      return InvalidArgument("{}: \"ps_full_duplex\" must be true or false", origin);
+    }
+    c.ps_full_duplex = j.at("ps_full_duplex").get<bool>();
+  }
+  return c;
+}
+
+StatusOr<Calibration> LoadCalibration(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFound("cannot read the calibration {}", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return CalibrationFromJson(ss.str(), path);
+}
+
+std::string CalibrationToJson(const Calibration& c) {
+  Json j = {{"format", "kolo-sim-calibration"},
+            {"name", c.name},
+            {"source", c.source},
+            {"link_gbit", c.link_gbit},
+            {"tcp", CostsJson(c.tcp)},
+            {"rdma", CostsJson(c.rdma)},
+            {"shm", CostsJson(c.shm)},
+            {"intra_gbytes_per_s", c.intra_gbytes_per_s},
+            {"intra_latency_us", c.intra_latency_us},
+            {"reduce_gbytes_per_s", c.reduce_gbytes_per_s},
+            {"fusion_copy_gbytes_per_s", c.fusion_copy_gbytes_per_s},
+            {"ps_full_duplex", c.ps_full_duplex}};
+  return j.dump(2) + "\n";
+}
+
+// ---- The network ----
+
+double PhaseTime(const Network& net, const std::vector<Flow>& flows) {
+  const int n = net.hosts * net.per_host;
+  std::vector<double> nic_out(static_cast<size_t>(net.hosts), 0), nic_in = nic_out;
+  std::vector<double> gpu_out(static_cast<size_t>(n), 0), gpu_in = gpu_out;
+  std::vector<double> copy_inter(static_cast<size_t>(n), 0), copy_intra = copy_inter;
+  bool inter = false, intra = false;
+  for (const Flow& f : flows) {
+    if (f.bytes <= 0 || f.src == f.dst) continue;
+    const int hs = f.src / net.per_host, hd = f.dst / net.per_host;
+    if (hs != hd) {
+      inter = true;
+      nic_out[static_cast<size_t>(hs)] += f.bytes;
+      nic_in[static_cast<size_t>(hd)] += f.bytes;
+      copy_inter[static_cast<size_t>(f.src)] += f.bytes;
+      copy_inter[static_cast<size_t>(f.dst)] += f.bytes;
+    } else {
+      intra = true;
+      gpu_out[static_cast<size_t>(f.src)] += f.bytes;
+      gpu_in[static_cast<size_t>(f.dst)] += f.bytes;
+      copy_intra[static_cast<size_t>(f.src)] += f.bytes;
+      copy_intra[static_cast<size_t>(f.dst)] += f.bytes;
+    }
+  }
+  double latency = 0, wire = 0, host = 0;
+  if (inter) {
+    latency = std::max(latency, net.nic_latency_s);
+    for (size_t h = 0; h < nic_out.size(); ++h) {
+      wire = std::max(wire, std::max(nic_out[h], nic_in[h]) / net.nic_bytes_per_s);
+    }
+    if (net.nic_copy_bytes_per_s > 0) {
+      for (double b : copy_inter) host = std::max(host, b / net.nic_copy_bytes_per_s);
+    }
+  }
+  if (intra) {
+    latency = std::max(latency, net.intra_latency_s);
+    for (size_t r = 0; r < gpu_out.size(); ++r) {
+      wire = std::max(wire, std::max(gpu_out[r], gpu_in[r]) / net.intra_bytes_per_s);
+    }
+    if (net.intra_copy_bytes_per_s > 0) {
+      for (double b : copy_intra) host = std::max(host, b / net.intra_copy_bytes_per_s);
+    }
+  }
+  return latency + wire + host;
+}
+
+double RingAllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s) {
+  const int n = net.hosts * net.per_host;
+  if (n <= 1 || bytes <= 0) return 0;
+  std::vector<Flow> step;
+  step.reserve(static_cast<size_t>(n));
+  const double piece = bytes / n;
+  for (int r = 0; r < n; ++r) step.push_back({r, (r + 1) % n, piece});
+  const double phase = PhaseTime(net, step);
+  const double reduce = reduce_bytes_per_s > 0 ? piece / reduce_bytes_per_s : 0;
+  // Reduce-scatter: n - 1 steps that sum what arrives; allgather: n - 1 steps that copy it.
+  return (n - 1) * (phase + reduce) + (n - 1) * phase;
+}
+
+double HierarchicalAllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s) {
+  const int p = net.per_host, h = net.hosts;
+  if (p == 1 || h == 1) return RingAllreduceTime(net, bytes, reduce_bytes_per_s);
+  // 1. Reduce-scatter within each host (every host at once): p - 1 steps of bytes / p.
+  std::vector<Flow> local;
+  for (int host = 0; host < h; ++host) {
+    for (int l = 0; l < p; ++l) {
+      local.push_back({host * p + l, host * p + (l + 1) % p, bytes / p});
+    }
+  }
+  const double local_phase = PhaseTime(net, local);
+  const double reduce = reduce_bytes_per_s > 0 ? 1.0 / reduce_bytes_per_s : 0;
+  // 2. Each local rank's shard allreduced across hosts: p rings at once, sharing each NIC.
+  std::vector<Flow> across;
+  const double piece = bytes / p / h;
+  for (int host = 0; host < h; ++host) {
+    for (int l = 0; l < p; ++l) across.push_back({host * p + l, ((host + 1) % h) * p + l, piece});
+  }
+  const double across_phase = PhaseTime(net, across);
+  double t = (p - 1) * (local_phase + bytes / p * reduce);
+  t += (h - 1) * (across_phase + piece * reduce) + (h - 1) * across_phase;
+  // 3. Allgather within each host.
+  t += (p - 1) * local_phase;
+  return t;
+}
+
+Network MakeNetwork(const Point& point, const Calibration& cal) {
+  const double k = point.dilation > 0 ? point.dilation : 1;
+  Network net;
+  net.per_host = std::max(1, point.ranks_per_host);
+  net.hosts = std::max(1, (point.ranks + net.per_host - 1) / net.per_host);
+  const TransportCosts& t = point.transport == "rdma" ? cal.rdma : cal.tcp;
+  const double link_gbit = (point.link_gbit > 0 ? point.link_gbit : cal.link_gbit);
+  // Under dilation K the emulated link stands for one K times faster (SCHEMA.md: link_represented).
+  net.nic_bytes_per_s = link_gbit * k * kGiga / 8 * t.efficiency;
+  net.nic_latency_s = t.latency_us * 1e-6 / k;
+  net.nic_copy_bytes_per_s = t.copy_gbytes_per_s * kGiga * k;
+  if (point.backend == "nccl") {
+    net.intra_bytes_per_s = cal.intra_gbytes_per_s * kGiga;
+    net.intra_latency_s = cal.intra_latency_us * 1e-6 / k;
+    net.intra_copy_bytes_per_s = 0;
+  } else {
+    net.intra_bytes_per_s = cal.intra_gbytes_per_s * kGiga * cal.shm.efficiency;
+    net.intra_latency_s = cal.shm.latency_us * 1e-6 / k;
+    net.intra_copy_bytes_per_s = cal.shm.copy_gbytes_per_s * kGiga * k;
+  }
+  return net;
+}
+
+// ---- One prediction ----
+
+namespace {
+
+struct Costs {
+  Network net;
+  double reduce_bytes_per_s = 0;
+  double fusion_copy_bytes_per_s = 0;
+};
+
+// The time of one negotiation: the bit exchange and, when the controller held one, a coordinator
+// round (every rank's requests gathered at rank 0, its responses broadcast).
+double NegotiationTime(const Network& net, const SymmetricPeers& peers) {
+  const int n = net.hosts * net.per_host;
+  if (n <= 1) return 0;
+  const double hop = net.hosts > 1 ? net.nic_latency_s : net.intra_latency_s;
+  double t = 0;
+  if (peers.bit_exchanges > 0) {
+    // Up to 16 ranks one direct exchange; beyond, recursive doubling (collectives.h).
+    const int rounds = n <= 16 ? 1 : CeilLog2(n) + ((n & (n - 1)) ? 2 : 0);
+    std::vector<Flow> flows;
+    const double b = 8.0 * static_cast<double>(peers.bit_words);
+    if (n <= 16) {
+      for (int s = 0; s < n; ++s) {
+        for (int d = 0; d < n; ++d) {
+          if (s != d) flows.push_back({s, d, b});
+        }
+      }
+      t += std::max(hop, PhaseTime(net, flows));
+    } else {
+      t += rounds * (hop + b / net.nic_bytes_per_s);
+    }
+  }
+  if (peers.rounds > 0) {
+    std::vector<Flow> gather;
+    for (int s = 1; s < n; ++s) gather.push_back({s, 0, peers.gathered_bytes});
+    t += PhaseTime(net, gather);
+    t += CeilLog2(n) * (hop + peers.broadcast_bytes / net.nic_bytes_per_s);
+  }
+  return t;
+}
+
+}  // namespace
+
+StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
+  static const std::vector<std::string> kBackends = {"ring", "nccl", "mpi", "ps", "none"};
+  if (std::find(kBackends.begin(), kBackends.end(), point.backend) == kBackends.end()) {
+    return InvalidArgument("backend '{}' is not allowed; allowed: ring, nccl, mpi, ps, none",
+                           point.backend);
+  }
+  if (point.transport != "tcp" && point.transport != "rdma" && point.transport != "auto") {
+    return InvalidArgument("transport '{}' is not allowed; allowed: tcp, rdma, auto",
+                           point.transport);
+  }
+  if (point.ranks < 1 || point.ranks_per_host < 1 || point.ranks % point.ranks_per_host != 0) {
+    return InvalidArgument(
+        "ranks = {} and ranks_per_host = {}: ranks must be a positive multiple of ranks_per_host",
+        point.ranks, point.ranks_per_host);
+  }
+  if (point.backend == "none" && point.ranks != 1) {
+    return InvalidArgument("backend 'none' runs one rank; ranks = {} is not allowed", point.ranks);
+  }
+  if (point.cycle_time_ms <= 0 || point.fusion_threshold_mb < 0 ||
+      point.backward_passes_per_step < 1 || point.steps < 1 || point.ps_servers < 1) {
+    return InvalidArgument(
+        "cycle_time_ms must be > 0, fusion_threshold_mb >= 0, backward_passes_per_step, steps and "
+        "ps_servers >= 1");
+  }
+  if (point.ps_placement != "greedy" && point.ps_placement != "split") {
+    return InvalidArgument("ps_placement '{}' is not allowed; allowed: greedy, split",
+                           point.ps_placement);
+  }
+  KOLO_ASSIGN_OR_RETURN(models::compute::replay::Profile profile,
+                        models::compute::replay::LoadProfile(point.profile));
+  if (profile.model != point.model && !point.model.empty()) {
+    return InvalidArgument("profile {} was recorded for model '{}', not '{}'", point.profile,
+                           profile.model, point.model);
+  }
+  if (point.batch_size != 0 && point.batch_size != profile.batch_size) {
+    return InvalidArgument("profile {} was recorded at batch {}, not {}", point.profile,
+                           profile.batch_size, point.batch_size);
+  }
+  models::zoo::ModelConfig config;
+  config.image_size = profile.image_size;
+  config.num_classes = profile.num_classes;
+  KOLO_ASSIGN_OR_RETURN(models::Graph graph, models::zoo::BuildModel(profile.model, config));
+  if (graph.layers().size() != profile.layers.size()) {
+    return InvalidArgument("profile {} lists {} layers; model '{}' has {}", point.profile,
+                           profile.layers.size(), profile.model, graph.layers().size());
+  }
+
+  // Compute, scaled to the requested GPU.
+  double fwd = 0, bwd = 0;
+  for (const auto& l : profile.layers) {
+    fwd += l.forward_ms;
+    bwd += l.backward_ms;
+  }
+  const double profile_step_s = (fwd + bwd + profile.update_ms) / 1e3;
+  const double profile_rate = static_cast<double>(profile.batch_size) / profile_step_s;
+  const double scale = point.gpu_rate > 0 ? profile_rate / point.gpu_rate : 1.0;
+  const int micro = point.backward_passes_per_step;
+
+  Prediction out;
+  out.single_gpu_images_per_sec = profile_rate / scale;
+  const double fwd_s = fwd / 1e3 * scale, bwd_s = bwd / 1e3 * scale;
+  const double update_s = profile.update_ms / 1e3 * scale;
+
+  // Gradients in the order backward produces them, with the time each is submitted.
+  std::vector<Tensor> tensors;
+  double total_elems = static_cast<double>(graph.NumParameterElements());
+  {
+    double t = micro * fwd_s + (micro - 1) * bwd_s;
+    std::vector<double> layer_end(graph.layers().size(), 0);
+    for (size_t i = graph.layers().size(); i-- > 0;) {
+      t += profile.layers[i].backward_ms / 1e3 * scale;
+      layer_end[i] = t;
+    }
+    for (int id : graph.BackpropOrder()) {
+      const models::Parameter& p = graph.params()[static_cast<size_t>(id)];
+      Tensor tensor;
+      tensor.name = p.name;
+      tensor.shape = p.shape;
+      tensor.bytes = 4.0 * static_cast<double>(p.numel);
+      tensor.submit_s = layer_end[static_cast<size_t>(p.layer)];
+      tensor.update_s = update_s * static_cast<double>(p.numel) / total_elems;
+      tensors.push_back(std::move(tensor));
+    }
+  }
+  const double backward_end = micro * (fwd_s + bwd_s);
+  out.forward_ms = micro * fwd_s * 1e3;
+  out.backward_ms = micro * bwd_s * 1e3;
+  out.hosts = std::max(1, point.ranks / point.ranks_per_host);
+
+  Costs costs;
+  costs.net = MakeNetwork(point, cal);
+  const double k = point.dilation > 0 ? point.dilation : 1;
+  costs.reduce_bytes_per_s = cal.reduce_gbytes_per_s * kGiga * k;
+  costs.fusion_copy_bytes_per_s = cal.fusion_copy_gbytes_per_s * kGiga * k;
+  const int n = point.ranks;
+
+  auto finish = [&](double comm_s, double negotiation_s, double bytes_sent) {
+    // The optimizer: each parameter in backprop order once its collective is done.
+    double t = backward_end;
+    for (const Tensor& tensor : tensors) t = std::max(t, tensor.done_s) + tensor.update_s;
+    out.step_ms = t * 1e3;
+    out.update_ms = update_s * 1e3;
+    out.exposed_comm_ms =
+        std::max(0.0, out.step_ms - out.forward_ms - out.backward_ms - out.update_ms);
+    out.comm_ms = comm_s * 1e3;
+    out.negotiation_ms = negotiation_s * 1e3;
+    out.comm_bytes_per_step = bytes_sent;
+    out.images_per_sec_per_rank =
+        static_cast<double>(micro) * static_cast<double>(profile.batch_size) / t;
+    out.total_images_per_sec = out.images_per_sec_per_rank * n;
+  };
+
+  if (point.backend == "none" || n == 1) {
+    if (point.backend == "ps") {
+      // One worker still sends everything to its server(s); handled below.
+    } else {
+      for (Tensor& tensor : tensors) tensor.done_s = tensor.submit_s;
+      finish(0, 0, 0);
+      return out;
+    }
+  }
+
+  if (point.backend == "ps") {
+    // The real placement of every parameter (registration order = creation order).
+    std::vector<VariableSpec> vars;
+    for (const auto& p : graph.params()) vars.push_back({p.name, DataType::kFloat32, p.shape});
+    KOLO_ASSIGN_OR_RETURN(backends::ps::PlacementPolicy policy,
+                          backends::ps::ParsePlacementPolicy(point.ps_placement));
+    const backends::ps::Placement placement = backends::ps::Place(vars, point.ps_servers, policy);
+    std::map<std::string, int> var_index;
+    for (size_t i = 0; i < vars.size(); ++i) var_index[vars[i].name] = static_cast<int>(i);
+
+    const Network& net = costs.net;
+    const int per_host = net.per_host;
+    // Bytes a server's NIC carries for one shard of b bytes from every worker, and the share of
+    // workers that reach it over the host's own links.
+    auto server_load = [&](int server, double b) {
+      int local = 0;
+      if (point.ps_on_worker_hosts) {
+        const int host = server % net.hosts;
+        local = std::min(per_host, n - host * per_host);
+      }
+      return b * (n - local);
+    };
+    const double lat = net.nic_latency_s;
+    const double copy = net.nic_copy_bytes_per_s;
+    std::vector<double> srv_in(static_cast<size_t>(point.ps_servers), 0);
+    std::vector<double> srv_out_own(static_cast<size_t>(point.ps_servers), 0);
+    std::vector<double>& srv_out = cal.ps_full_duplex ? srv_out_own : srv_in;
+    double host_out = 0, host_in = 0;
+    struct Op {
+      double ready;
+      int64_t seq;
+      bool pull;
+      int shard;
+      int tensor;
+    };
+    auto later = [](const Op& a, const Op& b) {
+      return a.ready != b.ready ? a.ready > b.ready : a.seq > b.seq;
+    };
+    std::priority_queue<Op, std::vector<Op>, decltype(later)> ops(later);
+    int64_t seq = 0;
+    for (size_t ti = 0; ti < tensors.size(); ++ti) {
+      const int v = var_index.at(tensors[ti].name);
+      for (int shard : placement.variable_shards[static_cast<size_t>(v)]) {
+        ops.push({tensors[ti].submit_s, seq++, false, shard, static_cast<int>(ti)});
+      }
+      tensors[ti].done_s = tensors[ti].submit_s;
+    }
+    double busy_from = -1, busy = 0, busy_until = 0;
+    while (!ops.empty()) {
+      const Op op = ops.top();
+      ops.pop();
+      const auto& shard = placement.shards[static_cast<size_t>(op.shard)];
+      const double b = static_cast<double>(shard.bytes);
+      const size_t s = static_cast<size_t>(shard.server);
+      const double load = server_load(shard.server, b);
+      // The server's link under incast (every worker's piece), and this worker's host link
+      // (every worker of the host sends its own).
+      const double srv_time = lat + load / net.nic_bytes_per_s + (copy > 0 ? load / copy : 0);
+      const double host_time = lat + per_host * b / net.nic_bytes_per_s + (copy > 0 ? b / copy : 0);
+      double& srv = op.pull ? srv_out[s] : srv_in[s];
+      double& host = op.pull ? host_in : host_out;
+      const double srv_end = std::max(op.ready, srv) + srv_time;
+      const double host_end = std::max(op.ready, host) + host_time;
+      srv = srv_end;
+      host = host_end;
+      const double end = std::max(srv_end, host_end);
+      // Time with something in flight (the worker's communication time).
+      if (busy_from < 0 || op.ready > busy_until) {
+        if (busy_from >= 0) busy += busy_until - busy_from;
+        busy_from = op.ready;
+      }
+      busy_until = std::max(busy_until, end);
+      if (!op.pull) {
+        ops.push({end, seq++, true, op.shard, op.tensor});
+      } else {
+        Tensor& t = tensors[static_cast<size_t>(op.tensor)];
+        t.done_s = std::max(t.done_s, end);
+      }
+    }
+    if (busy_from >= 0) busy += busy_until - busy_from;
+    // The worker copies each pulled value into its weights (instead of the optimizer).
+    double bytes = 0;
+    for (Tensor& t : tensors) {
+      bytes += t.bytes;
+      t.update_s = t.bytes / costs.fusion_copy_bytes_per_s;
+    }
+    finish(busy, 0, bytes);
+    double copy_total = 0;
+    for (const Tensor& t : tensors) copy_total += t.update_s;
+    out.update_ms = copy_total * 1e3;
+    out.exposed_comm_ms =
+        std::max(0.0, out.step_ms - out.forward_ms - out.backward_ms - out.update_ms);
+    return out;
+  }
+
+  // Allreduce backends: the engine thread with the real controller and fusion planner.
+  // NCCL reduces on the GPU, beside the transfer: no host reduction cost.
+  const double reduce = point.backend == "nccl" ? 0.0 : costs.reduce_bytes_per_s;
+  auto allreduce = [&](double bytes) {
+    return point.hierarchical ? HierarchicalAllreduceTime(costs.net, bytes, reduce)
+                              : RingAllreduceTime(costs.net, bytes, reduce);
+  };
+  const double cycle = point.cycle_time_ms / 1e3;
+  const size_t threshold = static_cast<size_t>(point.fusion_threshold_mb * (1 << 20));
+  SimClock clock;
+  SymmetricPeers peers(n);
+  coordinator::ControllerSettings settings;
+  settings.rank = 0;
+  settings.size = n;
+  coordinator::Controller controller(settings, peers, clock);
+  std::map<std::string, size_t> by_name;
+  for (size_t i = 0; i < tensors.size(); ++i) by_name[tensors[i].name] = i;
+
+  double step_start = 0, last_start = -cycle;
+  for (int step = 0; step < point.steps; ++step) {
+    const bool report = step == point.steps - 1;
+    double negotiation = 0, comm = 0, bytes_sent = 0, collectives = 0, cycles = 0, held = 0;
+    double rounds = 0;
+    size_t next = 0;  // tensors[next..] not yet submitted to the engine
+    size_t done = 0;
+    double free_at = step_start;  // when the engine thread is next idle
+    while (done < tensors.size()) {
+      // News: the engine has work once the next tensor is submitted or something is pending.
+      double news = controller.pending() > 0
+                        ? free_at
+                        : std::max(free_at, step_start + tensors[next].submit_s);
+      double tick_s;
+      {
+        const double ticks = std::max(1.0, std::ceil((news - last_start) / cycle - 1e-12));
+        tick_s = last_start + ticks * cycle;
+      }
+      const double start = std::max(tick_s, news);
+      held += start - news;
+      last_start = start;
+      clock.now_s = start;
+      while (next < tensors.size() && step_start + tensors[next].submit_s <= start) {
+        Request r;
+        r.name = tensors[next].name;
+        r.type = coordinator::CollectiveType::kAllreduce;
+        r.dtype = DataType::kFloat32;
+        r.reduce_op = static_cast<uint8_t>(ReduceOp::kAverage);
+        r.shape = tensors[next].shape;
+        controller.Add(r, SimClock::At(step_start + tensors[next].submit_s));
+        ++next;
+      }
+      peers.Reset();
+      std::vector<Response> responses;
+      bool stop = false;
+      coordinator::NegotiationStats stats;
+      KOLO_RETURN_IF_ERROR(controller.Negotiate(false, &responses, &stop, &stats));
+      const double neg = NegotiationTime(costs.net, peers);
+      negotiation += neg;
+      rounds += peers.rounds;
+      double t = start + neg;
+      ++cycles;
+      for (const fusion::Group& g : fusion::PlanFusion(responses, threshold)) {
+        double dt = allreduce(static_cast<double>(g.bytes));
+        if (g.fused) dt += 2.0 * static_cast<double>(g.bytes) / costs.fusion_copy_bytes_per_s;
+        t += dt;
+        collectives += 1;
+        bytes_sent += 2.0 * (n - 1) / n * static_cast<double>(g.bytes);
+        for (size_t m : g.members) {
+          const Response& resp = responses[m];
+          if (resp.is_error()) return Internal("negotiation failed: {}", resp.error);
+          tensors[by_name.at(resp.request.name)].done_s = t - step_start;
+          ++done;
+        }
+      }
+      comm += t - start;
+      free_at = t;
+      if (next >= tensors.size() && controller.pending() == 0 && done < tensors.size()) {
+        return Internal("every tensor was submitted but {} were never agreed",
+                        tensors.size() - done);
+      }
+    }
+    if (report) {
+      finish(comm, negotiation, bytes_sent);
+      out.collectives_per_step = collectives;
+      out.cycles_per_step = cycles;
+      out.cycle_hold_ms = cycles > 0 ? held / cycles * 1e3 : 0;
+      out.coordinator_rounds = rounds;
+    } else {
+      double t = backward_end;
+      for (const Tensor& tensor : tensors) t = std::max(t, tensor.done_s) + tensor.update_s;
+      step_start += t;
+    }
+  }
+  return out;
+}
+
+}  // namespace kolo::sim

@@ -1,0 +1,132 @@
+// kolo-sim's performance model: the images/sec of one training configuration on hosts x GPUs per
+// host, predicted from a replay profile (models/profiles/) and a calibration of the network and
+// host costs, with the engine's own negotiation (coordinator::Controller and its response cache)
+// and Tensor Fusion planner (fusion::PlanFusion) deciding what is sent when, and the
+// parameter-server placement (backends::ps::Place) deciding where each tensor goes.
+//
+// What is modelled, per step, on one representative rank (every rank replays the same profile):
+// - Compute: each layer's forward and backward time as recorded, times `compute_scale` (set from
+//   --gpu-rate: the profile's single-GPU images/sec over the requested one), repeated for each
+//   micro-batch; each gradient is submitted when its layer's backward on the last micro-batch ends.
+// - The engine thread (allreduce backends): cycles on the cycle-time grid; each cycle drains what
+//   was submitted, negotiates (a bit-vector exchange, plus a coordinator round of gather and
+//   broadcast for names the response cache does not hold, as the real Controller decides), plans
+//   fusion groups with the real planner, and executes them one after another.
+// - A collective: messages on a topology of hosts x GPUs per host. Each phase of an algorithm is a
+//   set of flows; a phase takes the per-message latency plus the time of its most loaded link
+//   (flows that share a link share its bandwidth: a NIC's egress and ingress, a GPU's intra-host
+//   link), plus the per-byte host costs (copy, reduction).
+// - Parameter servers: pushes and pulls of each shard of the real placement, each a flow set on the
+//   servers' links (N workers pushing to one server: incast), queued first come first served on
+//   each server's link and each worker host's link.
+// Times are seconds unless a name says otherwise.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/common/status.h"
+
+namespace kolo::sim {
+
+// The costs of one transport (kolo's tcp, rdma or shm, or the NCCL-like intra-host link).
+struct TransportCosts {
+  double latency_us = 0;         // per message (one ring step, one push, one negotiation hop)
+  double efficiency = 1;         // achievable fraction of the link's line rate
+  double copy_gbytes_per_s = 0;  // per-byte host cost (copies through the kernel); 0: none
+};
+
+// The calibration: every parameter a prediction uses besides the point's settings. Read from a
+// JSON file (sim/calibrations/, or written by `kolo-sim calibrate`).
+struct Calibration {
+  std::string name = "builtin";
+  std::string source;     // where the values come from, in words
+  double link_gbit = 25;  // NIC line rate per host when the point gives no link
+  TransportCosts tcp{30, 0.9, 0};
+  TransportCosts rdma{3, 0.97, 0};
+  TransportCosts shm{2, 1, 0};     // kolo's ring between ranks of one host
+  double intra_gbytes_per_s = 10;  // NCCL-like link of one GPU within its host (each direction)
+  double intra_latency_us = 5;
+  double reduce_gbytes_per_s = 20;       // summing received bytes into the buffer
+  double fusion_copy_gbytes_per_s = 20;  // copying tensors into and out of the fusion buffer
+  // Whether a parameter server's link moves pushes and pulls at the same time (each shard's pull
+  // still waits for every worker's push of it); false: they take turns on one queue.
+  bool ps_full_duplex = true;
+};
+
+StatusOr<Calibration> CalibrationFromJson(const std::string& text, const std::string& origin);
+StatusOr<Calibration> LoadCalibration(const std::string& path);
+std::string CalibrationToJson(const Calibration& c);
+
+// One configuration to predict.
+struct Point {
+  std::string model;    // zoo name: the gradients' sizes and order
+  std::string profile;  // replay profile path: the layer times
+  int64_t batch_size = 0;
+  double gpu_rate = 0;  // single-GPU images/sec to scale the profile to; 0: the profile's own
+  int ranks = 1;
+  int ranks_per_host = 1;
+  std::string backend = "ring";   // ring | nccl | mpi | ps | none
+  bool hierarchical = false;      // ring, nccl: reduce within hosts, allreduce across, gather
+  std::string transport = "tcp";  // tcp | rdma (between hosts); auto = tcp
+  double link_gbit = 0;           // NIC line rate; 0: the calibration's
+  double dilation = 1;            // the emulated cluster's time dilation (see SCHEMA.md)
+  double fusion_threshold_mb = 64;
+  double cycle_time_ms = 1;
+  int backward_passes_per_step = 1;
+  int ps_servers = 1;
+  std::string ps_placement = "greedy";
+  bool ps_on_worker_hosts = false;  // servers share worker hosts instead of hosts of their own
+  int steps = 3;  // steps simulated; the last is reported (the first fills caches)
+};
+
+struct Prediction {
+  double step_ms = 0;
+  double total_images_per_sec = 0;
+  double images_per_sec_per_rank = 0;
+  double forward_ms = 0, backward_ms = 0, exposed_comm_ms = 0, update_ms = 0;
+  double comm_ms = 0, negotiation_ms = 0;
+  double comm_bytes_per_step = 0;
+  double collectives_per_step = 0, cycles_per_step = 0, cycle_hold_ms = 0;
+  double coordinator_rounds = 0;         // in the reported step
+  double single_gpu_images_per_sec = 0;  // compute alone, batch / (forward + backward + update)
+  int hosts = 1;
+};
+
+// ---- The network model, exposed for tests. ----
+
+// A message from rank `src` to rank `dst` (ranks numbered host-major: host = rank / per_host).
+struct Flow {
+  int src = 0;
+  int dst = 0;
+  double bytes = 0;
+};
+
+// The links of a topology and what one step of messages over them costs.
+struct Network {
+  int hosts = 1;
+  int per_host = 1;
+  double nic_bytes_per_s = 0;  // achievable, per direction per host
+  double nic_latency_s = 0;
+  double nic_copy_bytes_per_s = 0;  // 0: no per-byte host cost
+  double intra_bytes_per_s = 0;     // per GPU, each direction
+  double intra_latency_s = 0;
+  double intra_copy_bytes_per_s = 0;
+};
+
+// The time of one phase in which every flow runs at once: the latency of the slowest kind of hop
+// used, plus the most loaded link's bytes over its bandwidth, plus the largest per-rank host cost.
+double PhaseTime(const Network& net, const std::vector<Flow>& flows);
+
+// Collective algorithms: the time to allreduce `bytes` over the ranks of `net`.
+double RingAllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s);
+double HierarchicalAllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s);
+
+// The network of `point` under `cal`.
+Network MakeNetwork(const Point& point, const Calibration& cal);
+
+// Predicts `point`. Errors name the model, profile or setting at fault.
+StatusOr<Prediction> Predict(const Point& point, const Calibration& cal);
+
+}  // namespace kolo::sim

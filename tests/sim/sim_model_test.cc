@@ -1,0 +1,137 @@
+// kolo-sim's arithmetic against hand-computed cases, its monotonicity in bandwidth, and the
+// calibration fit on synthetic data with known parameters.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "sim/calibrate.h"
+#include "sim/model.h"
+
+namespace kolo::sim {
+namespace {
+
+Network TwoHosts() {
+  Network net;
+  net.hosts = 2;
+  net.per_host = 1;
+  net.nic_bytes_per_s = 1e9;
+  net.nic_latency_s = 10e-6;
+  net.intra_bytes_per_s = 1e10;
+  return net;
+}
+
+TEST(SimModelTest, TwoRankRingOfOneTensor) {
+  // 2 ranks, 8 MB: reduce-scatter 1 step and allgather 1 step of 4 MB each way at 1 GB/s, plus
+  // 10 us each, plus summing 4 MB at 2 GB/s: 2 * (10 us + 4 ms) + 2 ms = 10.02 ms.
+  EXPECT_NEAR(RingAllreduceTime(TwoHosts(), 8e6, 2e9), 2 * (10e-6 + 4e-3) + 2e-3, 1e-12);
+}
+
+TEST(SimModelTest, IncastSharesTheServersLink) {
+  // Four workers on hosts 1..4 push 1 MB each to a server on host 0 at once: its ingress carries
+  // 4 MB at 1 GB/s, 4 ms, plus one latency.
+  Network net = TwoHosts();
+  net.hosts = 5;
+  std::vector<Flow> flows;
+  for (int w = 1; w <= 4; ++w) flows.push_back({w, 0, 1e6});
+  EXPECT_NEAR(PhaseTime(net, flows), 10e-6 + 4e-3, 1e-12);
+  // Spread over four servers, no link carries more than 1 MB.
+  flows.clear();
+  for (int w = 1; w <= 4; ++w) flows.push_back({w, (w + 1) % 5, 1e6});
+  EXPECT_NEAR(PhaseTime(net, flows), 10e-6 + 1e-3, 1e-12);
+}
+
+Point PaperPoint(const std::string& model, const std::string& backend, int ranks) {
+  Point p;
+  p.model = model;
+  p.profile = std::string(KOLO_SOURCE_DIR) + "/models/profiles/" + model + "-h100-b64.json";
+  p.batch_size = 64;
+  p.ranks = ranks;
+  p.ranks_per_host = ranks >= 4 ? 4 : 1;
+  p.backend = backend;
+  p.ps_servers = 2;
+  return p;
+}
+
+TEST(SimModelTest, PsUnderIncastIsSlowerWithMoreWorkersPerServer) {
+  Calibration cal;
+  auto few = Predict(PaperPoint("vgg16", "ps", 4), cal);
+  auto many = Predict(PaperPoint("vgg16", "ps", 16), cal);
+  ASSERT_TRUE(few.ok()) << few.status().ToString();
+  ASSERT_TRUE(many.ok()) << many.status().ToString();
+  EXPECT_GT(many->step_ms, few->step_ms * 2);
+}
+
+TEST(SimModelTest, MoreBandwidthNeverSlowsAPrediction) {
+  for (const char* model : {"inception3", "resnet101", "vgg16"}) {
+    for (const char* backend : {"ring", "ps", "nccl"}) {
+      for (int ranks : {2, 8, 64}) {
+        // Exactly monotone but for the engine's cycle grid: a collective that ends sooner can
+        // shift the next cycle's tick, by less than one cycle time per step.
+        double last_ms = 1e30;
+        for (double gbit : {1.0, 10.0, 25.0, 100.0, 400.0}) {
+          Point p = PaperPoint(model, backend, ranks);
+          p.link_gbit = gbit;
+          auto r = Predict(p, Calibration{});
+          ASSERT_TRUE(r.ok()) << r.status().ToString();
+          EXPECT_LE(r->step_ms, last_ms + p.cycle_time_ms)
+              << model << " " << backend << " " << ranks << " ranks at " << gbit << " Gbit/s";
+          last_ms = r->step_ms;
+        }
+      }
+    }
+  }
+}
+
+TEST(SimModelTest, OneRankIsTheProfilesOwnRate) {
+  auto r = Predict(PaperPoint("resnet101", "none", 1), Calibration{});
+  ASSERT_TRUE(r.ok());
+  EXPECT_NEAR(r->total_images_per_sec, r->single_gpu_images_per_sec, 1e-6);
+  Point p = PaperPoint("resnet101", "none", 1);
+  p.gpu_rate = 100;
+  auto scaled = Predict(p, Calibration{});
+  ASSERT_TRUE(scaled.ok());
+  EXPECT_NEAR(scaled->total_images_per_sec, 100, 1e-6);
+}
+
+TEST(SimModelTest, BadSettingsAreRefusedByName) {
+  Point p = PaperPoint("vgg16", "ring", 6);
+  p.ranks_per_host = 4;
+  auto r = Predict(p, Calibration{});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("ranks_per_host"), std::string::npos);
+}
+
+TEST(SimCalibrateTest, FitRecoversKnownParameters) {
+  const double lat = 40e-6, bw = 2.5e9, reduce = 6e9;
+  std::vector<BenchSample> samples;
+  for (int ranks : {2, 4, 8}) {
+    for (double bytes : {1e6, 4e6, 16e6, 64e6}) {
+      for (bool reduces : {true, false}) {
+        BenchSample s;
+        s.ranks = ranks;
+        s.hosts = ranks;
+        s.bytes = bytes;
+        s.reduces = reduces;
+        s.seconds = SampleTime(s, lat, bw, reduce);
+        samples.push_back(s);
+      }
+    }
+  }
+  auto fit = FitSamples(samples);
+  ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+  EXPECT_NEAR(fit->latency_s, lat, lat * 1e-6);
+  EXPECT_NEAR(fit->bytes_per_s, bw, bw * 1e-6);
+  EXPECT_NEAR(fit->reduce_bytes_per_s, reduce, reduce * 1e-6);
+  EXPECT_LT(fit->worst_abs_error, 1e-9);
+}
+
+TEST(SimCalibrateTest, OneSizeIsNotEnough) {
+  BenchSample s;
+  s.ranks = 2;
+  s.bytes = 1e6;
+  s.seconds = 1e-3;
+  EXPECT_FALSE(FitSamples({s, s}).ok());
+}
+
+}  // namespace
+}  // namespace kolo::sim

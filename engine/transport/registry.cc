@@ -5,6 +5,10 @@
 #include "engine/transport/auto_device.h"
 #include "engine/transport/shm/device.h"
 #include "engine/transport/tcp/device.h"
+#include "kolo/config.h"
+#if KOLO_HAVE_IBVERBS
+#include "engine/transport/rdma/device.h"
+#endif
 
 namespace kolo::transport {
 namespace {
@@ -81,6 +85,23 @@ StatusOr<std::unique_ptr<Device>> ConnectAuto(const ConnectSettings& s, bootstra
   return CombineDevices(rank, size, std::move(parts), s.busy_poll);
 }
 
+#if KOLO_HAVE_IBVERBS
+StatusOr<std::unique_ptr<Device>> ConnectRdma(const ConnectSettings& s, bootstrap::Store& store,
+                                              int rank, int size) {
+  rdma::RdmaOptions options;
+  options.secret = s.secret;
+  options.timeout = s.timeout;
+  options.device = s.ib_device;
+  options.port = s.ib_port;
+  options.gid_index = s.ib_gid_index;
+  options.verbs = s.ib_verbs;
+  options.host_name = s.host_name;
+  options.busy_poll = s.busy_poll;
+  KOLO_ASSIGN_OR_RETURN(auto device, rdma::Connect(options, store, rank, size));
+  return std::unique_ptr<Device>(std::move(device));
+}
+#endif
+
 struct Entry {
   const char* name;
   ConnectFn connect;    // null: kolo knows the name, this build has no such transport
@@ -92,7 +113,11 @@ constexpr Entry kTransports[] = {
     {"auto", &ConnectAuto, nullptr},
     {"shm", &ConnectShm, nullptr},
     {"tcp", &ConnectTcp, nullptr},
-    {"rdma", nullptr, "kolo has no RDMA (ibverbs) transport yet"},
+#if KOLO_HAVE_IBVERBS
+    {"rdma", &ConnectRdma, nullptr},
+#else
+    {"rdma", nullptr, "this build lacks rdma-core's headers (install libibverbs-dev and rebuild)"},
+#endif
 };
 
 const Entry* Find(const std::string& name) {
@@ -114,6 +139,10 @@ ConnectSettings SettingsFrom(const Options& options, const std::string& listen_a
   s.shm_ring_bytes = options.shm_ring_bytes;
   s.busy_poll = options.busy_poll;
   s.host_name = options.host_name;
+  s.ib_device = options.ib_device;
+  s.ib_port = options.ib_port;
+  s.ib_gid_index = options.ib_gid_index;
+  s.ib_verbs = options.ib_verbs;
   return s;
 }
 

@@ -1369,7 +1369,10 @@ class RdmaDevice final : public PollableDevice {
   std::chrono::milliseconds silence_threshold() const override { return silence_; }
 
   // Tests: the QP to `peer` and the context (fault injection on the software device).
-  ibv_qp* qp_for_tests(int peer) const { return pairs_[static_cast<size_t>(peer)]->qp(); }
+  ibv_qp* qp_for_tests(int peer) const {
+    return has_peer(peer) ? pairs_[static_cast<size_t>(peer)]->qp() : nullptr;
+  }
+  ibv_context* context_for_tests() const { return ctx_; }
 
  private:
   // RoCE: the highest GID index whose type is RoCE v2 and whose GID is IPv4-mapped (sysfs); else 0.
@@ -1559,6 +1562,16 @@ const char* PortState(ibv_port_state s) {
 }
 
 }  // namespace
+
+ibv_qp* QueuePairForTests(Device& device, int peer) {
+  auto* d = dynamic_cast<RdmaDevice*>(&device);
+  return d != nullptr ? d->qp_for_tests(peer) : nullptr;
+}
+
+ibv_context* ContextForTests(Device& device) {
+  auto* d = dynamic_cast<RdmaDevice*>(&device);
+  return d != nullptr ? d->context_for_tests() : nullptr;
+}
 
 StatusOr<std::string> DeviceNames(const Verbs& verbs) {
   int n = 0;

@@ -7,8 +7,8 @@
 // One fabric per process: every device the table lists ("softverbs0" … ) is a port on it, and QPs
 // of any two contexts of the process can be connected, so ranks run as threads of one process.
 // Each opened context is a port of its own: port 1, ACTIVE, link layer InfiniBand, a LID unique in
-// the process (1, 2, …) and one GID (index 0) whose interface id holds the LID; the fabric routes by
-// LID (ah_attr.dlid) or, with is_global, by that GID. A QP in another process cannot be reached:
+// the process (1, 2, …) and one GID (index 0) whose interface id holds the LID; the fabric routes
+// by LID (ah_attr.dlid) or, with is_global, by that GID. A QP in another process cannot be reached:
 // connecting to an address the fabric does not know fails the modify to RTR with EINVAL.
 //
 // Implemented as strictly as hardware is, for what the transport uses:

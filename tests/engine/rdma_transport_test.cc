@@ -198,8 +198,7 @@ void CheckAllreduce(Job& job, DataType dtype, size_t count) {
 
 // --- Collectives.
 
-class RdmaRingAllreduce
-    : public ::testing::TestWithParam<std::tuple<const char*, int, DataType>> {
+class RdmaRingAllreduce : public ::testing::TestWithParam<std::tuple<const char*, int, DataType>> {
  protected:
   void SetUp() override {
     if (!soft()) {
@@ -382,9 +381,9 @@ TEST_P(RdmaTest, ParameterServerMatchesTheReference) {
               for (size_t i = 0; i < g[v].size(); ++i) {
                 g[v][i] = kolo::testing::PsGrad(e.rank(), t, static_cast<int>(v), i);
               }
-              KOLO_ASSIGN_OR_RETURN(Handle h, e.PushPullAsync(vars[v].name, g[v].data(),
-                                                              w[v].data(), vars[v].dtype,
-                                                              vars[v].shape, kolo::testing::PsSgd(t)));
+              KOLO_ASSIGN_OR_RETURN(
+                  Handle h, e.PushPullAsync(vars[v].name, g[v].data(), w[v].data(), vars[v].dtype,
+                                            vars[v].shape, kolo::testing::PsSgd(t)));
               hs.push_back(h);
             }
             for (Handle h : hs) KOLO_RETURN_IF_ERROR(e.Wait(h, std::chrono::seconds(60)));
@@ -401,7 +400,8 @@ TEST_P(RdmaTest, ParameterServerMatchesTheReference) {
     });
   }
   for (auto& t : threads) t.join();
-  for (int r = 0; r < kSize; ++r) EXPECT_TRUE(out[r].ok()) << "rank " << r << ": " << out[r].ToString();
+  for (int r = 0; r < kSize; ++r)
+    EXPECT_TRUE(out[r].ok()) << "rank " << r << ": " << out[r].ToString();
 }
 
 // --- Device selection, registration, authentication.

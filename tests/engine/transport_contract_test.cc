@@ -450,8 +450,8 @@ TEST_P(TransportContract, RecvAccumulateSumsIntoPlace) {
   Devices d = Connect(2, store);
   if (!d[1]->pair(0).CanAccumulate()) {
     // The collectives' scratch path serves such a transport (rdma_transport_test covers it).
-    EXPECT_EQ(d[1]->pair(0).RecvAccumulate(*d[1]->Register(nullptr, 0).value(), 0, 0, 1,
-                                            Accumulator{})
+    EXPECT_EQ(d[1]->pair(0)
+                  .RecvAccumulate(*d[1]->Register(nullptr, 0).value(), 0, 0, 1, Accumulator{})
                   .code(),
               StatusCode::kFailedPrecondition);
     GTEST_SKIP() << GetParam().label << " cannot combine bytes as they arrive (CanAccumulate)";

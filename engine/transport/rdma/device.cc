@@ -168,6 +168,12 @@ class RegCache {
     return &e;
   }
 
+  // Another user of `entry` (an operation in flight keeps its MR registered even if its Region is
+  // destroyed before the operation completes).
+  void Retain(MrEntry* entry) {
+    if (!closed_ && entry != nullptr) ++entry->refs;
+  }
+
   void Release(MrEntry* entry) {
     if (closed_ || entry == nullptr) return;
     if (--entry->refs > 0) return;
@@ -212,6 +218,7 @@ class RdmaRegion final : public Region {
   ~RdmaRegion() override { cache_->Release(entry_); }
 
   const void* owner() const { return owner_; }
+  MrEntry* entry() const { return entry_; }
   uint32_t lkey() const { return lkey_; }
   uint32_t rkey() const { return rkey_; }
   bool writable() const { return writable_; }
@@ -324,8 +331,8 @@ struct DeviceState {
 
 class RdmaPair final : public Pair {
  public:
-  RdmaPair(DeviceState& state, const Verbs* verbs, int peer, const void* owner)
-      : state_(state), verbs_(verbs), peer_(peer), owner_(owner) {}
+  RdmaPair(DeviceState& state, const Verbs* verbs, int peer, const void* owner, RegCache* cache)
+      : state_(state), verbs_(verbs), peer_(peer), owner_(owner), cache_(cache) {}
 
   ~RdmaPair() override = default;
 
@@ -349,7 +356,9 @@ class RdmaPair final : public Pair {
       return state_.Fail(
           Lost(fmt::format("cannot send message tag {:#x}: rank {} has shut down", tag, peer_)));
     }
-    sends_.push_back(SendOp{r, offset, nbytes, tag, send_index_next_++});
+    cache_->Retain(r->entry());
+    sends_.push_back(
+        SendOp{r->data() + offset, r->lkey(), r->entry(), nbytes, tag, send_index_next_++});
     return Progress();
   }
 
@@ -372,7 +381,8 @@ class RdmaPair final : public Pair {
           "reading",
           peer_, tag);
     }
-    RecvOp op{r, offset, capacity, tag, recv_index_next_++, false};
+    cache_->Retain(r->entry());
+    RecvOp op{r->data() + offset, r->rkey(), r->entry(), capacity, tag, recv_index_next_++, false};
     if (!stash_.empty()) {
       const uint64_t slot = stash_.front();
       stash_.pop_front();
@@ -527,6 +537,7 @@ class RdmaPair final : public Pair {
       if (inflight_.empty()) return Internal("rdma: a send completion with no send in flight");
       const SendOp op = inflight_.front();
       inflight_.pop_front();
+      cache_->Release(op.mr);
       state_.bytes_sent += op.nbytes;
       state_.completions.push_back(Completion{peer_, OpKind::kSend, op.tag, op.nbytes});
     }
@@ -614,15 +625,21 @@ class RdmaPair final : public Pair {
   ibv_qp* qp() const { return qp_; }
 
  private:
+  // Operations copy what they need of their Region and hold its MR (the Region itself may be
+  // destroyed before they complete; its memory may not).
   struct SendOp {
-    const RdmaRegion* region;
-    size_t offset, nbytes;
+    const uint8_t* data;
+    uint32_t lkey;
+    MrEntry* mr;
+    size_t nbytes;
     uint64_t tag;
     uint64_t index;
   };
   struct RecvOp {
-    RdmaRegion* region;
-    size_t offset, capacity;
+    uint8_t* data;
+    uint32_t rkey;
+    MrEntry* mr;
+    size_t capacity;
     uint64_t tag;
     uint64_t index;
     bool advertised;
@@ -756,7 +773,7 @@ class RdmaPair final : public Pair {
       return ProtocolError("rank {} sent a malformed eager message (tag {:#x}, {} bytes)", peer_,
                            tag, length);
     }
-    if (length > 0) std::memcpy(op.region->data() + op.offset, h + kHeaderBytes, length);
+    if (length > 0) std::memcpy(op.data, h + kHeaderBytes, length);
     ++freed_;
     Complete(op, length);
     return Status::OK();
@@ -778,6 +795,7 @@ class RdmaPair final : public Pair {
   }
 
   void Complete(const RecvOp& op, uint64_t length) {
+    cache_->Release(op.mr);
     state_.bytes_received += length;
     state_.completions.push_back(Completion{peer_, OpKind::kRecv, op.tag, length});
   }
@@ -859,10 +877,10 @@ class RdmaPair final : public Pair {
       if (advert_busy_[pos] || sq_used_ + 1 > kSqDepth) break;
       uint8_t* e = staging_ + kStAdvertOffset + pos * kAdvertBytes;
       Put64(e, op.index);
-      Put64(e + 8, reinterpret_cast<uintptr_t>(op.region->data() + op.offset));
+      Put64(e + 8, reinterpret_cast<uintptr_t>(op.data));
       Put64(e + 16, op.capacity);
       Put64(e + 24, op.tag);
-      Put32(e + 32, op.region->rkey());
+      Put32(e + 32, op.rkey);
       KOLO_RETURN_IF_ERROR(PostWrite(Wr::kAdvert, pos, e, kAdvertBytes,
                                      kAdvertsOffset + pos * kAdvertBytes, Imm::kAdvert, op.index));
       advert_busy_[pos] = true;
@@ -884,8 +902,7 @@ class RdmaPair final : public Pair {
               staging_mr_->lkey};
     int nsge = 1;
     if (payload > 0) {
-      sge[1] = {reinterpret_cast<uintptr_t>(op.region->data() + op.offset),
-                static_cast<uint32_t>(payload), op.region->lkey()};
+      sge[1] = {reinterpret_cast<uintptr_t>(op.data), static_cast<uint32_t>(payload), op.lkey};
       nsge = 2;
     }
     ibv_send_wr wr{};
@@ -908,8 +925,7 @@ class RdmaPair final : public Pair {
     if (sq_used_ + static_cast<int>(pieces) + 1 > kSqDepth) return false;
     for (size_t done = 0; done < op.nbytes; done += kMaxWrite) {
       const size_t n = std::min(kMaxWrite, op.nbytes - done);
-      ibv_sge sge{reinterpret_cast<uintptr_t>(op.region->data() + op.offset + done),
-                  static_cast<uint32_t>(n), op.region->lkey()};
+      ibv_sge sge{reinterpret_cast<uintptr_t>(op.data + done), static_cast<uint32_t>(n), op.lkey};
       ibv_send_wr wr{};
       wr.wr_id = MakeWrId(Wr::kSendPart, peer_);
       wr.sg_list = &sge;
@@ -986,6 +1002,7 @@ class RdmaPair final : public Pair {
   const Verbs* verbs_;
   const int peer_;
   const void* owner_;
+  RegCache* cache_;  // the device's; operations hold their MRs through it
   ibv_pd* pd_ = nullptr;
   uint8_t port_ = 1;
   ibv_qp* qp_ = nullptr;
@@ -1057,8 +1074,7 @@ class RdmaDevice final : public PollableDevice {
   }
 
   // Opens the device and creates everything but the connections.
-  Status Open(ibv_device* device, const RdmaOptions& options, uint8_t port,
-              const ibv_port_attr& port_attr) {
+  Status Open(ibv_device* device, const RdmaOptions& options, uint8_t port) {
     ctx_ = verbs_->open_device(device);
     if (ctx_ == nullptr) {
       return ErrnoStatus(StatusCode::kUnavailable,
@@ -1066,6 +1082,11 @@ class RdmaDevice final : public PollableDevice {
                          errno);
     }
     port_ = port;
+    // The port as this context sees it (its LID may differ from what the device pick saw).
+    ibv_port_attr port_attr{};
+    if (int rc = verbs_->query_port(ctx_, port, &port_attr); rc != 0) {
+      return ErrnoStatus(StatusCode::kUnavailable, fmt::format("ibv_query_port({})", port), rc);
+    }
     pd_ = verbs_->alloc_pd(ctx_);
     if (pd_ == nullptr) return ErrnoStatus(StatusCode::kUnavailable, "ibv_alloc_pd", errno);
     cache_ = std::make_shared<RegCache>(verbs_, pd_);
@@ -1119,7 +1140,7 @@ class RdmaDevice final : public PollableDevice {
 
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == state_.rank) continue;
-      auto pair = std::make_unique<RdmaPair>(state_, verbs_, peer, this);
+      auto pair = std::make_unique<RdmaPair>(state_, verbs_, peer, this, cache_.get());
       Status s = pair->Create(ctx_, pd_, cq_, port);
       pairs_[static_cast<size_t>(peer)] = std::move(pair);
       KOLO_RETURN_IF_ERROR(s);
@@ -1613,7 +1634,6 @@ StatusOr<std::unique_ptr<PollableDevice>> Connect(const RdmaOptions& options,
   std::string names, states;
   bool named_exists = false;
   ibv_device* chosen = nullptr;
-  ibv_port_attr chosen_attr{};
   for (int i = 0; i < n; ++i) {
     const std::string name = verbs->get_device_name(list[i]);
     names += (names.empty() ? "" : ", ") + name;
@@ -1638,7 +1658,6 @@ StatusOr<std::unique_ptr<PollableDevice>> Connect(const RdmaOptions& options,
       continue;
     }
     chosen = list[i];
-    chosen_attr = attr;
     break;
   }
   if (chosen == nullptr) {
@@ -1651,7 +1670,7 @@ StatusOr<std::unique_ptr<PollableDevice>> Connect(const RdmaOptions& options,
                        options.port, states, names);
   }
   auto device = std::make_unique<RdmaDevice>(verbs, options, rank, size);
-  Status s = device->Open(chosen, options, port, chosen_attr);
+  Status s = device->Open(chosen, options, port);
   verbs->free_device_list(list);
   KOLO_RETURN_IF_ERROR(s);
   KOLO_RETURN_IF_ERROR(device->Handshake(store, options));

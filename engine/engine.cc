@@ -60,6 +60,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Options& options, bootstr
         "engine needs ring, mpi, ps or nccl");
   }
   KOLO_RETURN_IF_ERROR(transport::CheckTransport(options.transport));
+  // A host that cannot use the transport (rdma without a device) fails now, before any work.
+  KOLO_RETURN_IF_ERROR(
+      transport::ProbeTransport(options.transport, transport::SettingsFrom(options, "", "")));
   if (options.backend == "ps") return CreateParameterServerRank(options, store);
   return CreateRank(options, store, nullptr);
 }

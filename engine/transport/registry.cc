@@ -86,8 +86,7 @@ StatusOr<std::unique_ptr<Device>> ConnectAuto(const ConnectSettings& s, bootstra
 }
 
 #if KOLO_HAVE_IBVERBS
-StatusOr<std::unique_ptr<Device>> ConnectRdma(const ConnectSettings& s, bootstrap::Store& store,
-                                              int rank, int size) {
+rdma::RdmaOptions RdmaOptionsFrom(const ConnectSettings& s) {
   rdma::RdmaOptions options;
   options.secret = s.secret;
   options.timeout = s.timeout;
@@ -97,15 +96,26 @@ StatusOr<std::unique_ptr<Device>> ConnectRdma(const ConnectSettings& s, bootstra
   options.verbs = s.ib_verbs;
   options.host_name = s.host_name;
   options.busy_poll = s.busy_poll;
-  KOLO_ASSIGN_OR_RETURN(auto device, rdma::Connect(options, store, rank, size));
+  return options;
+}
+
+StatusOr<std::unique_ptr<Device>> ConnectRdma(const ConnectSettings& s, bootstrap::Store& store,
+                                              int rank, int size) {
+  KOLO_ASSIGN_OR_RETURN(auto device, rdma::Connect(RdmaOptionsFrom(s), store, rank, size));
   return std::unique_ptr<Device>(std::move(device));
 }
+
+// Before any exchange with the other ranks: a host without a usable device fails at once.
+Status ProbeRdma(const ConnectSettings& s) { return rdma::Probe(RdmaOptionsFrom(s)); }
 #endif
+
+using ProbeFn = Status (*)(const ConnectSettings&);
 
 struct Entry {
   const char* name;
-  ConnectFn connect;    // null: kolo knows the name, this build has no such transport
-  const char* missing;  // why, when connect is null
+  ConnectFn connect;        // null: kolo knows the name, this build has no such transport
+  const char* missing;      // why, when connect is null
+  ProbeFn probe = nullptr;  // checks this host can use the transport at all, before connecting
 };
 
 // One line per transport.
@@ -114,7 +124,7 @@ constexpr Entry kTransports[] = {
     {"shm", &ConnectShm, nullptr},
     {"tcp", &ConnectTcp, nullptr},
 #if KOLO_HAVE_IBVERBS
-    {"rdma", &ConnectRdma, nullptr},
+    {"rdma", &ConnectRdma, nullptr, &ProbeRdma},
 #else
     {"rdma", nullptr, "this build lacks rdma-core's headers (install libibverbs-dev and rebuild)"},
 #endif
@@ -165,9 +175,15 @@ Status CheckTransport(const std::string& name) {
   return InvalidArgument("transport '{}' is unknown; allowed: {}", name, allowed);
 }
 
+Status ProbeTransport(const std::string& name, const ConnectSettings& settings) {
+  KOLO_RETURN_IF_ERROR(CheckTransport(name));
+  const ProbeFn probe = Find(name)->probe;
+  return probe != nullptr ? probe(settings) : Status::OK();
+}
+
 StatusOr<std::unique_ptr<Device>> Connect(const std::string& name, const ConnectSettings& settings,
                                           bootstrap::Store& store, int rank, int size) {
-  KOLO_RETURN_IF_ERROR(CheckTransport(name));
+  KOLO_RETURN_IF_ERROR(ProbeTransport(name, settings));
   if (settings.hosts.known()) {
     if (settings.hosts.size() != size) {
       return InvalidArgument("the host layout covers {} ranks, the job has {}",

@@ -58,6 +58,12 @@ std::vector<std::string> TransportNames();
 // allowed names (and, for a transport kolo knows but this build lacks, why).
 Status CheckTransport(const std::string& name);
 
+// Whether this host can use the transport `name` at all (rdma: the verbs library loads and a
+// device with an ACTIVE port exists; Unavailable or NotFound naming the host otherwise), checked
+// before any exchange with the other ranks so that a host that cannot fails at start-up. OK for
+// transports with nothing to check; fails as CheckTransport does for an unknown name.
+Status ProbeTransport(const std::string& name, const ConnectSettings& settings);
+
 // Connects `rank` of a job of `size` ranks to every other through the transport `name`, meeting
 // the peers through `store` (each transport publishes its addresses under its own keys). Fails as
 // CheckTransport does for an unknown name, before any connection is tried.

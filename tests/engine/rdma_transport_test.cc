@@ -507,6 +507,7 @@ TEST(RdmaSoftVerbs, RegistrationCacheReusesCoveringRegions) {
     EXPECT_TRUE(std::equal(got.begin(), got.end(), big.begin() + 4096));
     part->reset();
     elsewhere->reset();
+    in->reset();
     EXPECT_EQ(transport::rdma::soft::LiveObjects().mrs, base);
   }
   ExpectNothingLeft();

@@ -1598,6 +1598,8 @@ StatusOr<std::string> DeviceNames(const Verbs& verbs) {
   int n = 0;
   ibv_device** list = verbs.get_device_list(&n);
   if (list == nullptr) {
+    // ENOSYS: the kernel offers no RDMA support at all, so there is no device.
+    if (errno == ENOSYS) return std::string();
     return ErrnoStatus(StatusCode::kUnavailable, "ibv_get_device_list", errno);
   }
   std::string names;
@@ -1608,8 +1610,21 @@ StatusOr<std::string> DeviceNames(const Verbs& verbs) {
   return names;
 }
 
-StatusOr<std::unique_ptr<PollableDevice>> Connect(const RdmaOptions& options,
-                                                  bootstrap::Store& store, int rank, int size) {
+namespace {
+
+// The devices the table lists, freed on scope exit.
+struct DeviceList {
+  const Verbs* verbs = nullptr;
+  ibv_device** list = nullptr;
+  int n = 0;
+  ~DeviceList() {
+    if (list != nullptr) verbs->free_device_list(list);
+  }
+};
+
+// Loads the table and picks the device (the named one, or the first whose port is ACTIVE): its
+// index in *devices. Errors name the host, and what exists.
+StatusOr<int> PickDevice(const RdmaOptions& options, DeviceList* devices) {
   const std::string host = HostName(options.host_name);
   auto loaded = OpenVerbs(options.verbs);
   if (!loaded.ok()) {
@@ -1621,25 +1636,23 @@ StatusOr<std::unique_ptr<PollableDevice>> Connect(const RdmaOptions& options,
     return InvalidArgument("RDMA port {} is outside [1, 255]", options.port);
   }
   const auto port = static_cast<uint8_t>(options.port);
-  int n = 0;
-  ibv_device** list = verbs->get_device_list(&n);
-  if (list == nullptr || n == 0) {
-    if (list != nullptr) verbs->free_device_list(list);
+  devices->verbs = verbs;
+  devices->list = verbs->get_device_list(&devices->n);
+  if (devices->list == nullptr || devices->n == 0) {
     return Unavailable(
         "host {}: --transport rdma needs an RDMA device, but {} finds none (no InfiniBand, RoCE "
         "or iWARP device, nor rxe/siw); use --transport tcp or auto",
         host, verbs->label);
   }
-  // Pick the device, then open it for good (the pick opened and closed candidates).
   std::string names, states;
   bool named_exists = false;
-  ibv_device* chosen = nullptr;
-  for (int i = 0; i < n; ++i) {
-    const std::string name = verbs->get_device_name(list[i]);
+  int chosen = -1;
+  for (int i = 0; i < devices->n; ++i) {
+    const std::string name = verbs->get_device_name(devices->list[i]);
     names += (names.empty() ? "" : ", ") + name;
-    if (!options.device.empty() && name != options.device) continue;
+    if (chosen >= 0 || (!options.device.empty() && name != options.device)) continue;
     named_exists = true;
-    ibv_context* ctx = verbs->open_device(list[i]);
+    ibv_context* ctx = verbs->open_device(devices->list[i]);
     if (ctx == nullptr) {
       states += fmt::format("{}{}: cannot be opened ({})", states.empty() ? "" : ", ", name,
                             std::strerror(errno));
@@ -1657,11 +1670,9 @@ StatusOr<std::unique_ptr<PollableDevice>> Connect(const RdmaOptions& options,
                             PortState(attr.state));
       continue;
     }
-    chosen = list[i];
-    break;
+    chosen = i;
   }
-  if (chosen == nullptr) {
-    verbs->free_device_list(list);
+  if (chosen < 0) {
     if (!options.device.empty() && !named_exists) {
       return NotFound("host {}: RDMA device '{}' does not exist; the devices are: {}", host,
                       options.device, names);
@@ -1669,10 +1680,23 @@ StatusOr<std::unique_ptr<PollableDevice>> Connect(const RdmaOptions& options,
     return Unavailable("host {}: no RDMA device with an ACTIVE port {} ({}); devices: {}", host,
                        options.port, states, names);
   }
-  auto device = std::make_unique<RdmaDevice>(verbs, options, rank, size);
-  Status s = device->Open(chosen, options, port);
-  verbs->free_device_list(list);
-  KOLO_RETURN_IF_ERROR(s);
+  return chosen;
+}
+
+}  // namespace
+
+Status Probe(const RdmaOptions& options) {
+  DeviceList devices;
+  return PickDevice(options, &devices).status();
+}
+
+StatusOr<std::unique_ptr<PollableDevice>> Connect(const RdmaOptions& options,
+                                                  bootstrap::Store& store, int rank, int size) {
+  DeviceList devices;
+  KOLO_ASSIGN_OR_RETURN(const int chosen, PickDevice(options, &devices));
+  auto device = std::make_unique<RdmaDevice>(devices.verbs, options, rank, size);
+  KOLO_RETURN_IF_ERROR(
+      device->Open(devices.list[chosen], options, static_cast<uint8_t>(options.port)));
   KOLO_RETURN_IF_ERROR(device->Handshake(store, options));
   return std::unique_ptr<PollableDevice>(std::move(device));
 }

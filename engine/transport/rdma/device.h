@@ -100,13 +100,17 @@ struct RdmaOptions {
 StatusOr<std::unique_ptr<PollableDevice>> Connect(const RdmaOptions& options,
                                                   bootstrap::Store& store, int rank, int size);
 
+// The checks Connect makes before creating anything (the verbs table loads, the device exists
+// and its port is ACTIVE), for failing at start-up before any exchange with the other ranks.
+Status Probe(const RdmaOptions& options);
+
 // For fault-injection tests: the QP that connects an RDMA `device` to `peer`, and the device's
 // verbs context; null when `device` is not an RDMA device (or is closed).
 ibv_qp* QueuePairForTests(Device& device, int peer);
 ibv_context* ContextForTests(Device& device);
 
-// The names of the devices the table lists ("" joined by ", "), for messages and tests; an error
-// when the list cannot be read.
+// The names of the devices the table lists, joined by ", " ("" when there is none, also when the
+// kernel has no RDMA support); an error when the list cannot be read.
 StatusOr<std::string> DeviceNames(const Verbs& verbs);
 
 }  // namespace kolo::transport::rdma

@@ -296,7 +296,7 @@ Options RdmaRankOptions(int rank, int size, const char* verbs) {
   return o;
 }
 
-TEST_P(RdmaTest, EngineAllreduceBroadcastAndAllgather) {
+TEST_P(RdmaTest, EngineNegotiatesFusesAllreducesAndBroadcasts) {
   constexpr int kRanks = 4;
   const char* verbs = GetParam();
   kolo::testing::RunRanks(

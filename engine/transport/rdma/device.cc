@@ -601,7 +601,8 @@ class RdmaPair final : public Pair {
     }
     return s.ok();
   }
-  bool farewell_done() const { return !farewell_ || sq_used_ == 0 || dead_; }
+  // A peer that said GOODBYE first is not waiting for ours (and its QP may be gone already).
+  bool farewell_done() const { return !farewell_ || sq_used_ == 0 || dead_ || peer_gone_; }
 
   // Destroys the QP (first in the teardown order), then the pair's MRs (second).
   void DestroyQp() {

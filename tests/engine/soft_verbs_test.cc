@@ -892,6 +892,82 @@ TEST_F(SoftVerbs, ThreadsPostingConcurrentlyKeepEachQpsOrder) {
   }
 }
 
+TEST_F(SoftVerbs, RoutesByGidAndThroughLibibverbsInlineCalls) {
+  End a = MakeEnd(), b = MakeEnd();
+  ASSERT_EQ(ToInit(a.qp, IBV_ACCESS_REMOTE_WRITE), 0);
+  ASSERT_EQ(ToInit(b.qp, IBV_ACCESS_REMOTE_WRITE), 0);
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_RTR;
+  attr.path_mtu = IBV_MTU_1024;
+  attr.dest_qp_num = b.qp->qp_num;
+  attr.max_dest_rd_atomic = 1;
+  attr.ah_attr.is_global = 1;
+  attr.ah_attr.port_num = 1;
+  int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+             IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+  attr.ah_attr.grh.dgid.global.subnet_prefix = htobe64(0xfe80000000000000ull);
+  attr.ah_attr.grh.dgid.global.interface_id = htobe64(0x7777);  // no such port
+  EXPECT_EQ(V().modify_qp(a.qp, &attr, mask), EINVAL);
+  ASSERT_EQ(V().query_gid(b.ctx, 1, 0, &attr.ah_attr.grh.dgid), 0);
+  ASSERT_EQ(V().modify_qp(a.qp, &attr, mask), 0);
+  ASSERT_EQ(V().query_gid(a.ctx, 1, 0, &attr.ah_attr.grh.dgid), 0);
+  attr.dest_qp_num = a.qp->qp_num;
+  ASSERT_EQ(V().modify_qp(b.qp, &attr, mask), 0);
+  ASSERT_EQ(ToRts(a.qp, 0, 10, 3), 0);
+  ASSERT_EQ(ToRts(b.qp, 0, 10, 3), 0);
+  ASSERT_EQ(PostRecv(b, 1, 0, 64), 0);
+  std::memcpy(a.buf.data(), "gid", 3);
+  ibv_sge sge{reinterpret_cast<uint64_t>(a.buf.data()), 3, a.mr->lkey};
+  ibv_send_wr wr{};
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(a.qp, &wr, &bad), 0);  // libibverbs' inline call, through ctx->ops
+  ibv_wc wc{};
+  ASSERT_EQ(ibv_poll_cq(b.cq, 1, &wc), 1);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(b.buf.data()), 3), "gid");
+  Destroy(a);
+  Destroy(b);
+}
+
+TEST_F(SoftVerbs, SolicitedOnlyNotifyWaitsForASolicitedCompletion) {
+  End a = MakeEnd(), b = MakeEnd();
+  Connect(a, b);
+  int fd = b.channel->fd;
+  auto readable = [fd](int ms) {
+    pollfd p{fd, POLLIN, 0};
+    return poll(&p, 1, ms) == 1;
+  };
+  ASSERT_EQ(V().req_notify_cq(b.cq, 1), 0);
+  for (int i = 0; i < 2; ++i) ASSERT_EQ(PostRecv(b, i, 0, 64), 0);
+  ASSERT_EQ(PostSend(a, IBV_WR_SEND, 1, 0, 8), 0);
+  EXPECT_FALSE(readable(20));
+  ASSERT_EQ(PostSend(a, IBV_WR_SEND, 2, 0, 8, IBV_SEND_SIGNALED | IBV_SEND_SOLICITED), 0);
+  EXPECT_TRUE(readable(1000));
+  ibv_cq* cq = nullptr;
+  void* context = nullptr;
+  ASSERT_EQ(V().get_cq_event(b.channel, &cq, &context), 0);
+  V().ack_cq_events(cq, 1);
+  Destroy(a);
+  Destroy(b);
+}
+
+TEST_F(SoftVerbs, DestroyedPeerQpGoesUnanswered) {
+  End a = MakeEnd(), b = MakeEnd();
+  Connect(a, b);
+  ASSERT_EQ(PostSend(a, IBV_WR_SEND, 1, 0, 8), 0);  // waits for a receive
+  ASSERT_EQ(V().destroy_qp(b.qp), 0);
+  b.qp = nullptr;
+  std::optional<ibv_wc> s = Next(a.cq, milliseconds(3000));
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->status, IBV_WC_RETRY_EXC_ERR) << Str(s->status);
+  Destroy(a);
+  Destroy(b);
+}
+
 TEST_F(SoftVerbs, ForeignPointersAreRefused) {
   ibv_qp bogus{};
   EXPECT_EQ(V().modify_qp(&bogus, nullptr, 0), EINVAL);

@@ -328,9 +328,9 @@ void Fabric::Pump(Qp* q) {
     Scatter(source, dest);
     q->next_send_psn = (q->next_send_psn + 1) & kPsnMask;
     r->next_recv_psn = (r->next_recv_psn + 1) & kPsnMask;
-    bool signaled = w.signaled;
-    q->sq.pop_front();
-    if (consumes_recv) Complete(r, r->recv_cq, rwc, w.solicited);
+    bool signaled = w.signaled, solicited = w.solicited;
+    q->sq.pop_front();  // `w` is gone from here on
+    if (consumes_recv) Complete(r, r->recv_cq, rwc, solicited);
     if (signaled || q->inject) {
       q->unsignaled_done = 0;
       wc.status = IBV_WC_SUCCESS;

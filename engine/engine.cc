@@ -48,6 +48,10 @@ Status CheckAgreement(collectives::Comm& comm, const Options& o) {
 
 Status CheckTransportName(const std::string& name) { return transport::CheckTransport(name); }
 
+Status CheckTransportUsable(const Options& options) {
+  return transport::ProbeTransport(options.transport, transport::SettingsFrom(options, "", ""));
+}
+
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Engine::~Engine() { Shutdown().IgnoreError(); }
@@ -60,6 +64,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Options& options, bootstr
         "engine needs ring, mpi, ps or nccl");
   }
   KOLO_RETURN_IF_ERROR(transport::CheckTransport(options.transport));
+  // A host that cannot use the transport (rdma without a device) fails now, before any work.
+  KOLO_RETURN_IF_ERROR(CheckTransportUsable(options));
   if (options.backend == "ps") return CreateParameterServerRank(options, store);
   return CreateRank(options, store, nullptr);
 }

@@ -52,6 +52,11 @@ struct Job;
 // otherwise InvalidArgument naming it and the transports there are. Engine::Create checks it too.
 Status CheckTransportName(const std::string& name);
 
+// OK when this host can use the transport of `options` at all (rdma: the verbs library loads and
+// a device with an ACTIVE port exists, Options::ib_*); otherwise an error naming the host, for
+// start-up checks of flags. Engine::Create checks it too.
+Status CheckTransportUsable(const Options& options);
+
 // Identifies one submitted operation. Cheap to copy.
 struct Handle {
   int64_t id = -1;

@@ -53,6 +53,8 @@ Status Configure(const BenchConfig& config, Options* options) {
   KOLO_RETURN_IF_ERROR(options->Validate());
   for (const std::string& t : config.transports) {
     Status s = transport::CheckTransport(t);
+    // A transport this host cannot use (rdma without a device) fails now, naming the host.
+    if (s.ok()) s = transport::ProbeTransport(t, transport::SettingsFrom(*options, "", ""));
     if (!s.ok()) return s.WithContext("--transport");
   }
   KOLO_RETURN_IF_ERROR(transport::CheckTransport(options->transport));

@@ -51,6 +51,15 @@ void EngineFlags::Add(CLI::App& app) {
   app.add_option("--shm-ring-kb", shm_ring_kb_,
                  "shared-memory ring size in KiB, a power of two (KOLO_SHM_RING_BYTES)")
       ->group(g);
+  app.add_option("--ib-device", ib_device_,
+                 "with --transport rdma: the RDMA device (KOLO_IB_DEVICE; default: the first with "
+                 "an ACTIVE port)")
+      ->group(g);
+  app.add_option("--ib-port", ib_port_, "with --transport rdma: the port (KOLO_IB_PORT, default 1)")
+      ->group(g);
+  app.add_option("--ib-gid-index", ib_gid_index_,
+                 "with --transport rdma: the GID index (KOLO_IB_GID_INDEX; default: automatic)")
+      ->group(g);
   const std::string ps = "Parameter server";
   app.add_option("--ps-servers", ps_servers_,
                  "with --backend ps: how many ranks serve; by default the last ones "
@@ -101,6 +110,12 @@ Status EngineFlags::Apply(Options* o) const {
   if (ring_chunk_kb_) o->ring_chunk_bytes = *ring_chunk_kb_ * 1024;
   if (socket_buffer_kb_) o->socket_buffer_bytes = *socket_buffer_kb_ * 1024;
   if (shm_ring_kb_) o->shm_ring_bytes = *shm_ring_kb_ * 1024;
+  if (ib_device_) {
+    if (ib_device_->empty()) return InvalidArgument("--ib-device is empty; name an RDMA device");
+    o->ib_device = *ib_device_;
+  }
+  if (ib_port_) o->ib_port = *ib_port_;
+  if (ib_gid_index_) o->ib_gid_index = *ib_gid_index_;
   if (ps_server_ranks_) {
     auto ranks = ParseRankList("--ps-server-ranks", *ps_server_ranks_);
     if (!ranks.ok()) return ranks.status();

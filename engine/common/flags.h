@@ -35,6 +35,8 @@ class EngineFlags {
   std::optional<int64_t> ring_chunk_kb_, socket_buffer_kb_, shm_ring_kb_;
   std::optional<int> ps_servers_;
   std::optional<std::string> host_name_;
+  std::optional<std::string> ib_device_;
+  std::optional<int> ib_port_, ib_gid_index_;
   bool hierarchical_ = false;
   std::optional<std::string> ps_server_ranks_, ps_placement_;
 };

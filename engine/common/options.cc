@@ -70,7 +70,7 @@ const char* const kKnownVariables[] = {
     "KOLO_CACHE_CAPACITY", "KOLO_CYCLE_TIME_MS", "KOLO_PEER_TIMEOUT_SECONDS",
     "KOLO_START_TIMEOUT_SECONDS", "KOLO_FAULT_INJECT", "KOLO_STALL_CHECK_SECONDS",
     "KOLO_STALL_SHUTDOWN_SECONDS", "KOLO_SKIP_BOOTSTRAP", "KOLO_PS_SERVERS", "KOLO_PS_SERVER_RANKS",
-    "KOLO_PS_PLACEMENT",
+    "KOLO_PS_PLACEMENT", "KOLO_IB_DEVICE", "KOLO_IB_PORT", "KOLO_IB_GID_INDEX", "KOLO_IB_VERBS",
     // Read by scripts/ (and exported to the ranks they start).
     "KOLO_ROOT", "KOLO_VENV", "KOLO_OUT", "KOLO_BIN_DIR", "KOLO_SKIP_BUILD", "KOLO_RECONFIGURE",
     "KOLO_MPIRUN_ARGS", "KOLO_MAIN_TIMEOUT"};
@@ -290,6 +290,19 @@ Status Options::Validate() const {
     return InvalidArgument(
         "shared-memory ring {} bytes: must be a power of two from 64 KiB to 1 GiB", shm_ring_bytes);
   }
+  if (ib_port < 1 || ib_port > 255) {
+    return InvalidArgument("RDMA port {} is outside [1, 255]", ib_port);
+  }
+  if (ib_gid_index < -1 || ib_gid_index > 255) {
+    return InvalidArgument("RDMA GID index {} is outside [0, 255] (or -1: automatic)",
+                           ib_gid_index);
+  }
+  if (ib_verbs != "libibverbs" && ib_verbs != "soft") {
+    return InvalidArgument(
+        "verbs '{}' (KOLO_IB_VERBS) is unknown: allowed are libibverbs (rdma-core) and soft (the "
+        "in-process software verbs device, for tests)",
+        ib_verbs);
+  }
   if (ring_chunk_bytes < 4096 || ring_chunk_bytes > (1ll << 30)) {
     return InvalidArgument("ring chunk {} bytes is outside [4096, 1 GiB]", ring_chunk_bytes);
   }
@@ -381,6 +394,10 @@ StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string
   KOLO_RETURN_IF_ERROR(
       ReadInt(env, "KOLO_SOCKET_BUFFER_BYTES", 4096, 1ll << 30, &o.socket_buffer_bytes));
   KOLO_RETURN_IF_ERROR(ReadInt(env, "KOLO_SHM_RING_BYTES", 64 << 10, 1ll << 30, &o.shm_ring_bytes));
+  if (const std::string* v = Find(env, "KOLO_IB_DEVICE")) o.ib_device = *v;
+  KOLO_RETURN_IF_ERROR(ReadInt32(env, "KOLO_IB_PORT", 1, 255, &o.ib_port));
+  KOLO_RETURN_IF_ERROR(ReadInt32(env, "KOLO_IB_GID_INDEX", -1, 255, &o.ib_gid_index));
+  if (const std::string* v = Find(env, "KOLO_IB_VERBS")) o.ib_verbs = *v;
   KOLO_RETURN_IF_ERROR(ReadInt(env, "KOLO_RING_CHUNK_BYTES", 4096, 1ll << 30, &o.ring_chunk_bytes));
   KOLO_RETURN_IF_ERROR(
       ReadInt(env, "KOLO_FUSION_THRESHOLD_BYTES", 0, 1ll << 40, &o.fusion_threshold_bytes));

@@ -71,6 +71,17 @@ struct Options {
   // KOLO_BUSY_POLL: spin on the sockets and shared-memory rings instead of sleeping in epoll (only
   // for dedicated cores).
   bool busy_poll = false;
+  // The RDMA transport (--transport rdma). KOLO_IB_DEVICE / --ib-device: the device by name (as
+  // ibv_devices lists it); empty: the first device whose port ib_port is ACTIVE. KOLO_IB_PORT /
+  // --ib-port: the port number. KOLO_IB_GID_INDEX / --ib-gid-index: the GID table entry to route
+  // by; -1 (automatic): on RoCE a RoCE v2 IPv4-mapped GID if the port has one, else entry 0; on
+  // InfiniBand LID routing. KOLO_IB_VERBS: which verbs the transport calls, "libibverbs"
+  // (rdma-core, loaded at run time) or "soft" (the in-process software verbs device, for tests: it
+  // proves the protocol logic, not RDMA performance, and reaches only ranks of the same process).
+  std::string ib_device;
+  int ib_port = 1;
+  int ib_gid_index = -1;
+  std::string ib_verbs = "libibverbs";
   // KOLO_ENGINE_SCHED: scheduling policy of the background thread. "batch" (SCHED_BATCH: when a
   // message wakes it, it waits for the running thread to block or use up its slice instead of
   // preempting it), "normal" (the default policy), or "auto": batch when the local ranks

@@ -5,6 +5,10 @@
 #include "engine/transport/auto_device.h"
 #include "engine/transport/shm/device.h"
 #include "engine/transport/tcp/device.h"
+#include "kolo/config.h"
+#if KOLO_HAVE_IBVERBS
+#include "engine/transport/rdma/device.h"
+#endif
 
 namespace kolo::transport {
 namespace {
@@ -81,10 +85,37 @@ StatusOr<std::unique_ptr<Device>> ConnectAuto(const ConnectSettings& s, bootstra
   return CombineDevices(rank, size, std::move(parts), s.busy_poll);
 }
 
+#if KOLO_HAVE_IBVERBS
+rdma::RdmaOptions RdmaOptionsFrom(const ConnectSettings& s) {
+  rdma::RdmaOptions options;
+  options.secret = s.secret;
+  options.timeout = s.timeout;
+  options.device = s.ib_device;
+  options.port = s.ib_port;
+  options.gid_index = s.ib_gid_index;
+  options.verbs = s.ib_verbs;
+  options.host_name = s.host_name;
+  options.busy_poll = s.busy_poll;
+  return options;
+}
+
+StatusOr<std::unique_ptr<Device>> ConnectRdma(const ConnectSettings& s, bootstrap::Store& store,
+                                              int rank, int size) {
+  KOLO_ASSIGN_OR_RETURN(auto device, rdma::Connect(RdmaOptionsFrom(s), store, rank, size));
+  return std::unique_ptr<Device>(std::move(device));
+}
+
+// Before any exchange with the other ranks: a host without a usable device fails at once.
+Status ProbeRdma(const ConnectSettings& s) { return rdma::Probe(RdmaOptionsFrom(s)); }
+#endif
+
+using ProbeFn = Status (*)(const ConnectSettings&);
+
 struct Entry {
   const char* name;
-  ConnectFn connect;    // null: kolo knows the name, this build has no such transport
-  const char* missing;  // why, when connect is null
+  ConnectFn connect;        // null: kolo knows the name, this build has no such transport
+  const char* missing;      // why, when connect is null
+  ProbeFn probe = nullptr;  // checks this host can use the transport at all, before connecting
 };
 
 // One line per transport.
@@ -92,7 +123,11 @@ constexpr Entry kTransports[] = {
     {"auto", &ConnectAuto, nullptr},
     {"shm", &ConnectShm, nullptr},
     {"tcp", &ConnectTcp, nullptr},
-    {"rdma", nullptr, "kolo has no RDMA (ibverbs) transport yet"},
+#if KOLO_HAVE_IBVERBS
+    {"rdma", &ConnectRdma, nullptr, &ProbeRdma},
+#else
+    {"rdma", nullptr, "this build lacks rdma-core's headers (install libibverbs-dev and rebuild)"},
+#endif
 };
 
 const Entry* Find(const std::string& name) {
@@ -114,6 +149,10 @@ ConnectSettings SettingsFrom(const Options& options, const std::string& listen_a
   s.shm_ring_bytes = options.shm_ring_bytes;
   s.busy_poll = options.busy_poll;
   s.host_name = options.host_name;
+  s.ib_device = options.ib_device;
+  s.ib_port = options.ib_port;
+  s.ib_gid_index = options.ib_gid_index;
+  s.ib_verbs = options.ib_verbs;
   return s;
 }
 
@@ -136,9 +175,15 @@ Status CheckTransport(const std::string& name) {
   return InvalidArgument("transport '{}' is unknown; allowed: {}", name, allowed);
 }
 
+Status ProbeTransport(const std::string& name, const ConnectSettings& settings) {
+  KOLO_RETURN_IF_ERROR(CheckTransport(name));
+  const ProbeFn probe = Find(name)->probe;
+  return probe != nullptr ? probe(settings) : Status::OK();
+}
+
 StatusOr<std::unique_ptr<Device>> Connect(const std::string& name, const ConnectSettings& settings,
                                           bootstrap::Store& store, int rank, int size) {
-  KOLO_RETURN_IF_ERROR(CheckTransport(name));
+  KOLO_RETURN_IF_ERROR(ProbeTransport(name, settings));
   if (settings.hosts.known()) {
     if (settings.hosts.size() != size) {
       return InvalidArgument("the host layout covers {} ranks, the job has {}",

@@ -1,6 +1,7 @@
 // The transport registry: the one place that knows which transports exist and how each connects a
 // rank to its peers: "auto" (the default: shm with the ranks of this host, TCP with the others),
-// "shm" (a job on one host) and "tcp" (every pair over TCP). Everything that needs connections (the
+// "shm" (a job on one host), "tcp" (every pair over TCP) and, in builds with rdma-core's headers,
+// "rdma" (every pair over ibverbs RC queue pairs). Everything that needs connections (the
 // engine, a parameter-server job, the benchmark's link row) asks here, by the name in
 // Options::transport (KOLO_TRANSPORT,
 // --transport). Adding a transport is its folder under engine/transport/ and one line in
@@ -34,6 +35,11 @@ struct ConnectSettings {
   int64_t socket_buffer_bytes = 2 << 20;
   int64_t shm_ring_bytes = 1 << 20;
   bool busy_poll = false;
+  // Options::ib_device, ib_port, ib_gid_index, ib_verbs (the rdma transport).
+  std::string ib_device;
+  int ib_port = 1;
+  int ib_gid_index = -1;
+  std::string ib_verbs = "libibverbs";
   // Which host each rank is on (bootstrap::ExchangeHostLayout). Unknown (empty): Connect
   // exchanges it through the store first, under this rank's `host_name`.
   bootstrap::HostLayout hosts;
@@ -51,6 +57,12 @@ std::vector<std::string> TransportNames();
 // OK when `name` is a transport of this build; otherwise InvalidArgument naming it and the
 // allowed names (and, for a transport kolo knows but this build lacks, why).
 Status CheckTransport(const std::string& name);
+
+// Whether this host can use the transport `name` at all (rdma: the verbs library loads and a
+// device with an ACTIVE port exists; Unavailable or NotFound naming the host otherwise), checked
+// before any exchange with the other ranks so that a host that cannot fails at start-up. OK for
+// transports with nothing to check; fails as CheckTransport does for an unknown name.
+Status ProbeTransport(const std::string& name, const ConnectSettings& settings);
 
 // Connects `rank` of a job of `size` ranks to every other through the transport `name`, meeting
 // the peers through `store` (each transport publishes its addresses under its own keys). Fails as

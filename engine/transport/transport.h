@@ -1,7 +1,7 @@
 // The transport interface: how bytes move between ranks. Collectives are written once against it;
 // tcp/ implements it over sockets, shm/ over shared memory between the ranks of one host,
-// auto_device.h combines the two (shm within a host, TCP between hosts), rdma/ (later) will
-// implement it over ibverbs RC queue pairs.
+// auto_device.h combines the two (shm within a host, TCP between hosts), rdma/ implements it over
+// ibverbs RC queue pairs (libibverbs loaded at run time, or the software verbs device for tests).
 //
 // Model (shaped after RDMA so that verbs fits as naturally as TCP):
 // - A Device is one rank's endpoint (a NIC, or loopback). It owns a full mesh of Pairs, one per

@@ -58,6 +58,7 @@ Status Validate(TrainOptions& o, const std::optional<std::string>& precision_fla
   if (Status s = CheckTransportName(o.engine.transport); !s.ok()) {
     return s.WithContext("--transport");
   }
+  if (Status s = CheckTransportUsable(o.engine); !s.ok()) return s.WithContext("--transport");
   if (o.compute == "replay") {
     if (o.profile.empty()) {
       return InvalidArgument(

@@ -145,7 +145,12 @@ expect_bad() {
 expect_bad "'nosuchnet'" --model nosuchnet
 expect_bad "tiny-cnn" --model nosuchnet
 expect_bad "--compute 'gpu'" --model tiny-cnn --compute gpu
-expect_bad "allowed: auto, shm, tcp" --model tiny-cnn --transport rdma
+if grep -q "KOLO_HAVE_IBVERBS 1" "$bin/../generated/kolo/config.h"; then
+  # No such device on any host: refused at start-up, naming this host.
+  expect_bad "host $(hostname):" --model tiny-cnn --transport rdma --ib-device kolo-no-such-dev
+else
+  expect_bad "allowed: auto, shm, tcp" --model tiny-cnn --transport rdma
+fi
 expect_bad "--batch-size" --model tiny-cnn --batch-size 0
 expect_bad "fp32, tf32, fp16, bf16" --model tiny-cnn --precision fp8
 expect_bad "needs --profile" --model tiny-cnn --compute replay

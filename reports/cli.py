@@ -137,6 +137,9 @@ def _sweep(args) -> int:
             file=sys.stderr,
         )
         return 128 + e.signum
+    except runner.TransportUnavailable as e:
+        print(f"sweep: {e}", file=sys.stderr)
+        return 2
     except (OSError, RuntimeError, schema.SchemaError) as e:
         print(f"sweep: {e}", file=sys.stderr)
         return 1

@@ -109,6 +109,35 @@ def command(
     return argv + launcher.args + train
 
 
+def check_command(launcher: Launcher, program: str, transport: str, processes: int) -> list[str]:
+    """The argv that runs `kolo-train --check-transport` once on every host a point of up to
+    `processes` processes may use (exit 0: every host can use `transport`)."""
+    check = [program, "--check-transport", "--transport", transport]
+    if launcher.kind == "srun":
+        nodes = str(launcher.nodes_for(processes))
+        return [
+            launcher.srun,
+            "--nodes",
+            nodes,
+            "--ntasks",
+            nodes,
+            "--ntasks-per-node",
+            "1",
+            "--kill-on-bad-exit=0",
+            "--export",
+            "ALL",
+            *launcher.args,
+            *check,
+        ]
+    if launcher.kind == "local" or launcher.is_local():
+        return check
+    hosts = sweepfile.read_hostfile(launcher.hostfile) if launcher.hostfile else launcher.hosts
+    argv = [launcher.mpirun, "-np", str(len(hosts)), "-H", ",".join(f"{h}:1" for h, _ in hosts)]
+    for name, value in launcher.env.items():
+        argv += ["-x", f"{name}={value}"]
+    return argv + launcher.args + check
+
+
 def placement_of(point: dict, launcher: Launcher) -> placement.Placement | None:
     """Where the point's processes go when it places its parameter servers (ps_hosts) under
     mpirun across hosts; None otherwise (mpirun's own order, servers last)."""

@@ -154,6 +154,9 @@ def _run_locked(sweep: Sweep, out_dir: str, bin_dir: str, retry_failed: bool, st
     elif shutil.which(sweep.launcher.mpirun) is None:
         raise FileNotFoundError(f"mpirun not found: {sweep.launcher.mpirun!r} ([launcher] mpirun)")
 
+    if not sim and sweep.launcher.kind != "cluster":
+        _check_transports(sweep, program, stream)
+
     todo = []
     outcome = Outcome()
     for point in sweep.points:
@@ -364,6 +367,53 @@ def _read_record(path: str) -> tuple[dict | None, str]:
     if not isinstance(record, dict):
         return None, f"wrote a JSON record that is not an object ({path})"
     return record, ""
+
+
+# Transports that need something of every host (a device), asked of each host before the first
+# point so that a cluster without it gets one error, not a failed row per point.
+CHECKED_TRANSPORTS = ("rdma",)
+CHECK_TIMEOUT_S = 120.0
+
+
+class TransportUnavailable(RuntimeError):
+    """A transport the sweep uses cannot run on some of its hosts."""
+
+
+def _check_transports(sweep: Sweep, program: str, stream) -> None:
+    """Runs `kolo-train --check-transport` on every host the sweep's points use, once per checked
+    transport; raises TransportUnavailable with what the hosts said when one cannot."""
+    wanted = sorted({p["transport"] for p in sweep.points if p.get("transport") in CHECKED_TRANSPORTS})
+    processes = max((settings.process_count(p) for p in sweep.points), default=1)
+    for transport in wanted:
+        argv = launch.check_command(sweep.launcher, program, transport, processes)
+        env = dict(os.environ)
+        env.update(sweep.launcher.env)
+        print(f"sweep {sweep.name}: checking that every host can use transport {transport}", file=stream)
+        try:
+            done = subprocess.run(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=CHECK_TIMEOUT_S,
+                start_new_session=True,
+            )
+        except subprocess.TimeoutExpired:
+            raise TransportUnavailable(
+                f"checking transport {transport} on the hosts took over {CHECK_TIMEOUT_S:g} s: "
+                + " ".join(_quote(a) for a in argv)
+            ) from None
+        except OSError as e:
+            raise TransportUnavailable(f"cannot check transport {transport}: {e}") from None
+        if done.returncode != 0:
+            said = [ln for ln in (done.stdout + done.stderr).splitlines() if "cannot use transport" in ln]
+            said = said or (done.stdout + done.stderr).strip().splitlines()[-5:]
+            raise TransportUnavailable(
+                f"transport {transport} cannot run on every host of this sweep, so none of its "
+                f"{sum(p.get('transport') == transport for p in sweep.points)} {transport} point(s) "
+                "is started:\n  " + "\n  ".join(said)
+            )
 
 
 RECORD_PREFIX = "kolo-record: "

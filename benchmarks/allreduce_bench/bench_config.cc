@@ -1,11 +1,14 @@
 #include "benchmarks/allreduce_bench/bench_config.h"
 
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <sstream>
 
 #include "benchmarks/allreduce_bench/tensor_sets.h"
 #include "engine/common/options.h"
+#include "engine/transport/registry.h"
 
 namespace kolo::bench {
 namespace {
@@ -192,7 +195,9 @@ StatusOr<ParsedFlags> ParseBenchFlags(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--transport", raw.transport,
                  "comma list of kolo transports for the ring and link rows, a row of each per "
-                 "transport: auto, shm, tcp (default: KOLO_TRANSPORT, else auto)");
+                 "transport: " +
+                     fmt::format("{}", fmt::join(transport::TransportNames(), ", ")) +
+                     " (default: KOLO_TRANSPORT, else auto)");
   app.add_option("--fusion-threshold-mb", raw.fusion_threshold_mb,
                  "engine fusion threshold (MiB; overrides KOLO_FUSION_THRESHOLD_BYTES)");
   app.add_option("--cycle-time-ms", raw.cycle_time_ms,

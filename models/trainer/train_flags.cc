@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "engine/bootstrap/host_layout.h"
 #include "engine/common/file.h"
 #include "engine/common/flags.h"
 #include "engine/engine.h"
@@ -114,9 +115,9 @@ ParsedFlags ParseTrainFlags(int argc, char** argv) {
       "images/sec (launch with mpirun or kolo-run for several ranks)"};
   app.set_help_all_flag("--help-all");
   std::optional<std::string> precision;
-  app.add_option("--model", o.model,
-                 "model to train: " + fmt::format("{}", fmt::join(zoo::ModelNames(), ", ")))
-      ->required();
+  app.add_option(
+      "--model", o.model,
+      "model to train (required): " + fmt::format("{}", fmt::join(zoo::ModelNames(), ", ")));
   app.add_option("--batch-size", o.batch_size, "images per rank per micro-batch")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
@@ -168,6 +169,10 @@ ParsedFlags ParseTrainFlags(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 30));
   app.add_option("--seed", o.seed, "seed of the initial weights and the synthetic data")
       ->capture_default_str();
+  bool check_transport = false;
+  app.add_flag("--check-transport", check_transport,
+               "only check that this host can use --transport (rdma: a device with an ACTIVE "
+               "port), print the verdict naming the host, and exit 0 (usable) or 2");
   EngineFlags engine_flags;
   engine_flags.Add(app);
 
@@ -192,6 +197,24 @@ ParsedFlags ParseTrainFlags(int argc, char** argv) {
     o.engine = *env;
     s = engine_flags.Apply(&o.engine);
   }
+  if (s.ok() && check_transport) {
+    // Nothing else is needed or checked: a sweep asks every host this before its first point.
+    s = CheckTransportName(o.engine.transport);
+    if (s.ok()) s = CheckTransportUsable(o.engine);
+    auto host = bootstrap::ThisHostName(o.engine.host_name);
+    const std::string name = host.ok() ? *host : "?";
+    if (s.ok()) {
+      std::printf("kolo-train: host %s can use transport %s\n", name.c_str(),
+                  o.engine.transport.c_str());
+      out.exit_code = 0;
+    } else {
+      std::fprintf(stderr, "kolo-train: host %s cannot use transport %s: %s\n", name.c_str(),
+                   o.engine.transport.c_str(), s.message().c_str());
+      out.exit_code = 2;
+    }
+    return out;
+  }
+  if (s.ok() && o.model.empty()) s = InvalidArgument("--model is required");
   if (s.ok()) s = Validate(o, precision);
   if (!s.ok()) {
     std::fprintf(stderr, "kolo-train: %s\n", s.message().c_str());

@@ -242,3 +242,51 @@ def test_records_come_back_with_the_output(tmp_path):
     assert len(lines) == 1
     printed = json.loads(lines[0][len(runner.RECORD_PREFIX) :])
     assert printed["status"] == "ok" and printed["results"]["total_images_per_sec"] > 0
+
+
+RDMA_SWEEP = """
+[sweep]
+name = "rdma-check"
+timeout_s = 60
+[launcher]
+kind = "local"
+[fixed]
+model = "resnet101"
+compute = "replay"
+profile = "models/profiles/resnet101-h100-b64.json"
+batch_size = 64
+num_warmup_batches = 1
+num_batches = 2
+[matrix]
+ranks = [2]
+transport = ["tcp", "rdma"]
+"""
+
+
+def test_a_host_without_rdma_stops_the_sweep_before_its_first_point(write_sweep, tmp_path):
+    if not (BIN_DIR / "kolo-train").exists():
+        pytest.skip(f"{BIN_DIR / 'kolo-train'} is not built")
+    if os.path.isdir("/sys/class/infiniband") and os.listdir("/sys/class/infiniband"):
+        pytest.skip("this host has an RDMA device")
+    out = tmp_path / "out"
+    result = run_cli("sweep", write_sweep(RDMA_SWEEP), "--out", str(out), "--bin-dir", str(BIN_DIR))
+    assert result.returncode == 2, result.stderr
+    assert "transport rdma cannot run on every host of this sweep" in result.stderr
+    assert "none of its 1 rdma point(s) is started" in result.stderr
+    assert "cannot use transport rdma" in result.stderr
+    assert not (out / "results.csv").exists()  # not one row, the tcp point included
+
+
+def test_the_transport_check_runs_once_on_every_host():
+    sweep_hosts = sweepfile.Launcher(
+        kind="mpirun", hosts=[("n1", 8), ("n2", 8)], env={"KOLO_IB_DEVICE": "mlx5_0"}
+    )
+    argv = launch.check_command(sweep_hosts, "/opt/kolo-train", "rdma", 16)
+    assert argv[:5] == ["mpirun", "-np", "2", "-H", "n1:1,n2:1"]
+    assert argv[argv.index("-x") + 1] == "KOLO_IB_DEVICE=mlx5_0"
+    assert argv[-4:] == ["/opt/kolo-train", "--check-transport", "--transport", "rdma"]
+    srun = sweepfile.Launcher(kind="srun", tasks_per_node=8)
+    argv = launch.check_command(srun, "/opt/kolo-train", "rdma", 20)
+    assert argv[:7] == ["srun", "--nodes", "3", "--ntasks", "3", "--ntasks-per-node", "1"]
+    local = sweepfile.Launcher(kind="local")
+    assert launch.check_command(local, "k", "rdma", 4) == ["k", "--check-transport", "--transport", "rdma"]

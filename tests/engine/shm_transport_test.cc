@@ -320,6 +320,9 @@ class ChildRank {
       auto device = Connect(transport, settings, store, rank, size);
       if (!device.ok()) ::_exit(1);
       body(**device);
+      // A clean shutdown says GOODBYE: a child that just exited would look like a dead peer to
+      // a parent still reading the child's last message out of the ring.
+      device->reset();
       ::_exit(0);
     }
   }

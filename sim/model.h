@@ -53,6 +53,11 @@ struct Calibration {
   // Whether a parameter server's link moves pushes and pulls at the same time (each shard's pull
   // still waits for every worker's push of it); false: they take turns on one queue.
   bool ps_full_duplex = true;
+  // Cores shared by every rank of the prediction, where all of them run on one machine (ranks on
+  // loopback, or the emulated cluster's hosts); 0: each host has cores enough for its ranks. With
+  // more ranks than cores, the host-bound costs (the intra-host link's rate and latency, the
+  // reduction, the fusion copies) slow by ranks / host_cores; the NIC's wire does not.
+  double host_cores = 0;
 };
 
 StatusOr<Calibration> CalibrationFromJson(const std::string& text, const std::string& origin);
@@ -122,6 +127,10 @@ double PhaseTime(const Network& net, const std::vector<Flow>& flows);
 // Collective algorithms: the time to allreduce `bytes` over the ranks of `net`.
 double RingAllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s);
 double HierarchicalAllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s);
+
+// How many times slower the host-bound costs of `point` run: ranks / cal.host_cores where the
+// calibration names shared cores and the ranks outnumber them, else 1.
+double HostShare(const Point& point, const Calibration& cal);
 
 // The network of `point` under `cal`.
 Network MakeNetwork(const Point& point, const Calibration& cal);

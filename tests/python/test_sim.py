@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 
 import pytest
+from reports import gate, schema, simvalidate
 
 from conftest import ROOT, run_cli
-from reports import gate, schema, simvalidate
 
 BIN_DIR = Path(os.environ.get("KOLO_BIN_DIR") or ROOT / "build" / "bin")
 

@@ -26,6 +26,56 @@ TEST(SimModelTest, TwoRankRingOfOneTensor) {
   EXPECT_NEAR(RingAllreduceTime(TwoHosts(), 8e6, 2e9), 2 * (10e-6 + 4e-3) + 2e-3, 1e-12);
 }
 
+TEST(SimModelTest, RingLatencyAddsUpAlongItsHops) {
+  // 2 hosts x 2 ranks, a buffer too small to see: each of the 2 (4 - 1) steps passes a piece one
+  // hop on, and half of the ring's hops cross a NIC (10 us), half stay within a host (2 us).
+  Network net = TwoHosts();
+  net.per_host = 2;
+  net.intra_latency_s = 2e-6;
+  EXPECT_NEAR(RingAllreduceTime(net, 4, 0), 6 * (0.5 * 10e-6 + 0.5 * 2e-6), 1e-8);  // + ns of bytes
+  // One rank per host: every hop crosses a NIC.
+  net.per_host = 1;
+  EXPECT_NEAR(RingAllreduceTime(net, 2, 0), 2 * 10e-6, 1e-8);
+}
+
+TEST(SimModelTest, SharedCoresSlowHostBoundCostsOnly) {
+  Calibration cal;
+  Point p;
+  p.ranks = 4;
+  p.ranks_per_host = 4;
+  EXPECT_EQ(HostShare(p, cal), 1);  // host_cores 0: cores enough
+  cal.host_cores = 2;
+  EXPECT_EQ(HostShare(p, cal), 2);
+  const Network four = MakeNetwork(p, cal);
+  p.ranks = p.ranks_per_host = 2;
+  EXPECT_EQ(HostShare(p, cal), 1);
+  const Network two = MakeNetwork(p, cal);
+  EXPECT_NEAR(four.intra_bytes_per_s, two.intra_bytes_per_s / 2, 1);
+  EXPECT_NEAR(four.nic_bytes_per_s, two.nic_bytes_per_s, 1);
+}
+
+TEST(SimCalibrateTest, FitsTheCommittedEmulatedClusterBench) {
+  // kolo-allreduce-bench on scripts/cluster's 4 hosts x 1 Gbit/s (tbf), at three buffer sizes.
+  std::vector<BenchSample> samples;
+  for (const char* size : {"256K", "4M", "32M"}) {
+    auto s = ReadBenchJson(std::string(KOLO_SOURCE_DIR) +
+                           "/sim/calibrations/bench/emulated-4x1gbit-" + size + ".json");
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    samples.insert(samples.end(), s->begin(), s->end());
+  }
+  ASSERT_EQ(samples.size(), 6u);  // a ring and a link row per size
+  auto fit = FitSamples(samples);
+  ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+  // The links' payload rate: tbf's 1 Gbit/s times 1448/1514 is 119.5 MB/s.
+  EXPECT_GT(fit->bytes_per_s, 0.9 * 119.5e6);
+  EXPECT_LT(fit->bytes_per_s, 1.02 * 119.5e6);
+  EXPECT_GT(fit->latency_s, 0);
+  EXPECT_LT(fit->latency_s, 5e-3);
+  // Residuals as kolo-sim calibrate prints them (median 8.6%, worst 13.3% when committed).
+  EXPECT_LT(fit->median_abs_error, 0.15);
+  EXPECT_LT(fit->worst_abs_error, 0.25);
+}
+
 TEST(SimModelTest, IncastSharesTheServersLink) {
   // Four workers on hosts 1..4 push 1 MB each to a server on host 0 at once: its ingress carries
   // 4 MB at 1 GB/s, 4 ms, plus one latency.

@@ -151,7 +151,8 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text, const std::st
                                std::pair{"intra_latency_us", &c.intra_latency_us},
                                std::pair{"reduce_gbytes_per_s", &c.reduce_gbytes_per_s},
                                std::pair{"fusion_copy_gbytes_per_s", &c.fusion_copy_gbytes_per_s},
-                               std::pair{"host_cores", &c.host_cores}}) {
+                               std::pair{"host_cores", &c.host_cores},
+                               std::pair{"engine_overhead_us", &c.engine_overhead_us}}) {
     if (!j.contains(field)) continue;
     if (!j.at(field).is_number() || j.at(field).get<double>() < 0) {
       return InvalidArgument("{}: \"{}\" must be a number >= 0", origin, field);
@@ -191,7 +192,8 @@ std::string CalibrationToJson(const Calibration& c) {
             {"reduce_gbytes_per_s", c.reduce_gbytes_per_s},
             {"fusion_copy_gbytes_per_s", c.fusion_copy_gbytes_per_s},
             {"ps_full_duplex", c.ps_full_duplex},
-            {"host_cores", c.host_cores}};
+            {"host_cores", c.host_cores},
+            {"engine_overhead_us", c.engine_overhead_us}};
   return j.dump(2) + "\n";
 }
 
@@ -590,6 +592,7 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
                               : RingAllreduceTime(costs.net, bytes, reduce);
   };
   const double cycle = point.cycle_time_ms / 1e3;
+  const double per_cycle = cal.engine_overhead_us * 1e-6 / k * HostShare(point, cal);
   const size_t threshold = static_cast<size_t>(point.fusion_threshold_mb * (1 << 20));
   SimClock clock;
   SymmetricPeers peers(n);
@@ -640,7 +643,8 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
       const double neg = NegotiationTime(costs.net, peers);
       negotiation += neg;
       rounds += peers.rounds;
-      double t = start + neg;
+      // The engine's own work in a cycle that executes something (waking, handing over).
+      double t = start + neg + (responses.empty() ? 0.0 : per_cycle);
       ++cycles;
       for (const fusion::Group& g : fusion::PlanFusion(responses, threshold)) {
         double dt = allreduce(static_cast<double>(g.bytes));

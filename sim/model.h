@@ -58,6 +58,11 @@ struct Calibration {
   // more ranks than cores, the host-bound costs (the intra-host link's rate and latency, the
   // reduction, the fusion copies) slow by ranks / host_cores; the NIC's wire does not.
   double host_cores = 0;
+  // What the engine spends in each cycle that executes something, besides the collectives' own
+  // messages (waking its thread and the threads that wait, handing tensors over): `kolo-sim
+  // calibrate` reads it from kolo-allreduce-bench's ring rows (one collective per cycle) against
+  // its link rows. Host-bound, like the reduction.
+  double engine_overhead_us = 0;
 };
 
 StatusOr<Calibration> CalibrationFromJson(const std::string& text, const std::string& origin);

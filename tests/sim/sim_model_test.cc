@@ -2,6 +2,7 @@
 // calibration fit on synthetic data with known parameters.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 
 #include "sim/calibrate.h"
@@ -55,25 +56,37 @@ TEST(SimModelTest, SharedCoresSlowHostBoundCostsOnly) {
 }
 
 TEST(SimCalibrateTest, FitsTheCommittedEmulatedClusterBench) {
-  // kolo-allreduce-bench on scripts/cluster's 4 hosts x 1 Gbit/s (tbf), at three buffer sizes.
+  // kolo-allreduce-bench on scripts/cluster's hosts at 1 Gbit/s (tbf): 2, 4 and 8 hosts, 8 KB to
+  // 64 MB, as committed; the committed calibration is this fit.
+  const std::string dir = std::string(KOLO_SOURCE_DIR) + "/sim/calibrations/";
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "bench")) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("emulated-", 0) == 0 && e.path().extension() == ".json") {
+      files.push_back(e.path().string());
+    }
+  }
+  ASSERT_GE(files.size(), 3u);
   std::vector<BenchSample> samples;
-  for (const char* size : {"256K", "4M", "32M"}) {
-    auto s = ReadBenchJson(std::string(KOLO_SOURCE_DIR) +
-                           "/sim/calibrations/bench/emulated-4x1gbit-" + size + ".json");
+  for (const auto& f : files) {
+    auto s = ReadBenchJson(f);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     samples.insert(samples.end(), s->begin(), s->end());
   }
-  ASSERT_EQ(samples.size(), 6u);  // a ring and a link row per size
   auto fit = FitSamples(samples);
   ASSERT_TRUE(fit.ok()) << fit.status().ToString();
-  // The links' payload rate: tbf's 1 Gbit/s times 1448/1514 is 119.5 MB/s.
-  EXPECT_GT(fit->bytes_per_s, 0.9 * 119.5e6);
-  EXPECT_LT(fit->bytes_per_s, 1.02 * 119.5e6);
-  EXPECT_GT(fit->latency_s, 0);
-  EXPECT_LT(fit->latency_s, 5e-3);
-  // Residuals as kolo-sim calibrate prints them (median 8.6%, worst 13.3% when committed).
-  EXPECT_LT(fit->median_abs_error, 0.15);
-  EXPECT_LT(fit->worst_abs_error, 0.25);
+  // Below the links' payload rate (1 Gbit/s x 1448/1514 = 119.5 MB/s), and not far below.
+  EXPECT_GT(fit->bytes_per_s, 0.8 * 119.5e6);
+  EXPECT_LT(fit->bytes_per_s, 1.0 * 119.5e6);
+  EXPECT_EQ(fit->predicted_s.size(), samples.size());
+  auto cal = LoadCalibration(dir + "emulated-tbf-bench.json");
+  ASSERT_TRUE(cal.ok()) << cal.status().ToString();
+  EXPECT_NEAR(cal->tcp.efficiency, fit->bytes_per_s / 125e6, 1e-9);
+  EXPECT_NEAR(cal->tcp.latency_us, fit->latency_s * 1e6, 1e-6);
+  EXPECT_NEAR(cal->engine_overhead_us, fit->engine_s * 1e6, 1e-6);
+  // The residuals kolo-sim calibrate printed for it (sim/calibrations/bench/*.fit.txt): median
+  // 25.6%; the small rows at 4 and 8 hosts, which no linear model of the ring fits, up to 99.6%.
+  EXPECT_LT(fit->median_abs_error, 0.3);
 }
 
 TEST(SimModelTest, IncastSharesTheServersLink) {

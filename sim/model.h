@@ -15,7 +15,11 @@
 // - A collective: messages on a topology of hosts x GPUs per host. Each phase of an algorithm is a
 //   set of flows; a phase takes the per-message latency plus the time of its most loaded link
 //   (flows that share a link share its bandwidth: a NIC's egress and ingress, a GPU's intra-host
-//   link), plus the per-byte host costs (copy, reduction).
+//   link), plus the per-byte host costs (copy, reduction). A ring's steps are not separated by
+//   barriers, so its latency is that of the hops along it (NIC hops and intra-host hops in their
+//   proportion), while its bytes go at the most loaded link's pace.
+// - The engine's own time per cycle that executes something (calibration engine_overhead_us), and
+//   ranks that share one machine's cores (host_cores) slowing the host-bound costs.
 // - Parameter servers: pushes and pulls of each shard of the real placement, each a flow set on the
 //   servers' links (N workers pushing to one server: incast), queued first come first served on
 //   each server's link and each worker host's link.

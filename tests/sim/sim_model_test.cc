@@ -156,6 +156,40 @@ TEST(SimModelTest, OneRankIsTheProfilesOwnRate) {
   EXPECT_NEAR(scaled->total_images_per_sec, 100, 1e-6);
 }
 
+TEST(SimModelTest, EngineTimeIsChargedPerCycleNotPerTensor) {
+  // Fusion off: hundreds of collectives in a few cycles. 1 ms of engine time per cycle adds about
+  // cycles x 1 ms to the communication, not collectives x 1 ms.
+  Point p = PaperPoint("resnet101", "ring", 8);
+  p.fusion_threshold_mb = 0;
+  Calibration cal;
+  auto base = Predict(p, cal);
+  cal.engine_overhead_us = 1000;
+  auto slow = Predict(p, cal);
+  ASSERT_TRUE(base.ok() && slow.ok());
+  EXPECT_GT(slow->collectives_per_step, 100);
+  const double added = slow->comm_ms - base->comm_ms;
+  EXPECT_GT(added, 0.5 * slow->cycles_per_step);
+  EXPECT_LT(added, 2.0 * slow->cycles_per_step);
+  EXPECT_LE(slow->total_images_per_sec, base->total_images_per_sec);
+}
+
+TEST(SimModelTest, CalibrationJsonKeepsEveryField) {
+  Calibration c;
+  c.name = "t";
+  c.host_cores = 2;
+  c.engine_overhead_us = 615;
+  c.tcp.latency_us = 13.5;
+  auto back = CalibrationFromJson(CalibrationToJson(c), "t");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->host_cores, 2);
+  EXPECT_EQ(back->engine_overhead_us, 615);
+  EXPECT_EQ(back->tcp.latency_us, 13.5);
+  auto bad = CalibrationFromJson(
+      R"({"format": "kolo-sim-calibration", "name": "t", "host_cores": -1})", "f.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("host_cores"), std::string::npos);
+}
+
 TEST(SimModelTest, BadSettingsAreRefusedByName) {
   Point p = PaperPoint("vgg16", "ring", 6);
   p.ranks_per_host = 4;

@@ -347,7 +347,10 @@ def _run_point(
         error=error,
         nodes=nodes,
         duration_s=round(duration, 2),
-        host_other_cores=None if other_cores is None else round(other_cores, 2),
+        # A prediction does not depend on what else the host ran: no load to report or judge.
+        host_other_cores=None
+        if other_cores is None or sweep.launcher.kind == "sim"
+        else round(other_cores, 2),
         log=rel_log,
         network=sweep.launcher.network(),
     )

@@ -30,12 +30,13 @@ def compare(predicted: list[dict], measured: list[dict]) -> list[dict]:
 
 def table(pairs: list[dict]) -> str:
     lines = [
-        "| model | GPUs | backend | measured img/s | predicted img/s | error |",
-        "|---|---|---|---|---|---|",
+        "| model | GPUs | backend | fusion MiB | measured img/s | predicted img/s | error |",
+        "|---|---|---|---|---|---|---|",
     ]
     for x in pairs:
         lines.append(
-            f"| {x['model']} | {x['ranks']} | {x['backend']} | {x['measured']:.1f} | {x['predicted']:.1f} "
+            f"| {x['model']} | {x['ranks']} | {x['backend']} | {x['fusion_threshold_mb'] or '-'} "
+            f"| {x['measured']:.1f} | {x['predicted']:.1f} "
             f"| {100 * x['error']:+.1f}% |"
         )
     errs = [abs(x["error"]) for x in pairs]

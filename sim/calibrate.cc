@@ -13,10 +13,13 @@ namespace {
 
 using Json = nlohmann::json;
 
-std::array<double, 3> Features(const BenchSample& s) {
+// (latency, 1 / bandwidth, 1 / reduce, engine, start): see calibrate.h.
+std::array<double, 5> Features(const BenchSample& s) {
   const double n = s.ranks;
   const double piece = s.bytes / n;
-  return {2 * (n - 1), 2 * (n - 1) * piece, s.reduces ? (n - 1) * piece : 0.0};
+  const double k = s.host_share;
+  return {2 * (n - 1) * k, 2 * (n - 1) * piece * k, s.reduces ? (n - 1) * piece * k : 0.0,
+          s.reduces ? 1.0 : 0.0, 1.0};
 }
 
 // Solves the k x k system a x = b (Gaussian elimination with partial pivoting); false if singular.
@@ -81,16 +84,19 @@ StatusOr<std::vector<BenchSample>> ReadBenchJson(const std::string& path) {
 }
 
 double SampleTime(const BenchSample& s, double latency_s, double bytes_per_s,
-                  double reduce_bytes_per_s) {
+                  double reduce_bytes_per_s, double engine_s, double start_s) {
   const auto f = Features(s);
   return f[0] * latency_s + (bytes_per_s > 0 ? f[1] / bytes_per_s : 0) +
-         (reduce_bytes_per_s > 0 ? f[2] / reduce_bytes_per_s : 0);
+         (reduce_bytes_per_s > 0 ? f[2] / reduce_bytes_per_s : 0) + f[3] * engine_s +
+         f[4] * start_s;
 }
 
 StatusOr<Fit> FitSamples(const std::vector<BenchSample>& samples) {
   std::set<double> sizes;
+  std::set<int> rank_counts;
   bool any_ring = false, any_link = false;
   for (const auto& s : samples) {
+    rank_counts.insert(s.ranks);
     if (s.ranks < 2)
       return InvalidArgument("{}: a sample of {} rank(s); a fit needs >= 2", s.origin, s.ranks);
     sizes.insert(s.bytes);
@@ -101,13 +107,16 @@ StatusOr<Fit> FitSamples(const std::vector<BenchSample>& samples) {
                            sizes.size());
   }
   // Relative least squares (each row weighted by 1 / measured time) so that small buffers count.
-  // The reduction is seen only as the difference between ring and link rows; with one kind
-  // alone it is folded into the bandwidth.
+  // The reduction and the engine's time are seen only as the difference between ring and link
+  // rows (the one growing with the buffer, the other not); with one kind alone both are folded
+  // into the latency and the bandwidth. The start needs two rank counts (see calibrate.h).
   const bool fit_reduce = any_ring && any_link;
-  const size_t k = fit_reduce ? 3 : 2;
+  const bool fit_start = rank_counts.size() > 1;
+  const size_t k = 5;
   std::vector<double> x;
-  std::vector<bool> zero(k, false);
-  for (int pass = 0; pass < 3; ++pass) {
+  // Parameters the rows cannot see are held at zero.
+  std::vector<bool> zero = {false, false, !fit_reduce, !fit_reduce, !fit_start};
+  for (int pass = 0; pass < 6; ++pass) {
     std::vector<std::vector<double>> a(k, std::vector<double>(k, 0));
     std::vector<double> b(k, 0);
     for (const auto& s : samples) {
@@ -135,11 +144,14 @@ StatusOr<Fit> FitSamples(const std::vector<BenchSample>& samples) {
   Fit fit;
   fit.latency_s = x[0];
   fit.bytes_per_s = x[1] > 0 ? 1.0 / x[1] : 0;
-  fit.reduce_bytes_per_s = k == 3 && x[2] > 0 ? 1.0 / x[2] : 0;
+  fit.reduce_bytes_per_s = x[2] > 0 ? 1.0 / x[2] : 0;
+  fit.engine_s = x[3];
+  fit.start_s = x[4];
   if (fit.bytes_per_s <= 0) return InvalidArgument("the fit found no bandwidth cost in the rows");
   std::vector<double> errors;
   for (const auto& s : samples) {
-    const double p = SampleTime(s, fit.latency_s, fit.bytes_per_s, fit.reduce_bytes_per_s);
+    const double p = SampleTime(s, fit.latency_s, fit.bytes_per_s, fit.reduce_bytes_per_s,
+                                fit.engine_s, fit.start_s);
     fit.predicted_s.push_back(p);
     errors.push_back(std::abs(p - s.seconds) / s.seconds);
   }

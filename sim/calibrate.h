@@ -4,11 +4,18 @@
 // Each measured row (backend row "ring": kolo's engine ring; "link": the same ring's exchange
 // without the reduction) is a ring allreduce of `bytes` over N ranks on H hosts, which the model
 // (RingAllreduceTime) times as
-//   t = 2(N-1) * latency + 2(N-1) * (bytes / N) / bandwidth + [ring rows] (N-1) * (bytes / N) /
-//   reduce
-// (bandwidth: the bottleneck link's, the NIC's when H > 1, the intra-host link's otherwise).
-// A linear least-squares fit in (latency, 1 / bandwidth, 1 / reduce) over every row gives the
-// three, each clamped at zero cost where the data cannot see it.
+//   t = start + 2(N-1) * latency + 2(N-1) * (bytes / N) / bandwidth
+//       + [ring rows] ((N-1) * (bytes / N) / reduce + engine)
+// (bandwidth: the bottleneck link's, the NIC's when H > 1, the intra-host link's otherwise;
+// start: what every timed iteration of the bench spends before the ring, the ranks leaving the
+// barrier that precedes it at different moments, which a training step does not have and so is
+// not kept; engine: what a ring row spends in kolo's engine around the ring, kept as the
+// calibration's engine_overhead_us. It includes the row's negotiation, which a prediction also
+// charges on its own: one bit exchange counted twice.)
+// A linear least-squares fit in (latency, 1 / bandwidth, 1 / reduce, engine, start) over every
+// row gives them, each clamped at zero cost where the data cannot see it. The start and the
+// latency are told apart only by rows at two or more rank counts; with one, the start is folded
+// into the latency.
 #pragma once
 
 #include <string>
@@ -26,12 +33,17 @@ struct BenchSample {
   double seconds = 0;   // measured median
   std::string transport;
   std::string origin;  // file
+  // How many times slower the host-bound costs run (the prediction's HostShare: ranks over the
+  // calibration's host_cores where every rank shares them), 1 otherwise.
+  double host_share = 1;
 };
 
 struct Fit {
   double latency_s = 0;
   double bytes_per_s = 0;           // the bottleneck link's achieved payload rate
   double reduce_bytes_per_s = 0;    // 0: no reduction cost seen
+  double engine_s = 0;              // per ring row, around the ring (the engine's own work)
+  double start_s = 0;               // per timed iteration of any row (the bench's barrier)
   std::vector<double> predicted_s;  // per sample
   double median_abs_error = 0;      // relative
   double worst_abs_error = 0;
@@ -41,7 +53,7 @@ struct Fit {
 StatusOr<std::vector<BenchSample>> ReadBenchJson(const std::string& path);
 // The model's time for a sample under (latency, bandwidth, reduce).
 double SampleTime(const BenchSample& s, double latency_s, double bytes_per_s,
-                  double reduce_bytes_per_s);
+                  double reduce_bytes_per_s, double engine_s = 0, double start_s = 0);
 // Least squares over `samples` (at least 2, with two different sizes).
 StatusOr<Fit> FitSamples(const std::vector<BenchSample>& samples);
 

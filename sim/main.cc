@@ -232,6 +232,12 @@ int Calibrate(int argc, char** argv) {
     }
     for (const auto& x : *s) (x.hosts > 1 ? inter : intra).push_back(x);
   }
+  // Ranks that share one machine's cores (the base calibration's host_cores) run their copies and
+  // sums slower, as a prediction has them; the fit undoes that to find one rank's own rates.
+  auto share = [&](std::vector<kolo::sim::BenchSample>& samples, double cores) {
+    if (cores <= 0) return;
+    for (auto& x : samples) x.host_share = std::max(1.0, x.ranks / cores);
+  };
   Calibration cal;
   if (!base_path.empty()) {
     auto c = kolo::sim::LoadCalibration(base_path);
@@ -241,6 +247,7 @@ int Calibrate(int argc, char** argv) {
     }
     cal = *c;
   }
+  share(intra, cal.host_cores);
   cal.name = name;
   cal.link_gbit = gbit;
   std::string source = "kolo-sim calibrate --link " + link + " over";
@@ -248,8 +255,11 @@ int Calibrate(int argc, char** argv) {
   cal.source = source;
   auto report = [](const char* what, const std::vector<kolo::sim::BenchSample>& samples,
                    const kolo::sim::Fit& fit) {
-    std::printf("%s: latency %.2f us, bandwidth %.4g GB/s, reduction %.4g GB/s\n", what,
-                fit.latency_s * 1e6, fit.bytes_per_s / 1e9, fit.reduce_bytes_per_s / 1e9);
+    std::printf(
+        "%s: latency %.2f us, bandwidth %.4g GB/s, reduction %.4g GB/s, engine %.1f us per "
+        "collective; not kept: start %.1f us per timed iteration\n",
+        what, fit.latency_s * 1e6, fit.bytes_per_s / 1e9, fit.reduce_bytes_per_s / 1e9,
+        fit.engine_s * 1e6, fit.start_s * 1e6);
     std::printf("  %-6s %-5s %-5s %12s %12s %12s %9s\n", "ranks", "hosts", "row", "bytes",
                 "measured_us", "fitted_us", "residual");
     for (size_t i = 0; i < samples.size(); ++i) {
@@ -277,6 +287,7 @@ int Calibrate(int argc, char** argv) {
     t.efficiency = std::min(1.0, fit->bytes_per_s / (gbit * 1e9 / 8));
     t.copy_gbytes_per_s = 0;  // folded into the fitted bandwidth
     if (fit->reduce_bytes_per_s > 0) cal.reduce_gbytes_per_s = fit->reduce_bytes_per_s / 1e9;
+    cal.engine_overhead_us = fit->engine_s * 1e6;
     std::printf("  -> %s: latency_us %.2f, efficiency %.3f of %s\n", transport.c_str(),
                 t.latency_us, t.efficiency, link.c_str());
   }
@@ -293,6 +304,7 @@ int Calibrate(int argc, char** argv) {
     if (inter.empty() && fit->reduce_bytes_per_s > 0) {
       cal.reduce_gbytes_per_s = fit->reduce_bytes_per_s / 1e9;
     }
+    if (inter.empty()) cal.engine_overhead_us = fit->engine_s * 1e6;
   }
   const std::string text = kolo::sim::CalibrationToJson(cal);
   if (out_path.empty()) {

@@ -146,12 +146,13 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text, const std::st
   KOLO_RETURN_IF_ERROR(ReadCosts(j, "tcp", &c.tcp, origin));
   KOLO_RETURN_IF_ERROR(ReadCosts(j, "rdma", &c.rdma, origin));
   KOLO_RETURN_IF_ERROR(ReadCosts(j, "shm", &c.shm, origin));
-  for (auto [field, target] :
-       {std::pair{"link_gbit", &c.link_gbit},
-        std::pair{"intra_gbytes_per_s", &c.intra_gbytes_per_s},
-        std::pair{"intra_latency_us", &c.intra_latency_us},
-        std::pair{"reduce_gbytes_per_s", &c.reduce_gbytes_per_s},
-        std::pair{"fusion_copy_gbytes_per_s", &c.fusion_copy_gbytes_per_s}}) {
+  for (auto [field, target] : {std::pair{"link_gbit", &c.link_gbit},
+                               std::pair{"intra_gbytes_per_s", &c.intra_gbytes_per_s},
+                               std::pair{"intra_latency_us", &c.intra_latency_us},
+                               std::pair{"reduce_gbytes_per_s", &c.reduce_gbytes_per_s},
+                               std::pair{"fusion_copy_gbytes_per_s", &c.fusion_copy_gbytes_per_s},
+                               std::pair{"host_cores", &c.host_cores},
+                               std::pair{"engine_overhead_us", &c.engine_overhead_us}}) {
     if (!j.contains(field)) continue;
     if (!j.at(field).is_number() || j.at(field).get<double>() < 0) {
       return InvalidArgument("{}: \"{}\" must be a number >= 0", origin, field);
@@ -190,7 +191,9 @@ std::string CalibrationToJson(const Calibration& c) {
             {"intra_latency_us", c.intra_latency_us},
             {"reduce_gbytes_per_s", c.reduce_gbytes_per_s},
             {"fusion_copy_gbytes_per_s", c.fusion_copy_gbytes_per_s},
-            {"ps_full_duplex", c.ps_full_duplex}};
+            {"ps_full_duplex", c.ps_full_duplex},
+            {"host_cores", c.host_cores},
+            {"engine_overhead_us", c.engine_overhead_us}};
   return j.dump(2) + "\n";
 }
 
@@ -248,10 +251,19 @@ double RingAllreduceTime(const Network& net, double bytes, double reduce_bytes_p
   step.reserve(static_cast<size_t>(n));
   const double piece = bytes / n;
   for (int r = 0; r < n; ++r) step.push_back({r, (r + 1) % n, piece});
-  const double phase = PhaseTime(net, step);
+  // The steps are not separated by barriers: a rank sends its next piece as soon as the piece
+  // from its left neighbour has arrived and been summed, so what accumulates over the 2 (n - 1)
+  // steps is the latency of the hops along the ring (one hop in per_host crosses a NIC, the rest
+  // stay within a host), not the slowest hop's latency at every step. The bytes still go at the
+  // most loaded link's pace.
+  Network no_latency = net;
+  no_latency.nic_latency_s = no_latency.intra_latency_s = 0;
+  const double wire = PhaseTime(no_latency, step);
+  const double nic_share = net.hosts > 1 ? static_cast<double>(net.hosts) / n : 0.0;
+  const double hop = nic_share * net.nic_latency_s + (1 - nic_share) * net.intra_latency_s;
   const double reduce = reduce_bytes_per_s > 0 ? piece / reduce_bytes_per_s : 0;
   // Reduce-scatter: n - 1 steps that sum what arrives; allgather: n - 1 steps that copy it.
-  return (n - 1) * (phase + reduce) + (n - 1) * phase;
+  return 2.0 * (n - 1) * (hop + wire) + (n - 1) * reduce;
 }
 
 double HierarchicalAllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s) {
@@ -280,6 +292,11 @@ double HierarchicalAllreduceTime(const Network& net, double bytes, double reduce
   return t;
 }
 
+double HostShare(const Point& point, const Calibration& cal) {
+  if (cal.host_cores <= 0) return 1;
+  return std::max(1.0, static_cast<double>(point.ranks) / cal.host_cores);
+}
+
 Network MakeNetwork(const Point& point, const Calibration& cal) {
   const double k = point.dilation > 0 ? point.dilation : 1;
   Network net;
@@ -296,9 +313,12 @@ Network MakeNetwork(const Point& point, const Calibration& cal) {
     net.intra_latency_s = cal.intra_latency_us * 1e-6 / k;
     net.intra_copy_bytes_per_s = 0;
   } else {
-    net.intra_bytes_per_s = cal.intra_gbytes_per_s * kGiga * cal.shm.efficiency;
-    net.intra_latency_s = cal.shm.latency_us * 1e-6 / k;
-    net.intra_copy_bytes_per_s = cal.shm.copy_gbytes_per_s * kGiga * k;
+    // kolo's ring within a host (shared memory, or TCP over loopback when transport is tcp):
+    // copies by the ranks' own cores.
+    const double share = HostShare(point, cal);
+    net.intra_bytes_per_s = cal.intra_gbytes_per_s * kGiga * cal.shm.efficiency / share;
+    net.intra_latency_s = cal.shm.latency_us * 1e-6 / k * share;
+    net.intra_copy_bytes_per_s = cal.shm.copy_gbytes_per_s * kGiga * k / share;
   }
   return net;
 }
@@ -439,8 +459,8 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
   Costs costs;
   costs.net = MakeNetwork(point, cal);
   const double k = point.dilation > 0 ? point.dilation : 1;
-  costs.reduce_bytes_per_s = cal.reduce_gbytes_per_s * kGiga * k;
-  costs.fusion_copy_bytes_per_s = cal.fusion_copy_gbytes_per_s * kGiga * k;
+  costs.reduce_bytes_per_s = cal.reduce_gbytes_per_s * kGiga * k / HostShare(point, cal);
+  costs.fusion_copy_bytes_per_s = cal.fusion_copy_gbytes_per_s * kGiga * k / HostShare(point, cal);
   const int n = point.ranks;
 
   auto finish = [&](double comm_s, double negotiation_s, double bytes_sent) {
@@ -572,6 +592,7 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
                               : RingAllreduceTime(costs.net, bytes, reduce);
   };
   const double cycle = point.cycle_time_ms / 1e3;
+  const double per_cycle = cal.engine_overhead_us * 1e-6 / k * HostShare(point, cal);
   const size_t threshold = static_cast<size_t>(point.fusion_threshold_mb * (1 << 20));
   SimClock clock;
   SymmetricPeers peers(n);
@@ -622,7 +643,8 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
       const double neg = NegotiationTime(costs.net, peers);
       negotiation += neg;
       rounds += peers.rounds;
-      double t = start + neg;
+      // The engine's own work in a cycle that executes something (waking, handing over).
+      double t = start + neg + (responses.empty() ? 0.0 : per_cycle);
       ++cycles;
       for (const fusion::Group& g : fusion::PlanFusion(responses, threshold)) {
         double dt = allreduce(static_cast<double>(g.bytes));

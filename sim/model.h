@@ -15,7 +15,11 @@
 // - A collective: messages on a topology of hosts x GPUs per host. Each phase of an algorithm is a
 //   set of flows; a phase takes the per-message latency plus the time of its most loaded link
 //   (flows that share a link share its bandwidth: a NIC's egress and ingress, a GPU's intra-host
-//   link), plus the per-byte host costs (copy, reduction).
+//   link), plus the per-byte host costs (copy, reduction). A ring's steps are not separated by
+//   barriers, so its latency is that of the hops along it (NIC hops and intra-host hops in their
+//   proportion), while its bytes go at the most loaded link's pace.
+// - The engine's own time per cycle that executes something (calibration engine_overhead_us), and
+//   ranks that share one machine's cores (host_cores) slowing the host-bound costs.
 // - Parameter servers: pushes and pulls of each shard of the real placement, each a flow set on the
 //   servers' links (N workers pushing to one server: incast), queued first come first served on
 //   each server's link and each worker host's link.
@@ -53,6 +57,16 @@ struct Calibration {
   // Whether a parameter server's link moves pushes and pulls at the same time (each shard's pull
   // still waits for every worker's push of it); false: they take turns on one queue.
   bool ps_full_duplex = true;
+  // Cores shared by every rank of the prediction, where all of them run on one machine (ranks on
+  // loopback, or the emulated cluster's hosts); 0: each host has cores enough for its ranks. With
+  // more ranks than cores, the host-bound costs (the intra-host link's rate and latency, the
+  // reduction, the fusion copies) slow by ranks / host_cores; the NIC's wire does not.
+  double host_cores = 0;
+  // What the engine spends in each cycle that executes something, besides the collectives' own
+  // messages (waking its thread and the threads that wait, handing tensors over): `kolo-sim
+  // calibrate` reads it from kolo-allreduce-bench's ring rows (one collective per cycle) against
+  // its link rows. Host-bound, like the reduction.
+  double engine_overhead_us = 0;
 };
 
 StatusOr<Calibration> CalibrationFromJson(const std::string& text, const std::string& origin);
@@ -122,6 +136,10 @@ double PhaseTime(const Network& net, const std::vector<Flow>& flows);
 // Collective algorithms: the time to allreduce `bytes` over the ranks of `net`.
 double RingAllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s);
 double HierarchicalAllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s);
+
+// How many times slower the host-bound costs of `point` run: ranks / cal.host_cores where the
+// calibration names shared cores and the ranks outnumber them, else 1.
+double HostShare(const Point& point, const Calibration& cal);
 
 // The network of `point` under `cal`.
 Network MakeNetwork(const Point& point, const Calibration& cal);

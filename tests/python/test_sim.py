@@ -1,0 +1,178 @@
+"""kolo-sim through the sweep runner ([launcher] kind = "sim"), scripts/sim-validate's arithmetic
+(reports/simvalidate.py), and the regression gate on predicted rows."""
+
+import csv
+import os
+from pathlib import Path
+
+import pytest
+from reports import gate, schema, simvalidate
+
+from conftest import ROOT, run_cli
+
+BIN_DIR = Path(os.environ.get("KOLO_BIN_DIR") or ROOT / "build" / "bin")
+
+SIM_SWEEP = """
+[sweep]
+name = "sim-test"
+
+[launcher]
+kind = "sim"
+
+[fixed]
+compute = "replay"
+profile = "models/profiles/{model}-h100-b64.json"
+batch_size = 64
+backend = "ring"
+transport = "tcp"
+link = "1gbit"
+dilation = 25
+calibration = "sim/calibrations/emulated-tbf.json"
+
+[matrix]
+model = ["resnet101"]
+ranks = [2, 4]
+fusion_threshold_mb = [0, 64]
+"""
+
+
+def need_sim():
+    if not (BIN_DIR / "kolo-sim").exists():
+        pytest.skip(f"{BIN_DIR}/kolo-sim not built (cmake --build build --target kolo-sim)")
+
+
+@pytest.fixture(scope="module")
+def sim_rows(tmp_path_factory):
+    need_sim()
+    tmp = tmp_path_factory.mktemp("sim")
+    sweep = tmp / "sweep.toml"
+    sweep.write_text(SIM_SWEEP)
+    out = tmp / "out"
+    result = run_cli(
+        "sweep", str(sweep), "--out", str(out), "--bin-dir", str(BIN_DIR), "--no-report", timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out / "results.csv", schema.read_rows(str(out / "results.csv"))
+
+
+def test_a_sim_sweep_writes_simulated_rows(sim_rows):
+    _, rows = sim_rows
+    # 2 ranks x 2 thresholds, and the single-rank baseline the runner adds.
+    assert len(rows) == 5
+    for r in rows:
+        assert r["status"] == "ok", r["error"]
+        assert r["compute"] == "simulated"
+        assert r["network"] == "simulated"
+        assert float(r["total_images_per_sec"]) > 0
+    base = next(r for r in rows if r["backend"] == "none")
+    for r in rows:
+        if r["backend"] == "none":
+            continue
+        eff = float(r["scaling_efficiency"])
+        assert 0 < eff <= 1.0 + 1e-9
+        # The prediction is per rank no faster than the single rank.
+        per_rank = float(r["total_images_per_sec"]) / int(r["ranks"])
+        assert per_rank <= float(base["total_images_per_sec"]) * (1 + 1e-9)
+    # Tensor Fusion on is never slower than off at the same rank count.
+    for n in ("2", "4"):
+        on = next(r for r in rows if r["ranks"] == n and r["fusion_threshold_mb"] == "64")
+        off = next(r for r in rows if r["ranks"] == n and r["fusion_threshold_mb"] == "0")
+        assert float(on["total_images_per_sec"]) >= float(off["total_images_per_sec"])
+        assert float(on["collectives_per_step"]) < float(off["collectives_per_step"])
+
+
+def test_the_gate_judges_simulated_rows(sim_rows, tmp_path):
+    path, rows = sim_rows
+    eff = {
+        (r["ranks"], r["fusion_threshold_mb"]): float(r["scaling_efficiency"])
+        for r in rows
+        if r["backend"] == "ring"
+    }
+    recorded = eff[("4", "64")]
+
+    def baseline(min_eff: float) -> str:
+        text = tmp_path / f"b{min_eff}.toml"
+        text.write_text(
+            '[defaults]\nmax_drop = 0.05\n\n[[check]]\nmodel = "resnet101"\nranks = 4\n'
+            f'fusion_threshold_mb = 64\nbackend = "ring"\nefficiency = {recorded}\n'
+            f"min_efficiency = {min_eff}\n"
+        )
+        return str(text)
+
+    ok = run_cli("check-regression", str(path), "--baseline", baseline(0.1))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    # A floor above the prediction fails.
+    short = run_cli("check-regression", str(path), "--baseline", baseline(min(1.0, recorded + 0.02)))
+    assert short.returncode == 1, short.stdout + short.stderr
+    # And through the gate's own functions: halving the predicted rate falls short of the record.
+    halved = [
+        dict(r, total_images_per_sec=str(float(r["total_images_per_sec"]) / 2))
+        if r["backend"] != "none"
+        else r
+        for r in rows
+    ]
+    for r in halved:
+        r["scaling_efficiency"] = ""
+    checks = gate.load(baseline(0.1)).checks
+    assert all(v.ok for v in gate.evaluate(rows, checks))
+    assert not any(v.ok for v in gate.evaluate(halved, checks))
+
+
+def _write(path: Path, rows: list[dict]) -> str:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=schema.COLUMNS)
+        w.writeheader()
+        for r in rows:
+            full = {k: "" for k in schema.COLUMNS}
+            full.update(r)
+            w.writerow(full)
+    return str(path)
+
+
+def _row(point: str, ranks: int, fusion: str, rate: float, status: str = "ok") -> dict:
+    return dict(
+        point_id=point,
+        run_id="r",
+        model="vgg16",
+        ranks=str(ranks),
+        backend="ring",
+        transport="tcp",
+        fusion_threshold_mb=fusion,
+        total_images_per_sec=str(rate),
+        status=status,
+    )
+
+
+def test_sim_validate_error_arithmetic(tmp_path):
+    measured = _write(
+        tmp_path / "m.csv",
+        [
+            _row("a", 2, "0", 100.0),
+            _row("b", 2, "64", 200.0),
+            _row("c", 4, "64", 400.0),
+            _row("d", 8, "64", 800.0, status="failed"),
+        ],
+    )
+    predicted = _write(
+        tmp_path / "p.csv",
+        [
+            _row("a", 2, "0", 110.0),  # +10%
+            _row("b", 2, "64", 190.0),  # -5%
+            _row("c", 4, "64", 404.0),  # +1%
+            _row("d", 8, "64", 700.0),  # measured failed: not compared
+            _row("e", 16, "64", 1.0),  # no measured twin
+        ],
+    )
+    pairs = simvalidate.compare(schema.read_rows(predicted), schema.read_rows(measured))
+    errors = sorted(round(p["error"], 6) for p in pairs)
+    assert errors == [-0.05, 0.01, 0.1]
+    # Fusion on and off at the same ranks are told apart.
+    assert {p["fusion_threshold_mb"] for p in pairs if p["ranks"] == "2"} == {"0", "64"}
+    text = simvalidate.table(pairs)
+    assert "3 points: median absolute error 5.0%, worst 10.0%" in text
+    md = tmp_path / "t.md"
+    assert simvalidate.main([predicted, measured, "--markdown", str(md)]) == 0
+    assert md.read_text() == text
+    # Nothing to compare: exit 1 with the reason.
+    other = _write(tmp_path / "o.csv", [_row("z", 3, "64", 5.0)])
+    assert simvalidate.main([other, measured]) == 1

@@ -4,7 +4,8 @@
 # (SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_STEP_TASKS_PER_NODE,
 # SLURM_STEP_NODELIST, SLURM_JOB_ID), and with those MPICH's and Intel MPI's Hydra sets (PMI_RANK,
 # PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS), train together: rank 0 serves the rendezvous store on
-# the step's first node (here localhost) or at KOLO_STORE_ADDR. Then: no KOLO_JOB_SECRET is refused
+# the step's first node (here 127.0.0.1, which resolves even where /etc/hosts does not name
+# localhost, as in a bare chroot) or at KOLO_STORE_ADDR. Then: no KOLO_JOB_SECRET is refused
 # naming it, Hydra without KOLO_STORE_ADDR is refused naming it, a malformed SLURM_* value is
 # named, and kolo-run refuses a host list (it is not a cluster launcher).
 # Usage: launch_env.sh BIN_DIR   (exit 77 = skipped)
@@ -43,11 +44,11 @@ wait_all() {
   ((rc == 0)) || { cat "$work"/"$name".*.out; fail "$name: a rank exited non-zero ($rc)"; }
 }
 
-# --- srun: 3 ranks, the store on the step's first node (localhost) at KOLO_STORE_PORT.
+# --- srun: 3 ranks, the store on the step's first node (127.0.0.1) at KOLO_STORE_PORT.
 port=$(free_port)
 for r in 0 1 2; do
   "${clean_env[@]}" SLURM_PROCID=$r SLURM_STEP_NUM_TASKS=3 SLURM_LOCALID=$r SLURM_NODEID=0 \
-    SLURM_STEP_TASKS_PER_NODE=3 SLURM_STEP_NODELIST=localhost SLURM_JOB_ID=4242 SLURM_STEP_ID=0 \
+    SLURM_STEP_TASKS_PER_NODE=3 SLURM_STEP_NODELIST=127.0.0.1 SLURM_JOB_ID=4242 SLURM_STEP_ID=0 \
     KOLO_STORE_PORT=$port KOLO_JOB_SECRET=$secret \
     timeout 120 "$train" "${common[@]}" --json "$work/srun.$r.json" >"$work/srun.$r.out" 2>&1 &
   pids+=($!)
@@ -84,7 +85,7 @@ refused() {  # refused NAME PATTERN ENV...: kolo-train with ENV must exit 2 prin
   echo "refused as expected ($name): $(grep -m1 -- "$pattern" "$work/$name.out")"
 }
 slurm=(SLURM_PROCID=0 SLURM_STEP_NUM_TASKS=2 SLURM_LOCALID=0 SLURM_NODEID=0
-       SLURM_STEP_TASKS_PER_NODE=2 SLURM_STEP_NODELIST=localhost SLURM_JOB_ID=1)
+       SLURM_STEP_TASKS_PER_NODE=2 SLURM_STEP_NODELIST=127.0.0.1 SLURM_JOB_ID=1)
 refused no-secret "KOLO_JOB_SECRET is not set" "${slurm[@]}" KOLO_STORE_PORT="$(free_port)"
 refused hydra-no-addr "KOLO_STORE_ADDR" PMI_RANK=0 PMI_SIZE=2 KOLO_JOB_SECRET="$secret"
 refused bad-tasks "SLURM_STEP_TASKS_PER_NODE='2(y3)'" "${slurm[@]}" SLURM_STEP_TASKS_PER_NODE='2(y3)' \

@@ -17,6 +17,7 @@
 #include "engine/bootstrap/store.h"
 #include "engine/transport/tcp/device.h"
 #include "tests/engine/rank_threads.h"
+#include "tests/engine/ring_test_util.h"
 
 namespace kolo::collectives {
 namespace {
@@ -95,38 +96,9 @@ void ExpectAllOk(const std::vector<Status>& statuses) {
   }
 }
 
-// Stores integer v as element i of a `dtype` array (uint8 and integers wrap).
-void SetInt(DataType dtype, uint8_t* p, size_t i, int64_t v) {
-  auto put = [&](auto x) { std::memcpy(p + i * sizeof x, &x, sizeof x); };
-  switch (dtype) {
-    case DataType::kFloat32:
-      put(static_cast<float>(v));
-      break;
-    case DataType::kFloat64:
-      put(static_cast<double>(v));
-      break;
-    case DataType::kFloat16:
-      put(FloatToHalf(static_cast<float>(v)));
-      break;
-    case DataType::kBFloat16:
-      put(FloatToBFloat16(static_cast<float>(v)));
-      break;
-    case DataType::kInt32:
-      put(static_cast<int32_t>(v));
-      break;
-    case DataType::kInt64:
-      put(v);
-      break;
-    case DataType::kUInt8:
-      put(static_cast<uint8_t>(v));
-      break;
-  }
-}
-
-// Small integers: every partial sum of up to 8 ranks is exact in every dtype, whatever the order.
-int64_t Value(int rank, size_t i) { return static_cast<int64_t>((i * 7 + rank * 13) % 11) - 5; }
-
-constexpr size_t kGuard = 24;  // bytes before and after the data that must stay untouched
+using kolo::testing::kGuard;
+using kolo::testing::SetInt;
+using kolo::testing::Value;
 
 // Fills rank r's buffer (with guards), runs RingAllreduce on every rank (HierarchicalAllreduce
 // with groups[r] when `groups` is given) and checks every buffer against the reference sum.

@@ -28,6 +28,7 @@
 #include "engine/transport/rdma/verbs.h"
 #include "tests/engine/engine_test_util.h"
 #include "tests/engine/ps_test_util.h"
+#include "tests/engine/ring_test_util.h"
 #include "tests/engine/transport_test_util.h"
 
 namespace kolo {
@@ -87,113 +88,15 @@ std::string VerbsName(const ::testing::TestParamInfo<const char*>& info) {
 }
 
 // n ranks connected over rdma, with the collectives' per-rank state.
-class Job {
+class Job : public kolo::testing::RingJob {
  public:
   Job(int n, const transport::ConnectSettings& settings, size_t chunk_bytes,
       milliseconds timeout = milliseconds(30000))
-      : n_(n) {
-    devices_ = kolo::testing::ConnectAll("rdma", n, store_, settings);
-    comms_.resize(static_cast<size_t>(n));
-    scratch_.resize(static_cast<size_t>(n));
-    for (int r = 0; r < n; ++r) {
-      comms_[r].device = devices_[r].get();
-      comms_[r].chunk_bytes = chunk_bytes;
-      comms_[r].timeout = timeout;
-    }
-  }
-  bool ok() const {
-    for (const auto& d : devices_) {
-      if (!d) return false;
-    }
-    return true;
-  }
-  int size() const { return n_; }
-  transport::Device& device(int r) { return *devices_[static_cast<size_t>(r)]; }
-  Comm& comm(int r) { return comms_[static_cast<size_t>(r)]; }
-  Scratch& scratch(int r) { return scratch_[static_cast<size_t>(r)]; }
-  // Runs fn(rank) on every rank; a rank that fails aborts its device so the others stop too.
-  template <typename Fn>
-  std::vector<Status> Run(Fn fn) {
-    return kolo::testing::RunRankThreads(n_, [&](int r) -> Status {
-      Status s = fn(r);
-      if (!s.ok()) device(r).Abort(s);
-      return s;
-    });
-  }
-
- private:
-  int n_;
-  bootstrap::InMemoryStore store_;
-  kolo::testing::Devices devices_;
-  std::vector<Comm> comms_;
-  std::vector<Scratch> scratch_;
+      : RingJob(n, "rdma", settings, chunk_bytes, timeout) {}
 };
 
-void SetInt(DataType dtype, uint8_t* p, size_t i, int64_t v) {
-  auto put = [&](auto x) { std::memcpy(p + i * sizeof x, &x, sizeof x); };
-  switch (dtype) {
-    case DataType::kFloat32:
-      put(static_cast<float>(v));
-      break;
-    case DataType::kFloat64:
-      put(static_cast<double>(v));
-      break;
-    case DataType::kFloat16:
-      put(FloatToHalf(static_cast<float>(v)));
-      break;
-    case DataType::kBFloat16:
-      put(FloatToBFloat16(static_cast<float>(v)));
-      break;
-    case DataType::kInt32:
-      put(static_cast<int32_t>(v));
-      break;
-    case DataType::kInt64:
-      put(v);
-      break;
-    case DataType::kUInt8:
-      put(static_cast<uint8_t>(v));
-      break;
-  }
-}
-
-// Small integers: every partial sum of up to 8 ranks is exact in every dtype, whatever the order.
-int64_t Value(int rank, size_t i) { return static_cast<int64_t>((i * 7 + rank * 13) % 11) - 5; }
-
-constexpr size_t kGuard = 24;
-
 void CheckAllreduce(Job& job, DataType dtype, size_t count) {
-  const int n = job.size();
-  const size_t elem = DataTypeSize(dtype);
-  std::vector<uint8_t> expected(count * elem);
-  for (size_t i = 0; i < count; ++i) {
-    int64_t sum = 0;
-    for (int r = 0; r < n; ++r) sum += Value(r, i);
-    SetInt(dtype, expected.data(), i, sum);
-  }
-  std::vector<std::vector<uint8_t>> bufs(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    auto& b = bufs[static_cast<size_t>(r)];
-    b.assign(count * elem + 2 * kGuard, 0xa5);
-    for (size_t i = 0; i < count; ++i) SetInt(dtype, b.data() + kGuard, i, Value(r, i));
-  }
-  auto statuses = job.Run([&](int r) -> Status {
-    auto& b = bufs[static_cast<size_t>(r)];
-    KOLO_ASSIGN_OR_RETURN(auto region, job.device(r).Register(b.data(), b.size()));
-    return collectives::RingAllreduce(job.comm(r), *region, kGuard, count, dtype, job.scratch(r));
-  });
-  for (int r = 0; r < n; ++r) {
-    ASSERT_TRUE(statuses[static_cast<size_t>(r)].ok())
-        << "rank " << r << ": " << statuses[static_cast<size_t>(r)].ToString();
-  }
-  for (int r = 0; r < n; ++r) {
-    const auto& b = bufs[static_cast<size_t>(r)];
-    EXPECT_EQ(std::memcmp(b.data() + kGuard, expected.data(), expected.size()), 0)
-        << "rank " << r << " of " << n << ", " << count << " " << DataTypeName(dtype);
-    for (size_t g = 0; g < kGuard; ++g) {
-      ASSERT_EQ(b[g], 0xa5) << "rank " << r << " wrote before its buffer";
-      ASSERT_EQ(b[kGuard + expected.size() + g], 0xa5) << "rank " << r << " wrote past its buffer";
-    }
-  }
+  kolo::testing::CheckRingAllreduce(job, dtype, count);
 }
 
 // --- Collectives.

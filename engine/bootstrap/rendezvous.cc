@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "engine/common/launch_env.h"
 #include "engine/common/logging.h"
 #include "engine/common/random.h"
 #include "kolo/config.h"
@@ -87,14 +88,8 @@ Status StartOverMpi(const Options& options, Rendezvous* rv) {
 // environment, since nothing else can carry it to every rank.
 Status StartServedStore(const Options& options, Rendezvous* rv) {
   const std::string& addr = options.serve_store_addr;
-  if (options.job_secret.empty()) {
-    return InvalidArgument(
-        "launched by {} with rank 0 serving the rendezvous at {}, but KOLO_JOB_SECRET is not set: "
-        "every rank must know the job's secret; export it before launching (e.g. export "
-        "KOLO_JOB_SECRET=$(head -c16 /dev/urandom | od -An -tx1 | tr -d ' \\n'); srun and mpiexec "
-        "pass the environment on)",
-        options.launcher, addr);
-  }
+  KOLO_RETURN_IF_ERROR(
+      RequireServedStoreSecret(options.launcher, options.serve_store_addr, options.job_secret));
   rv->secret = options.job_secret;
   KOLO_ASSIGN_OR_RETURN(const sockaddr_in sa, ResolveHostPort(addr));
   const std::string resolved = FormatAddress(sa);

@@ -42,6 +42,28 @@ Status CheckPlace(const LaunchPlace& p, const char* launch) {
   return Status::OK();
 }
 
+// The variables a launcher names its ranks by: the job's size and this rank, required (the rank
+// only where `rank_required`), and this host's share, which defaults to the whole job.
+struct PlaceNames {
+  const char* size;
+  const char* rank;
+  bool rank_required;
+  const char* local_size;
+  const char* local_rank;
+};
+
+Status ReadPlace(const std::map<std::string, std::string>& env, const PlaceNames& names,
+                 const char* launch, LaunchPlace* p) {
+  KOLO_RETURN_IF_ERROR(ReadNumber(env, names.size, 1, kMaxRanks, true, launch, &p->size));
+  KOLO_RETURN_IF_ERROR(
+      ReadNumber(env, names.rank, 0, kMaxRanks, names.rank_required, launch, &p->rank));
+  p->local_size = p->size;
+  p->local_rank = p->rank;
+  KOLO_RETURN_IF_ERROR(
+      ReadNumber(env, names.local_size, 1, kMaxRanks, false, launch, &p->local_size));
+  return ReadNumber(env, names.local_rank, 0, kMaxRanks, false, launch, &p->local_rank);
+}
+
 StatusOr<LaunchPlace> ReadSrun(const std::map<std::string, std::string>& env) {
   const char* launch = "srun (a Slurm job step)";
   LaunchPlace p;
@@ -90,14 +112,8 @@ StatusOr<LaunchPlace> ReadHydra(const std::map<std::string, std::string>& env) {
   const char* launch = "mpiexec (MPICH or Intel MPI, PMI_RANK set)";
   LaunchPlace p;
   p.launcher = "hydra";
-  KOLO_RETURN_IF_ERROR(ReadNumber(env, "PMI_SIZE", 1, kMaxRanks, true, launch, &p.size));
-  KOLO_RETURN_IF_ERROR(ReadNumber(env, "PMI_RANK", 0, kMaxRanks, true, launch, &p.rank));
-  p.local_size = p.size;
-  p.local_rank = p.rank;
-  KOLO_RETURN_IF_ERROR(
-      ReadNumber(env, "MPI_LOCALNRANKS", 1, kMaxRanks, false, launch, &p.local_size));
-  KOLO_RETURN_IF_ERROR(
-      ReadNumber(env, "MPI_LOCALRANKID", 0, kMaxRanks, false, launch, &p.local_rank));
+  KOLO_RETURN_IF_ERROR(ReadPlace(
+      env, {"PMI_SIZE", "PMI_RANK", true, "MPI_LOCALNRANKS", "MPI_LOCALRANKID"}, launch, &p));
   KOLO_RETURN_IF_ERROR(CheckPlace(p, launch));
   const std::string* addr = Find(env, "KOLO_STORE_ADDR");
   if (addr == nullptr) {
@@ -188,6 +204,17 @@ StatusOr<std::string> FirstSlurmHost(const std::string& nodelist) {
   return prefix + nodelist.substr(j, digits - j);
 }
 
+Status RequireServedStoreSecret(const std::string& launcher, const std::string& serve_store_addr,
+                                const std::string& job_secret) {
+  if (serve_store_addr.empty() || !job_secret.empty()) return Status::OK();
+  return InvalidArgument(
+      "launched by {} with rank 0 serving the rendezvous at {}, but KOLO_JOB_SECRET is not set: "
+      "every rank must know the job's secret; export it before launching (e.g. export "
+      "KOLO_JOB_SECRET=$(head -c16 /dev/urandom | od -An -tx1 | tr -d ' \\n'); srun and mpiexec "
+      "pass the environment on)",
+      launcher, serve_store_addr);
+}
+
 bool IsLaunchVariable(const std::string& key) {
   return key.rfind("KOLO_", 0) == 0 || key.rfind("OMPI_COMM_WORLD_", 0) == 0 ||
          key.rfind("SLURM_", 0) == 0 || key.rfind("PMI_", 0) == 0 || key.rfind("MPI_LOCAL", 0) == 0;
@@ -196,31 +223,18 @@ bool IsLaunchVariable(const std::string& key) {
 StatusOr<LaunchPlace> ReadLaunchPlace(const std::map<std::string, std::string>& env) {
   LaunchPlace p;
   if (Find(env, "OMPI_COMM_WORLD_SIZE") != nullptr) {
-    const char* launch = "mpirun (Open MPI)";
     p.launcher = "mpirun";
-    KOLO_RETURN_IF_ERROR(
-        ReadNumber(env, "OMPI_COMM_WORLD_SIZE", 1, kMaxRanks, true, launch, &p.size));
-    KOLO_RETURN_IF_ERROR(
-        ReadNumber(env, "OMPI_COMM_WORLD_RANK", 0, kMaxRanks, true, launch, &p.rank));
-    p.local_size = p.size;
-    p.local_rank = p.rank;
-    KOLO_RETURN_IF_ERROR(
-        ReadNumber(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1, kMaxRanks, false, launch, &p.local_size));
-    KOLO_RETURN_IF_ERROR(
-        ReadNumber(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0, kMaxRanks, false, launch, &p.local_rank));
+    KOLO_RETURN_IF_ERROR(ReadPlace(env,
+                                   {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", true,
+                                    "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
+                                   "mpirun (Open MPI)", &p));
     return p;
   }
   if (Find(env, "KOLO_SIZE") != nullptr) {
-    const char* launch = "kolo-run (KOLO_SIZE set)";
     p.launcher = "kolo-run";
-    KOLO_RETURN_IF_ERROR(ReadNumber(env, "KOLO_SIZE", 1, kMaxRanks, true, launch, &p.size));
-    KOLO_RETURN_IF_ERROR(ReadNumber(env, "KOLO_RANK", 0, kMaxRanks, false, launch, &p.rank));
-    p.local_size = p.size;
-    p.local_rank = p.rank;
     KOLO_RETURN_IF_ERROR(
-        ReadNumber(env, "KOLO_LOCAL_SIZE", 1, kMaxRanks, false, launch, &p.local_size));
-    KOLO_RETURN_IF_ERROR(
-        ReadNumber(env, "KOLO_LOCAL_RANK", 0, kMaxRanks, false, launch, &p.local_rank));
+        ReadPlace(env, {"KOLO_SIZE", "KOLO_RANK", false, "KOLO_LOCAL_SIZE", "KOLO_LOCAL_RANK"},
+                  "kolo-run (KOLO_SIZE set)", &p));
     return p;
   }
   if (Find(env, "SLURM_STEP_NUM_TASKS") != nullptr && Find(env, "SLURM_PROCID") != nullptr) {

@@ -49,6 +49,12 @@ StatusOr<int> SlurmTasksOnNode(const std::string& tasks_per_node, int node);
 // InvalidArgument when the list is empty or malformed.
 StatusOr<std::string> FirstSlurmHost(const std::string& nodelist);
 
+// Under srun and Hydra (a non-empty `serve_store_addr`) every rank must be given the job's secret:
+// OK when `job_secret` is set or no store is served that way, else InvalidArgument saying how to
+// give it.
+Status RequireServedStoreSecret(const std::string& launcher, const std::string& serve_store_addr,
+                                const std::string& job_secret);
+
 // Whether `key` is a variable ReadLaunchPlace reads (for collecting the environment).
 bool IsLaunchVariable(const std::string& key);
 

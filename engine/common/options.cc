@@ -250,14 +250,7 @@ Status Options::Validate() const {
   if (transport.empty()) {
     return InvalidArgument("transport '' is empty: name one, e.g. auto, shm or tcp");
   }
-  if (!serve_store_addr.empty() && job_secret.empty()) {
-    return InvalidArgument(
-        "launched by {} with rank 0 serving the rendezvous at {}, but KOLO_JOB_SECRET is not set: "
-        "every rank must know the job's secret; export it before launching (e.g. export "
-        "KOLO_JOB_SECRET=$(head -c16 /dev/urandom | od -An -tx1 | tr -d ' \\n'); srun and mpiexec "
-        "pass the environment on)",
-        launcher, serve_store_addr);
-  }
+  KOLO_RETURN_IF_ERROR(RequireServedStoreSecret(launcher, serve_store_addr, job_secret));
   KOLO_RETURN_IF_ERROR(ValidateParameterServers(*this));
   if (backend == "mpi" && !launched_by_mpirun && size > 1) {
     return InvalidArgument("backend 'mpi' needs a launch by mpirun (OMPI_COMM_WORLD_SIZE unset)");

@@ -176,3 +176,30 @@ def test_sim_validate_error_arithmetic(tmp_path):
     # Nothing to compare: exit 1 with the reason.
     other = _write(tmp_path / "o.csv", [_row("z", 3, "64", 5.0)])
     assert simvalidate.main([other, measured]) == 1
+
+
+def test_sim_validate_takes_the_median_of_repeats_and_states_their_spread(tmp_path):
+    # Three repeats of one configuration (distinct point ids, as a sweep's repeats have): the
+    # prediction is compared with their median, and their spread is (max - min) / median.
+    measured = _write(
+        tmp_path / "m.csv",
+        [
+            _row("a0", 2, "64", 90.0),
+            _row("a1", 2, "64", 100.0),
+            _row("a2", 2, "64", 120.0),
+            _row("b0", 4, "64", 200.0),
+        ],
+    )
+    predicted = _write(tmp_path / "p.csv", [_row("pa", 2, "64", 115.0), _row("pb", 4, "64", 230.0)])
+    pairs = {
+        p["ranks"]: p for p in simvalidate.compare(schema.read_rows(predicted), schema.read_rows(measured))
+    }
+    assert pairs["2"]["measured"] == 100.0 and pairs["2"]["repeats"] == 3
+    assert abs(pairs["2"]["spread"] - 0.30) < 1e-9
+    assert abs(pairs["2"]["error"] - 0.15) < 1e-9
+    assert pairs["4"]["repeats"] == 1 and pairs["4"]["spread"] == 0
+    text = simvalidate.table(list(pairs.values()))
+    assert "| vgg16 | 2 | ring | 64 | 100.0 | 3 | 30.0% | 115.0 | +15.0% |" in text
+    assert "| vgg16 | 4 | ring | 64 | 200.0 | 1 | - | 230.0 | +15.0% |" in text
+    # +15% against a 30% spread: inside it; the single run has no spread to be inside.
+    assert "1 of 1 repeated points predicted within their spread" in text

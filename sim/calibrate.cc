@@ -18,8 +18,8 @@ std::array<double, 5> Features(const BenchSample& s) {
   const double n = s.ranks;
   const double piece = s.bytes / n;
   const double k = s.host_share;
-  return {2 * (n - 1) * k, 2 * (n - 1) * piece * k, s.reduces ? (n - 1) * piece * k : 0.0,
-          s.reduces ? 1.0 : 0.0, 1.0};
+  return {2 * (n - 1) * k, std::max(0.0, 2 * (n - 1) * piece - s.burst_bytes) * k,
+          s.reduces ? (n - 1) * piece * k : 0.0, s.reduces ? 1.0 : 0.0, 1.0};
 }
 
 // Solves the k x k system a x = b (Gaussian elimination with partial pivoting); false if singular.
@@ -116,30 +116,67 @@ StatusOr<Fit> FitSamples(const std::vector<BenchSample>& samples) {
   std::vector<double> x;
   // Parameters the rows cannot see are held at zero.
   std::vector<bool> zero = {false, false, !fit_reduce, !fit_reduce, !fit_start};
-  for (int pass = 0; pass < 6; ++pass) {
-    std::vector<std::vector<double>> a(k, std::vector<double>(k, 0));
-    std::vector<double> b(k, 0);
-    for (const auto& s : samples) {
-      auto f = Features(s);
-      const double w = 1.0 / (s.seconds * s.seconds);
+  // The features span some twenty orders of magnitude (counts of steps against bytes), so each
+  // column is scaled to unit weighted norm before the normal equations are solved: unscaled, the
+  // elimination loses the small columns and can return a fit far from the least-squares one.
+  std::vector<double> scale(k, 0);
+  for (const auto& s : samples) {
+    const auto f = Features(s);
+    for (size_t i = 0; i < k; ++i) scale[i] += f[i] * f[i] / (s.seconds * s.seconds);
+  }
+  for (double& c : scale) c = c > 0 ? std::sqrt(c) : 1;
+  // A robust fit (iteratively reweighted, Huber's weights on the relative residuals): rows far
+  // off the model (a small buffer held up by the host's scheduler, a shaped link's burst) are
+  // down-weighted instead of pulling every parameter towards them. Each row's weight is kept in
+  // the fit and printed beside its residual.
+  const std::vector<bool> held = zero;
+  std::vector<double> robust(samples.size(), 1.0);
+  for (int round = 0; round < 30; ++round) {
+    zero = held;
+    for (int pass = 0; pass < 6; ++pass) {
+      std::vector<std::vector<double>> a(k, std::vector<double>(k, 0));
+      std::vector<double> b(k, 0);
+      for (size_t r = 0; r < samples.size(); ++r) {
+        const auto& s = samples[r];
+        auto f = Features(s);
+        for (size_t i = 0; i < k; ++i) f[i] /= scale[i];
+        const double w = robust[r] / (s.seconds * s.seconds);
+        for (size_t i = 0; i < k; ++i) {
+          for (size_t m = 0; m < k; ++m) a[i][m] += w * (zero[i] || zero[m] ? 0 : f[i] * f[m]);
+          b[i] += w * (zero[i] ? 0 : f[i] * s.seconds);
+        }
+      }
       for (size_t i = 0; i < k; ++i) {
-        for (size_t m = 0; m < k; ++m) a[i][m] += w * (zero[i] || zero[m] ? 0 : f[i] * f[m]);
-        b[i] += w * (zero[i] ? 0 : f[i] * s.seconds);
+        if (zero[i]) a[i][i] = 1;
       }
-    }
-    for (size_t i = 0; i < k; ++i) {
-      if (zero[i]) a[i][i] = 1;
-    }
-    if (!Solve(a, b, &x)) return InvalidArgument("the rows do not determine the parameters");
-    bool again = false;
-    for (size_t i = 0; i < k; ++i) {
-      if (x[i] < 0) {
-        zero[i] = true;
-        x[i] = 0;
-        again = true;
+      if (!Solve(a, b, &x)) return InvalidArgument("the rows do not determine the parameters");
+      for (size_t i = 0; i < k; ++i) x[i] /= scale[i];
+      bool again = false;
+      for (size_t i = 0; i < k; ++i) {
+        if (x[i] < 0) {
+          zero[i] = true;
+          x[i] = 0;
+          again = true;
+        }
       }
+      if (!again) break;
     }
-    if (!again) break;
+    std::vector<double> residual, magnitude;
+    for (const auto& s : samples) {
+      const double p = x[0] * Features(s)[0] + x[1] * Features(s)[1] + x[2] * Features(s)[2] +
+                       x[3] * Features(s)[3] + x[4] * Features(s)[4];
+      residual.push_back((p - s.seconds) / s.seconds);
+      magnitude.push_back(std::abs(residual.back()));
+    }
+    std::nth_element(magnitude.begin(), magnitude.begin() + magnitude.size() / 2, magnitude.end());
+    const double sigma = std::max(1e-3, 1.4826 * magnitude[magnitude.size() / 2]);
+    double change = 0;
+    for (size_t r = 0; r < samples.size(); ++r) {
+      const double w = std::min(1.0, 1.345 * sigma / std::max(1e-12, std::abs(residual[r])));
+      change = std::max(change, std::abs(w - robust[r]));
+      robust[r] = w;
+    }
+    if (change < 1e-4) break;
   }
   Fit fit;
   fit.latency_s = x[0];
@@ -153,6 +190,7 @@ StatusOr<Fit> FitSamples(const std::vector<BenchSample>& samples) {
     const double p = SampleTime(s, fit.latency_s, fit.bytes_per_s, fit.reduce_bytes_per_s,
                                 fit.engine_s, fit.start_s);
     fit.predicted_s.push_back(p);
+    fit.weights.push_back(robust[fit.weights.size()]);
     errors.push_back(std::abs(p - s.seconds) / s.seconds);
   }
   std::sort(errors.begin(), errors.end());

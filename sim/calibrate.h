@@ -4,7 +4,7 @@
 // Each measured row (backend row "ring": kolo's engine ring; "link": the same ring's exchange
 // without the reduction) is a ring allreduce of `bytes` over N ranks on H hosts, which the model
 // (RingAllreduceTime) times as
-//   t = start + 2(N-1) * latency + 2(N-1) * (bytes / N) / bandwidth
+//   t = start + 2(N-1) * latency + max(0, 2(N-1) * (bytes / N) - burst) / bandwidth
 //       + [ring rows] ((N-1) * (bytes / N) / reduce + engine)
 // (bandwidth: the bottleneck link's, the NIC's when H > 1, the intra-host link's otherwise;
 // start: what every timed iteration of the bench spends before the ring, the ranks leaving the
@@ -13,7 +13,8 @@
 // calibration's engine_overhead_us. It includes the row's negotiation, which a prediction also
 // charges on its own: one bit exchange counted twice.)
 // A linear least-squares fit in (latency, 1 / bandwidth, 1 / reduce, engine, start) over every
-// row gives them, each clamped at zero cost where the data cannot see it. The start and the
+// row, relative and robust (rows far off the model are down-weighted, Huber's weights), gives
+// them, each clamped at zero cost where the data cannot see it. The start and the
 // latency are told apart only by rows at two or more rank counts; with one, the start is folded
 // into the latency.
 #pragma once
@@ -36,6 +37,10 @@ struct BenchSample {
   // How many times slower the host-bound costs run (the prediction's HostShare: ranks over the
   // calibration's host_cores where every rank shares them), 1 otherwise.
   double host_share = 1;
+  // What the link passes unshaped before its rate applies, from idle: the emulated cluster's tbf
+  // bucket (scripts/cluster status: "tbf burst"); 0 for a real NIC. A bench iteration starts from
+  // an idle link, so the first this many bytes of each host's egress cost no bandwidth time.
+  double burst_bytes = 0;
 };
 
 struct Fit {
@@ -45,6 +50,7 @@ struct Fit {
   double engine_s = 0;              // per ring row, around the ring (the engine's own work)
   double start_s = 0;               // per timed iteration of any row (the bench's barrier)
   std::vector<double> predicted_s;  // per sample
+  std::vector<double> weights;      // per sample: the robust fit's weight, 1 = full
   double median_abs_error = 0;      // relative
   double worst_abs_error = 0;
 };

@@ -210,6 +210,11 @@ int Calibrate(int argc, char** argv) {
   app.add_option("--transport", transport, "which transport the rows between hosts measured")
       ->check(CLI::IsMember({"tcp", "rdma"}));
   app.add_option("--out", out_path, "write the calibration JSON here");
+  double burst_bytes = 0;
+  app.add_option("--burst", burst_bytes,
+                 "bytes each host's shaped link passes unshaped from idle (the emulated cluster's "
+                 "tbf burst; 0 for a real NIC)")
+      ->check(CLI::Range(0.0, 1e12));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -230,7 +235,10 @@ int Calibrate(int argc, char** argv) {
       Say(s.status().ToString());
       return 2;
     }
-    for (const auto& x : *s) (x.hosts > 1 ? inter : intra).push_back(x);
+    for (auto x : *s) {
+      if (x.hosts > 1) x.burst_bytes = burst_bytes;
+      (x.hosts > 1 ? inter : intra).push_back(x);
+    }
   }
   // Ranks that share one machine's cores (the base calibration's host_cores) run their copies and
   // sums slower, as a prediction has them; the fit undoes that to find one rank's own rates.
@@ -250,7 +258,9 @@ int Calibrate(int argc, char** argv) {
   share(intra, cal.host_cores);
   cal.name = name;
   cal.link_gbit = gbit;
-  std::string source = "kolo-sim calibrate --link " + link + " over";
+  std::string source = "kolo-sim calibrate --link " + link +
+                       (burst_bytes > 0 ? fmt::format(" --burst {:.0f}", burst_bytes) : "") +
+                       " over";
   for (const auto& f : files) source += " " + f;
   cal.source = source;
   auto report = [](const char* what, const std::vector<kolo::sim::BenchSample>& samples,
@@ -260,13 +270,13 @@ int Calibrate(int argc, char** argv) {
         "collective; not kept: start %.1f us per timed iteration\n",
         what, fit.latency_s * 1e6, fit.bytes_per_s / 1e9, fit.reduce_bytes_per_s / 1e9,
         fit.engine_s * 1e6, fit.start_s * 1e6);
-    std::printf("  %-6s %-5s %-5s %12s %12s %12s %9s\n", "ranks", "hosts", "row", "bytes",
-                "measured_us", "fitted_us", "residual");
+    std::printf("  %-6s %-5s %-5s %12s %12s %12s %9s %7s\n", "ranks", "hosts", "row", "bytes",
+                "measured_us", "fitted_us", "residual", "weight");
     for (size_t i = 0; i < samples.size(); ++i) {
       const auto& s = samples[i];
-      std::printf("  %-6d %-5d %-5s %12.0f %12.1f %12.1f %+8.1f%%\n", s.ranks, s.hosts,
+      std::printf("  %-6d %-5d %-5s %12.0f %12.1f %12.1f %+8.1f%% %7.2f\n", s.ranks, s.hosts,
                   s.reduces ? "ring" : "link", s.bytes, s.seconds * 1e6, fit.predicted_s[i] * 1e6,
-                  100 * (fit.predicted_s[i] - s.seconds) / s.seconds);
+                  100 * (fit.predicted_s[i] - s.seconds) / s.seconds, fit.weights[i]);
     }
     std::printf("  residuals: median |%.1f%%|, worst |%.1f%%|\n", 100 * fit.median_abs_error,
                 100 * fit.worst_abs_error);

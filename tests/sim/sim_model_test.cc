@@ -56,8 +56,8 @@ TEST(SimModelTest, SharedCoresSlowHostBoundCostsOnly) {
 }
 
 TEST(SimCalibrateTest, FitsTheCommittedEmulatedClusterBench) {
-  // kolo-allreduce-bench on scripts/cluster's hosts at 1 Gbit/s (tbf): 2, 4 and 8 hosts, 8 KB to
-  // 64 MB, as committed; the committed calibration is this fit.
+  // kolo-allreduce-bench (--op avg) on scripts/cluster's hosts at 1 Gbit/s (tbf, burst 262144 B):
+  // 2, 4 and 8 hosts, 8 KB to 32 MB, as committed; the committed calibration is this fit.
   const std::string dir = std::string(KOLO_SOURCE_DIR) + "/sim/calibrations/";
   std::vector<std::string> files;
   for (const auto& e : std::filesystem::directory_iterator(dir + "bench")) {
@@ -71,22 +71,25 @@ TEST(SimCalibrateTest, FitsTheCommittedEmulatedClusterBench) {
   for (const auto& f : files) {
     auto s = ReadBenchJson(f);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
-    samples.insert(samples.end(), s->begin(), s->end());
+    for (BenchSample x : *s) {
+      x.burst_bytes = 262144;
+      samples.push_back(x);
+    }
   }
   auto fit = FitSamples(samples);
   ASSERT_TRUE(fit.ok()) << fit.status().ToString();
   // Below the links' payload rate (1 Gbit/s x 1448/1514 = 119.5 MB/s), and not far below.
-  EXPECT_GT(fit->bytes_per_s, 0.8 * 119.5e6);
+  EXPECT_GT(fit->bytes_per_s, 0.85 * 119.5e6);
   EXPECT_LT(fit->bytes_per_s, 1.0 * 119.5e6);
   EXPECT_EQ(fit->predicted_s.size(), samples.size());
+  EXPECT_EQ(fit->weights.size(), samples.size());
   auto cal = LoadCalibration(dir + "emulated-tbf-bench.json");
   ASSERT_TRUE(cal.ok()) << cal.status().ToString();
   EXPECT_NEAR(cal->tcp.efficiency, fit->bytes_per_s / 125e6, 1e-9);
   EXPECT_NEAR(cal->tcp.latency_us, fit->latency_s * 1e6, 1e-6);
   EXPECT_NEAR(cal->engine_overhead_us, fit->engine_s * 1e6, 1e-6);
-  // The residuals kolo-sim calibrate printed for it (sim/calibrations/bench/*.fit.txt): median
-  // 25.6%; the small rows at 4 and 8 hosts, which no linear model of the ring fits, up to 99.6%.
-  EXPECT_LT(fit->median_abs_error, 0.3);
+  // The residuals kolo-sim calibrate printed for it (sim/calibrations/bench/*.fit.txt).
+  EXPECT_LT(fit->median_abs_error, 0.1);
 }
 
 TEST(SimModelTest, IncastSharesTheServersLink) {
@@ -220,6 +223,72 @@ TEST(SimCalibrateTest, FitRecoversKnownParameters) {
   EXPECT_NEAR(fit->bytes_per_s, bw, bw * 1e-6);
   EXPECT_NEAR(fit->reduce_bytes_per_s, reduce, reduce * 1e-6);
   EXPECT_LT(fit->worst_abs_error, 1e-9);
+}
+
+TEST(SimCalibrateTest, RowsFarOffTheModelDoNotPullTheFit) {
+  // Known parameters, and three small rows held up 3-5x (a scheduler's hiccup on a busy host):
+  // the robust fit still recovers the parameters and weights those rows down; a plain least
+  // squares would not (the check on the bandwidth is tighter than their pull).
+  const double lat = 40e-6, bw = 2.5e9, reduce = 6e9;
+  std::vector<BenchSample> samples;
+  for (int ranks : {2, 4, 8}) {
+    for (double bytes : {8e3, 64e3, 1e6, 4e6, 16e6, 64e6}) {
+      for (bool reduces : {true, false}) {
+        BenchSample s;
+        s.ranks = ranks;
+        s.hosts = ranks;
+        s.bytes = bytes;
+        s.reduces = reduces;
+        s.seconds = SampleTime(s, lat, bw, reduce);
+        if (bytes == 8e3 && !reduces) s.seconds *= ranks == 8 ? 5 : 3;
+        samples.push_back(s);
+      }
+    }
+  }
+  auto fit = FitSamples(samples);
+  ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+  EXPECT_NEAR(fit->bytes_per_s, bw, bw * 0.01);
+  EXPECT_NEAR(fit->reduce_bytes_per_s, reduce, reduce * 0.05);
+  EXPECT_NEAR(fit->latency_s, lat, lat * 0.1);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    if (samples[i].bytes == 8e3 && !samples[i].reduces) {
+      EXPECT_LT(fit->weights[i], 0.2) << "row " << i;
+    } else {
+      EXPECT_GT(fit->weights[i], 0.9) << "row " << i;
+    }
+  }
+}
+
+TEST(SimCalibrateTest, ABurstOfUnshapedBytesIsFreeOfBandwidthTime) {
+  BenchSample s;
+  s.ranks = 4;
+  s.hosts = 4;
+  s.reduces = false;
+  s.burst_bytes = 256e3;
+  // 2(n-1) pieces of bytes / n leave each host: 6 x 32 KB fits in the burst, 6 x 1 MB does not.
+  s.bytes = 128e3;
+  EXPECT_DOUBLE_EQ(SampleTime(s, 10e-6, 1e8, 0), 6 * 10e-6);
+  s.bytes = 4e6;
+  EXPECT_DOUBLE_EQ(SampleTime(s, 10e-6, 1e8, 0), 6 * 10e-6 + (6e6 - 256e3) / 1e8);
+  // Synthetic rows with the burst: a fit told of it recovers the rate exactly.
+  std::vector<BenchSample> samples;
+  for (int ranks : {2, 4, 8}) {
+    for (double bytes : {8e3, 64e3, 512e3, 4e6, 32e6}) {
+      for (bool reduces : {true, false}) {
+        BenchSample x = s;
+        x.ranks = ranks;
+        x.hosts = ranks;
+        x.bytes = bytes;
+        x.reduces = reduces;
+        x.seconds = SampleTime(x, 30e-6, 1.1e8, 5e9);
+        samples.push_back(x);
+      }
+    }
+  }
+  auto fit = FitSamples(samples);
+  ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+  EXPECT_NEAR(fit->bytes_per_s, 1.1e8, 1.1e8 * 1e-6);
+  EXPECT_NEAR(fit->latency_s, 30e-6, 30e-6 * 1e-6);
 }
 
 TEST(SimCalibrateTest, OneSizeIsNotEnough) {

@@ -5,7 +5,8 @@
 //   kolo-sim predict --model resnet101 --profile models/profiles/resnet101-h100-b64.json
 //       --ranks 128 --ranks-per-host 4 --backend nccl --link 25gbit --gpu-rate 219
 //       --calibration sim/calibrations/paper-25gbe.json [--json RECORD]
-//   kolo-sim calibrate --link 1gbit [--name NAME] [--base CAL] [--out CAL] BENCH.json...
+//   kolo-sim calibrate --link 1gbit [--burst BYTES] [--incast SUMMARY.json]... [--name NAME]
+//       [--base CAL] [--out CAL] BENCH.json...
 //
 // predict prints one line; with --json it writes a record in kolo-train's --json format
 // (models/trainer/run_record.h) with "compute": "simulated", so that the sweep runner
@@ -210,6 +211,10 @@ int Calibrate(int argc, char** argv) {
   app.add_option("--transport", transport, "which transport the rows between hosts measured")
       ->check(CLI::IsMember({"tcp", "rdma"}));
   app.add_option("--out", out_path, "write the calibration JSON here");
+  std::vector<std::string> incast_files;
+  app.add_option("--incast", incast_files,
+                 "scripts/cluster-incast summary.json: its ps_stream_spread at its worker count "
+                 "(repeatable)");
   double burst_bytes = 0;
   app.add_option("--burst", burst_bytes,
                  "bytes each host's shaped link passes unshaped from idle (the emulated cluster's "
@@ -256,11 +261,37 @@ int Calibrate(int argc, char** argv) {
     cal = *c;
   }
   share(intra, cal.host_cores);
+  for (const auto& f : incast_files) {
+    std::ifstream in(f);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      Say(fmt::format("{}: not a scripts/cluster-incast summary.json: {}", f, e.what()));
+      return 2;
+    }
+    if (!j.is_object() || !j.contains("workers") || !j.contains("ps_stream_spread") ||
+        !j.at("workers").is_number_integer() || !j.at("ps_stream_spread").is_number()) {
+      Say(
+          fmt::format("{}: not a scripts/cluster-incast summary.json (no workers and "
+                      "ps_stream_spread)",
+                      f));
+      return 2;
+    }
+    const int workers = j.at("workers").get<int>();
+    const double spread = std::clamp(j.at("ps_stream_spread").get<double>(), 0.0, 0.9);
+    cal.ps_stream_spread[workers] = spread;
+    std::printf(
+        "parameter-server streams: %d into one link, the slowest at %.3f of a fair share "
+        "(%s)\n",
+        workers, 1 - spread, f.c_str());
+  }
   cal.name = name;
   cal.link_gbit = gbit;
   std::string source = "kolo-sim calibrate --link " + link +
                        (burst_bytes > 0 ? fmt::format(" --burst {:.0f}", burst_bytes) : "") +
                        " over";
+  for (const auto& f : incast_files) source += " --incast " + f;
   for (const auto& f : files) source += " " + f;
   cal.source = source;
   auto report = [](const char* what, const std::vector<kolo::sim::BenchSample>& samples,

@@ -29,6 +29,12 @@ constexpr double kGiga = 1e9;
 
 // ---- Calibration JSON ----
 
+Json StreamSpreadJson(const Calibration& c) {
+  Json m = Json::object();
+  for (const auto& [streams, spread] : c.ps_stream_spread) m[std::to_string(streams)] = spread;
+  return m;
+}
+
 Status ReadCosts(const Json& j, const char* key, TransportCosts* out, const std::string& origin) {
   if (!j.contains(key)) return Status::OK();
   const Json& t = j.at(key);
@@ -162,6 +168,33 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text, const std::st
   if (c.link_gbit <= 0 || c.intra_gbytes_per_s <= 0) {
     return InvalidArgument("{}: link_gbit and intra_gbytes_per_s must be > 0", origin);
   }
+  if (j.contains("ps_stream_spread")) {
+    const Json& m = j.at("ps_stream_spread");
+    if (!m.is_object()) {
+      return InvalidArgument(
+          "{}: \"ps_stream_spread\" must be an object of stream counts to spreads, e.g. {{\"8\": "
+          "0.11}}",
+          origin);
+    }
+    for (const auto& [key, value] : m.items()) {
+      int streams = 0;
+      try {
+        size_t used = 0;
+        streams = std::stoi(key, &used);
+        if (used != key.size()) streams = 0;
+      } catch (const std::exception&) {
+        streams = 0;
+      }
+      if (streams < 1 || !value.is_number() || value.get<double>() < 0 ||
+          value.get<double>() >= 1) {
+        return InvalidArgument(
+            "{}: \"ps_stream_spread\" entry \"{}\": {} is not allowed; allowed: a stream count "
+            ">= 1 and a spread from 0 up to (not including) 1",
+            origin, key, value.dump());
+      }
+      c.ps_stream_spread[streams] = value.get<double>();
+    }
+  }
   if (j.contains("ps_full_duplex")) {
     if (!j.at("ps_full_duplex").is_boolean()) {
       return InvalidArgument("{}: \"ps_full_duplex\" must be true or false", origin);
@@ -192,6 +225,7 @@ std::string CalibrationToJson(const Calibration& c) {
             {"reduce_gbytes_per_s", c.reduce_gbytes_per_s},
             {"fusion_copy_gbytes_per_s", c.fusion_copy_gbytes_per_s},
             {"ps_full_duplex", c.ps_full_duplex},
+            {"ps_stream_spread", StreamSpreadJson(c)},
             {"host_cores", c.host_cores},
             {"engine_overhead_us", c.engine_overhead_us}};
   return j.dump(2) + "\n";
@@ -290,6 +324,18 @@ double HierarchicalAllreduceTime(const Network& net, double bytes, double reduce
   // 3. Allgather within each host.
   t += (p - 1) * local_phase;
   return t;
+}
+
+double StreamSpread(const Calibration& cal, int streams) {
+  const auto& m = cal.ps_stream_spread;
+  if (m.empty() || streams < 2) return 0;
+  auto hi = m.lower_bound(streams);
+  if (hi == m.end()) return std::prev(hi)->second;
+  if (hi->first == streams || hi == m.begin()) return hi->second;
+  auto lo = std::prev(hi);
+  const double f =
+      (std::log2(streams) - std::log2(lo->first)) / (std::log2(hi->first) - std::log2(lo->first));
+  return lo->second + f * (hi->second - lo->second);
 }
 
 double HostShare(const Point& point, const Calibration& cal) {
@@ -501,74 +547,161 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
 
     const Network& net = costs.net;
     const int per_host = net.per_host;
-    // Bytes a server's NIC carries for one shard of b bytes from every worker, and the share of
-    // workers that reach it over the host's own links.
-    auto server_load = [&](int server, double b) {
-      int local = 0;
-      if (point.ps_on_worker_hosts) {
-        const int host = server % net.hosts;
-        local = std::min(per_host, n - host * per_host);
-      }
-      return b * (n - local);
+    // The workers that reach a server over its host's own links (servers sharing worker hosts),
+    // and the bytes its NIC carries for one shard of b bytes from every other worker.
+    auto local_workers = [&](int server) {
+      if (!point.ps_on_worker_hosts) return 0;
+      const int host = server % net.hosts;
+      return std::min(per_host, n - host * per_host);
     };
+    auto server_load = [&](int server, double b) { return b * (n - local_workers(server)); };
     const double lat = net.nic_latency_s;
     const double copy = net.nic_copy_bytes_per_s;
-    std::vector<double> srv_in(static_cast<size_t>(point.ps_servers), 0);
-    std::vector<double> srv_out_own(static_cast<size_t>(point.ps_servers), 0);
-    std::vector<double>& srv_out = cal.ps_full_duplex ? srv_out_own : srv_in;
-    double host_out = 0, host_in = 0;
-    struct Op {
-      double ready;
-      int64_t seq;
-      bool pull;
-      int shard;
-      int tensor;
+    // The time a transfer of one shard takes on the server's link under incast (every worker's
+    // piece) and on this worker's host link (every worker of the host sends its own).
+    auto srv_time = [&](int server, double b) {
+      const double load = server_load(server, b);
+      return lat + load / net.nic_bytes_per_s + (copy > 0 ? load / copy : 0);
     };
-    auto later = [](const Op& a, const Op& b) {
-      return a.ready != b.ready ? a.ready > b.ready : a.seq > b.seq;
+    auto host_time = [&](double b) {
+      return lat + per_host * b / net.nic_bytes_per_s + (copy > 0 ? b / copy : 0);
     };
-    std::priority_queue<Op, std::vector<Op>, decltype(later)> ops(later);
-    int64_t seq = 0;
-    for (size_t ti = 0; ti < tensors.size(); ++ti) {
-      const int v = var_index.at(tensors[ti].name);
-      for (int shard : placement.variable_shards[static_cast<size_t>(v)]) {
-        ops.push({tensors[ti].submit_s, seq++, false, shard, static_cast<int>(ti)});
+    double busy = 0;
+    if (cal.ps_full_duplex) {
+      // Pushes never wait for pulls (no window of outstanding shards; each direction of a link
+      // on its own), so each direction is worked out in turn: every push first come first served
+      // on its server's ingress and the worker's egress, then every pull, ready once its shard's
+      // pushes are all in, on the server's egress and the worker's ingress.
+      struct Transfer {
+        double ready;
+        int shard;
+        int tensor;
+        double end = 0;
+      };
+      auto run = [&](std::vector<Transfer>& xs) {
+        std::stable_sort(xs.begin(), xs.end(),
+                         [](const Transfer& a, const Transfer& b) { return a.ready < b.ready; });
+        std::vector<double> srv(static_cast<size_t>(point.ps_servers), 0);
+        double host = 0;
+        // Busy periods of each server's link: a transfer's start in one is when that link last
+        // went from idle to busy; its end, when the link next goes idle.
+        std::vector<double> period_end, from(xs.size()), srv_end(xs.size());
+        std::vector<int> period(xs.size());
+        std::vector<int> current(static_cast<size_t>(point.ps_servers), -1);
+        std::vector<double> current_from(static_cast<size_t>(point.ps_servers), 0);
+        for (size_t i = 0; i < xs.size(); ++i) {
+          Transfer& x = xs[i];
+          const auto& shard = placement.shards[static_cast<size_t>(x.shard)];
+          const double b = static_cast<double>(shard.bytes);
+          const size_t s = static_cast<size_t>(shard.server);
+          if (current[s] < 0 || x.ready > srv[s]) {
+            current[s] = static_cast<int>(period_end.size());
+            period_end.push_back(0);
+            current_from[s] = x.ready;
+          }
+          srv[s] = std::max(x.ready, srv[s]) + srv_time(shard.server, b);
+          host = std::max(x.ready, host) + host_time(b);
+          period_end[static_cast<size_t>(current[s])] = srv[s];
+          period[i] = current[s];
+          from[i] = current_from[s];
+          srv_end[i] = srv[s];
+          x.end = std::max(srv[s], host);
+        }
+        // The slowest of the server's streams moves at (1 - spread) of a fair share while the
+        // others still send, and catches up once they are done (the link stays busy): the last
+        // of a shard's pieces is through at the busy period's start plus its fair-share time
+        // stretched by 1 / (1 - spread), or at the period's end.
+        for (size_t i = 0; i < xs.size(); ++i) {
+          const auto& shard = placement.shards[static_cast<size_t>(xs[i].shard)];
+          const double u = StreamSpread(cal, n - local_workers(shard.server));
+          if (u <= 0) continue;
+          const double slow = std::min(from[i] + (srv_end[i] - from[i]) / (1 - u),
+                                       period_end[static_cast<size_t>(period[i])]);
+          xs[i].end = std::max(xs[i].end, slow);
+        }
+      };
+      std::vector<Transfer> pushes;
+      for (size_t ti = 0; ti < tensors.size(); ++ti) {
+        const int v = var_index.at(tensors[ti].name);
+        for (int shard : placement.variable_shards[static_cast<size_t>(v)]) {
+          pushes.push_back({tensors[ti].submit_s, shard, static_cast<int>(ti)});
+        }
+        tensors[ti].done_s = tensors[ti].submit_s;
       }
-      tensors[ti].done_s = tensors[ti].submit_s;
+      run(pushes);
+      std::vector<Transfer> pulls;
+      for (const Transfer& x : pushes) pulls.push_back({x.end, x.shard, x.tensor});
+      run(pulls);
+      // The worker's communication time: the union of [push ready, pull end] over shards.
+      std::vector<std::pair<double, double>> spans;
+      for (size_t i = 0; i < pulls.size(); ++i) {
+        Tensor& t = tensors[static_cast<size_t>(pulls[i].tensor)];
+        t.done_s = std::max(t.done_s, pulls[i].end);
+      }
+      std::map<std::pair<int, int>, double> pull_end;
+      for (const Transfer& x : pulls) pull_end[{x.shard, x.tensor}] = x.end;
+      for (const Transfer& x : pushes) spans.push_back({x.ready, pull_end.at({x.shard, x.tensor})});
+      std::sort(spans.begin(), spans.end());
+      double from = -1, until = 0;
+      for (const auto& [a, b] : spans) {
+        if (from < 0 || a > until) {
+          if (from >= 0) busy += until - from;
+          from = a;
+        }
+        until = std::max(until, b);
+      }
+      if (from >= 0) busy += until - from;
+    } else {
+      // Half duplex: pushes and pulls take turns on one queue per server link.
+      std::vector<double> srv(static_cast<size_t>(point.ps_servers), 0);
+      double host_out = 0, host_in = 0;
+      struct Op {
+        double ready;
+        int64_t seq;
+        bool pull;
+        int shard;
+        int tensor;
+      };
+      auto later = [](const Op& a, const Op& b) {
+        return a.ready != b.ready ? a.ready > b.ready : a.seq > b.seq;
+      };
+      std::priority_queue<Op, std::vector<Op>, decltype(later)> ops(later);
+      int64_t seq = 0;
+      for (size_t ti = 0; ti < tensors.size(); ++ti) {
+        const int v = var_index.at(tensors[ti].name);
+        for (int shard : placement.variable_shards[static_cast<size_t>(v)]) {
+          ops.push({tensors[ti].submit_s, seq++, false, shard, static_cast<int>(ti)});
+        }
+        tensors[ti].done_s = tensors[ti].submit_s;
+      }
+      double busy_from = -1, busy_until = 0;
+      while (!ops.empty()) {
+        const Op op = ops.top();
+        ops.pop();
+        const auto& shard = placement.shards[static_cast<size_t>(op.shard)];
+        const double b = static_cast<double>(shard.bytes);
+        const size_t s = static_cast<size_t>(shard.server);
+        double& host = op.pull ? host_in : host_out;
+        const double srv_end = std::max(op.ready, srv[s]) + srv_time(shard.server, b);
+        const double host_end = std::max(op.ready, host) + host_time(b);
+        srv[s] = srv_end;
+        host = host_end;
+        const double end = std::max(srv_end, host_end);
+        // Time with something in flight (the worker's communication time).
+        if (busy_from < 0 || op.ready > busy_until) {
+          if (busy_from >= 0) busy += busy_until - busy_from;
+          busy_from = op.ready;
+        }
+        busy_until = std::max(busy_until, end);
+        if (!op.pull) {
+          ops.push({end, seq++, true, op.shard, op.tensor});
+        } else {
+          Tensor& t = tensors[static_cast<size_t>(op.tensor)];
+          t.done_s = std::max(t.done_s, end);
+        }
+      }
+      if (busy_from >= 0) busy += busy_until - busy_from;
     }
-    double busy_from = -1, busy = 0, busy_until = 0;
-    while (!ops.empty()) {
-      const Op op = ops.top();
-      ops.pop();
-      const auto& shard = placement.shards[static_cast<size_t>(op.shard)];
-      const double b = static_cast<double>(shard.bytes);
-      const size_t s = static_cast<size_t>(shard.server);
-      const double load = server_load(shard.server, b);
-      // The server's link under incast (every worker's piece), and this worker's host link
-      // (every worker of the host sends its own).
-      const double srv_time = lat + load / net.nic_bytes_per_s + (copy > 0 ? load / copy : 0);
-      const double host_time = lat + per_host * b / net.nic_bytes_per_s + (copy > 0 ? b / copy : 0);
-      double& srv = op.pull ? srv_out[s] : srv_in[s];
-      double& host = op.pull ? host_in : host_out;
-      const double srv_end = std::max(op.ready, srv) + srv_time;
-      const double host_end = std::max(op.ready, host) + host_time;
-      srv = srv_end;
-      host = host_end;
-      const double end = std::max(srv_end, host_end);
-      // Time with something in flight (the worker's communication time).
-      if (busy_from < 0 || op.ready > busy_until) {
-        if (busy_from >= 0) busy += busy_until - busy_from;
-        busy_from = op.ready;
-      }
-      busy_until = std::max(busy_until, end);
-      if (!op.pull) {
-        ops.push({end, seq++, true, op.shard, op.tensor});
-      } else {
-        Tensor& t = tensors[static_cast<size_t>(op.tensor)];
-        t.done_s = std::max(t.done_s, end);
-      }
-    }
-    if (busy_from >= 0) busy += busy_until - busy_from;
     // The worker copies each pulled value into its weights (instead of the optimizer).
     double bytes = 0;
     for (Tensor& t : tensors) {

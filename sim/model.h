@@ -22,11 +22,14 @@
 //   ranks that share one machine's cores (host_cores) slowing the host-bound costs.
 // - Parameter servers: pushes and pulls of each shard of the real placement, each a flow set on the
 //   servers' links (N workers pushing to one server: incast), queued first come first served on
-//   each server's link and each worker host's link.
+//   each server's link and each worker host's link; a shard's pull waits for the slowest worker's
+//   push of it, the workers' streams sharing the server's link as unevenly as measured
+//   (ps_stream_spread).
 // Times are seconds unless a name says otherwise.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -57,6 +60,13 @@ struct Calibration {
   // Whether a parameter server's link moves pushes and pulls at the same time (each shard's pull
   // still waits for every worker's push of it); false: they take turns on one queue.
   bool ps_full_duplex = true;
+  // How unevenly the streams of a server's workers share its link (TCP flows into one link do not
+  // get equal shares): the slowest stream moves at (1 - spread) of a fair share while the others
+  // still send, and a shard's pull waits for every worker's push of it. Per number of streams, as
+  // scripts/cluster-incast measures it (its ps_stream_spread); between measured counts
+  // interpolated in log2 of the count, beyond them the nearest one's. Empty: fair shares. Used
+  // with ps_full_duplex.
+  std::map<int, double> ps_stream_spread;
   // Cores shared by every rank of the prediction, where all of them run on one machine (ranks on
   // loopback, or the emulated cluster's hosts); 0: each host has cores enough for its ranks. With
   // more ranks than cores, the host-bound costs (the intra-host link's rate and latency, the
@@ -136,6 +146,9 @@ double PhaseTime(const Network& net, const std::vector<Flow>& flows);
 // Collective algorithms: the time to allreduce `bytes` over the ranks of `net`.
 double RingAllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s);
 double HierarchicalAllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s);
+
+// The calibration's ps_stream_spread for `streams` streams into one link (0 for fewer than 2).
+double StreamSpread(const Calibration& cal, int streams);
 
 // How many times slower the host-bound costs of `point` run: ranks / cal.host_cores where the
 // calibration names shared cores and the ranks outnumber them, else 1.

@@ -176,14 +176,53 @@ TEST(SimModelTest, EngineTimeIsChargedPerCycleNotPerTensor) {
   EXPECT_LE(slow->total_images_per_sec, base->total_images_per_sec);
 }
 
+TEST(SimModelTest, StreamSpreadIsInterpolatedInLog2OfTheStreams) {
+  Calibration cal;
+  EXPECT_EQ(StreamSpread(cal, 8), 0);  // none measured: fair shares
+  cal.ps_stream_spread = {{2, 0.05}, {8, 0.11}};
+  EXPECT_EQ(StreamSpread(cal, 1), 0);  // one stream has the link to itself
+  EXPECT_DOUBLE_EQ(StreamSpread(cal, 2), 0.05);
+  EXPECT_NEAR(StreamSpread(cal, 4), 0.05 + 0.5 * 0.06, 1e-12);  // log2: halfway from 2 to 8
+  EXPECT_DOUBLE_EQ(StreamSpread(cal, 8), 0.11);
+  EXPECT_DOUBLE_EQ(StreamSpread(cal, 64), 0.11);  // beyond the measured: the nearest
+}
+
+TEST(SimModelTest, PullsWaitForTheSlowestStreamOfAServersLink) {
+  // Eight workers into each of two servers: with the streams' spread, every shard's pull waits for
+  // the slowest worker's push, so the step is slower, more so with more spread, and never by more
+  // than the whole exchange stretched by 1 / (1 - spread).
+  Point p = PaperPoint("resnet101", "ps", 8);
+  p.link_gbit = 10;
+  Calibration cal;
+  auto fair = Predict(p, cal);
+  ASSERT_TRUE(fair.ok()) << fair.status().ToString();
+  double last_ms = fair->step_ms;
+  for (double u : {0.05, 0.1, 0.2}) {
+    cal.ps_stream_spread = {{8, u}};
+    auto r = Predict(p, cal);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_GT(r->step_ms, last_ms) << "spread " << u;
+    EXPECT_LE(r->comm_ms, fair->comm_ms / (1 - u) + 1e-9) << "spread " << u;
+    last_ms = r->step_ms;
+  }
+  // One worker: a single stream, nothing to wait for.
+  cal.ps_stream_spread = {{1, 0.5}, {8, 0.2}};
+  auto one = Predict(PaperPoint("resnet101", "ps", 1), cal);
+  auto one_fair = Predict(PaperPoint("resnet101", "ps", 1), Calibration{});
+  ASSERT_TRUE(one.ok() && one_fair.ok());
+  EXPECT_DOUBLE_EQ(one->step_ms, one_fair->step_ms);
+}
+
 TEST(SimModelTest, CalibrationJsonKeepsEveryField) {
   Calibration c;
   c.name = "t";
   c.host_cores = 2;
   c.engine_overhead_us = 615;
   c.tcp.latency_us = 13.5;
+  c.ps_stream_spread = {{2, 0.047}, {8, 0.109}};
   auto back = CalibrationFromJson(CalibrationToJson(c), "t");
   ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->ps_stream_spread, c.ps_stream_spread);
   EXPECT_EQ(back->host_cores, 2);
   EXPECT_EQ(back->engine_overhead_us, 615);
   EXPECT_EQ(back->tcp.latency_us, 13.5);
@@ -191,6 +230,14 @@ TEST(SimModelTest, CalibrationJsonKeepsEveryField) {
       R"({"format": "kolo-sim-calibration", "name": "t", "host_cores": -1})", "f.json");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("host_cores"), std::string::npos);
+  for (const char* spread : {R"({"x": 0.1})", R"({"4": 1.0})", R"({"0": 0.1})", R"([0.1])"}) {
+    auto wrong = CalibrationFromJson(
+        std::string(R"({"format": "kolo-sim-calibration", "name": "t", "ps_stream_spread": )") +
+            spread + "}",
+        "f.json");
+    ASSERT_FALSE(wrong.ok()) << spread;
+    EXPECT_NE(wrong.status().message().find("ps_stream_spread"), std::string::npos) << spread;
+  }
 }
 
 TEST(SimModelTest, BadSettingsAreRefusedByName) {

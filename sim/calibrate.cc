@@ -1,5 +1,7 @@
 #include "sim/calibrate.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -7,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+
+#include "models/zoo/zoo.h"
 
 namespace kolo::sim {
 namespace {
@@ -47,7 +51,9 @@ bool Solve(std::vector<std::vector<double>> a, std::vector<double> b, std::vecto
 
 }  // namespace
 
-StatusOr<std::vector<BenchSample>> ReadBenchJson(const std::string& path) {
+namespace {
+
+StatusOr<Json> ReadBenchDocument(const std::string& path) {
   std::ifstream in(path);
   if (!in) return NotFound("cannot read {}", path);
   std::stringstream ss;
@@ -62,6 +68,107 @@ StatusOr<std::vector<BenchSample>> ReadBenchJson(const std::string& path) {
     return InvalidArgument("{}: not a kolo-allreduce-bench --json document (no ranks, hosts, rows)",
                            path);
   }
+  return j;
+}
+
+}  // namespace
+
+StatusOr<std::vector<StepSample>> ReadBenchSteps(const std::string& path) {
+  KOLO_ASSIGN_OR_RETURN(Json j, ReadBenchDocument(path));
+  std::vector<StepSample> out;
+  if (!j.contains("step")) return out;
+  try {
+    const Json& st = j.at("step");
+    for (const Json& r : st.at("rows")) {
+      if (r.value("backend", "") != "ring") continue;
+      StepSample s;
+      s.ranks = j.at("ranks").get<int>();
+      s.hosts = std::max(1, static_cast<int>(j.at("hosts").size()));
+      s.model = st.at("model").get<std::string>();
+      s.fused = r.at("fusion").get<bool>();
+      s.threshold_bytes = r.at("fusion_threshold_bytes").get<double>();
+      s.collectives = r.at("per_step").at("collectives").get<double>();
+      s.seconds = r.at("step").at("median_us").get<double>() * 1e-6;
+      s.origin = path;
+      out.push_back(s);
+    }
+  } catch (const Json::exception& e) {
+    return InvalidArgument("{}: its step rows are not kolo-allreduce-bench's: {}", path, e.what());
+  }
+  return out;
+}
+
+StatusOr<double> FitPerCollective(const std::vector<StepSample>& steps, const Fit& fit,
+                                  double fusion_copy_bytes_per_s, std::vector<std::string>* lines) {
+  std::vector<std::pair<double, double>> figures;  // (seconds per collective, collectives apart)
+  for (const StepSample& off : steps) {
+    if (off.fused) continue;
+    for (const StepSample& on : steps) {
+      if (!on.fused || on.origin != off.origin || on.model != off.model) continue;
+      if (on.collectives >= off.collectives) continue;
+      models::zoo::ModelConfig config;
+      KOLO_ASSIGN_OR_RETURN(models::Graph graph, models::zoo::BuildModel(off.model, config));
+      // The model's gradients in backprop order, each its own ring (fusion off), and packed
+      // into groups of at most the threshold in that order (fusion on; a larger one alone).
+      BenchSample ring;
+      ring.ranks = off.ranks;
+      ring.hosts = off.hosts;
+      ring.reduces = true;
+      ring.host_share = off.host_share;
+      auto ring_time = [&](double bytes) {
+        ring.bytes = bytes;
+        return SampleTime(ring, fit.latency_s, fit.bytes_per_s, fit.reduce_bytes_per_s);
+      };
+      double unfused = 0, fused = 0;
+      int groups = 0;
+      std::vector<double> sizes;
+      for (int id : graph.BackpropOrder()) {
+        sizes.push_back(4.0 * static_cast<double>(graph.params()[static_cast<size_t>(id)].numel));
+      }
+      std::vector<std::pair<double, int>> packed;  // (bytes, members)
+      for (double b : sizes) {
+        unfused += ring_time(b);
+        if (!packed.empty() && packed.back().first + b <= on.threshold_bytes) {
+          packed.back().first += b;
+          ++packed.back().second;
+        } else {
+          packed.push_back({b, 1});
+        }
+      }
+      for (const auto& [bytes, members] : packed) {
+        fused += ring_time(bytes);
+        if (members > 1 && fusion_copy_bytes_per_s > 0)
+          fused += 2 * bytes / fusion_copy_bytes_per_s;
+        ++groups;
+      }
+      const double model_gap = unfused - fused;
+      const double figure =
+          ((off.seconds - on.seconds) - model_gap) / (off.collectives - on.collectives);
+      figures.push_back({figure, off.collectives - on.collectives});
+      lines->push_back(
+          fmt::format("{} {} ranks ({} hosts): fusion off {:.1f} ms ({:.0f} collectives), on "
+                      "{:.1f} ms ({:.1f}); "
+                      "the ring model's difference {:.1f} ms ({} groups): {:.1f} us per collective",
+                      off.model, off.ranks, off.hosts, off.seconds * 1e3, off.collectives,
+                      on.seconds * 1e3, on.collectives, model_gap * 1e3, groups, figure * 1e6));
+    }
+  }
+  if (figures.empty()) return NotFound("no pair of step rows with fusion off and on");
+  // The median weighted by how many collectives apart each pair is: a pair a few collectives
+  // apart (VGG-16's 32 tensors) measures mostly the steps' noise.
+  std::sort(figures.begin(), figures.end());
+  double total = 0;
+  for (const auto& f : figures) total += f.second;
+  double seen = 0;
+  for (const auto& [figure, weight] : figures) {
+    seen += weight;
+    if (seen >= total / 2) return std::max(0.0, figure);
+  }
+  return std::max(0.0, figures.back().first);
+}
+
+StatusOr<std::vector<BenchSample>> ReadBenchJson(const std::string& path) {
+  KOLO_ASSIGN_OR_RETURN(Json j, ReadBenchDocument(path));
   std::vector<BenchSample> out;
   const int ranks = j.at("ranks").get<int>();
   const int hosts = static_cast<int>(j.at("hosts").size());

@@ -55,6 +55,34 @@ struct Fit {
   double worst_abs_error = 0;
 };
 
+// One training step's allreduces as kolo-allreduce-bench --tensors times them through kolo's
+// engine (a "step" row): every gradient of `model` submitted at once, fusion off or on.
+struct StepSample {
+  int ranks = 2;
+  int hosts = 1;
+  std::string model;
+  bool fused = true;
+  double threshold_bytes = 0;
+  double collectives = 0;  // per step, as the engine counted them
+  double seconds = 0;      // measured median step
+  std::string origin;
+  double host_share = 1;  // as BenchSample's
+};
+
+// The engine's own time per collective (beyond its ring and the time per cycle), from pairs of
+// step rows with fusion off and on at one rank count: the measured difference of the two steps
+// less what the fitted ring model (`fit`) gives the difference of their collectives (each
+// tensor's own ring against the fused groups' rings and their copies into and out of the fusion
+// buffer), over the difference in collectives. The median over the pairs, each weighted by its
+// difference in collectives, and at least 0; each pair's figure is appended to `lines`. NotFound
+// if no pair is given.
+StatusOr<double> FitPerCollective(const std::vector<StepSample>& steps, const Fit& fit,
+                                  double fusion_copy_bytes_per_s, std::vector<std::string>* lines);
+
+// Reads the step rows (backend ring) of a kolo-allreduce-bench --tensors --json document; none
+// if it has none.
+StatusOr<std::vector<StepSample>> ReadBenchSteps(const std::string& path);
+
 // Reads every ring and link row of a kolo-allreduce-bench --json document.
 StatusOr<std::vector<BenchSample>> ReadBenchJson(const std::string& path);
 // The model's time for a sample under (latency, bandwidth, reduce).

@@ -204,7 +204,10 @@ int Calibrate(int argc, char** argv) {
   CLI::App app{"kolo-sim calibrate: fit link and host parameters to kolo-allreduce-bench JSON"};
   std::vector<std::string> files;
   std::string link, name = "fitted", base_path, out_path, transport = "tcp";
-  app.add_option("files", files, "kolo-allreduce-bench --json documents")->required();
+  app.add_option("files", files,
+                 "kolo-allreduce-bench --json documents (buffer rows; --tensors step rows with "
+                 "--fusion both give the engine's time per collective)")
+      ->required();
   app.add_option("--link", link, "the measured hosts' NIC line rate, e.g. 1gbit")->required();
   app.add_option("--name", name, "the calibration's name (written into predicted rows)");
   app.add_option("--base", base_path, "calibration whose other parameters the result keeps");
@@ -234,12 +237,20 @@ int Calibrate(int argc, char** argv) {
     return 2;
   }
   std::vector<kolo::sim::BenchSample> inter, intra;
+  std::vector<kolo::sim::StepSample> inter_steps, intra_steps;
   for (const auto& f : files) {
+    auto steps = kolo::sim::ReadBenchSteps(f);
+    if (!steps.ok()) {
+      Say(steps.status().ToString());
+      return 2;
+    }
+    for (const auto& x : *steps) (x.hosts > 1 ? inter_steps : intra_steps).push_back(x);
     auto s = kolo::sim::ReadBenchJson(f);
-    if (!s.ok()) {
+    if (!s.ok() && steps->empty()) {
       Say(s.status().ToString());
       return 2;
     }
+    if (!s.ok()) continue;  // a --tensors run: step rows only
     for (auto x : *s) {
       if (x.hosts > 1) x.burst_bytes = burst_bytes;
       (x.hosts > 1 ? inter : intra).push_back(x);
@@ -261,6 +272,26 @@ int Calibrate(int argc, char** argv) {
     cal = *c;
   }
   share(intra, cal.host_cores);
+  if (cal.host_cores > 0) {
+    for (auto& x : intra_steps) x.host_share = std::max(1.0, x.ranks / cal.host_cores);
+  }
+  // The engine's time per collective, from step rows with fusion off and on, on the fit of the
+  // same kind of rows (between hosts or within one).
+  auto per_collective = [&](const std::vector<kolo::sim::StepSample>& steps,
+                            const kolo::sim::Fit& fit) {
+    if (steps.empty()) return;
+    std::vector<std::string> lines;
+    auto us = kolo::sim::FitPerCollective(steps, fit, cal.fusion_copy_gbytes_per_s * 1e9, &lines);
+    for (const auto& l : lines) std::printf("  %s\n", l.c_str());
+    if (!us.ok()) {
+      std::printf("  engine time per collective: not fitted (%s)\n",
+                  us.status().ToString().c_str());
+      return;
+    }
+    cal.engine_collective_us = *us * 1e6;
+    std::printf("  -> engine_collective_us %.1f (the pairs' weighted median, at least 0)\n",
+                cal.engine_collective_us);
+  };
   for (const auto& f : incast_files) {
     std::ifstream in(f);
     nlohmann::json j;
@@ -298,7 +329,7 @@ int Calibrate(int argc, char** argv) {
                    const kolo::sim::Fit& fit) {
     std::printf(
         "%s: latency %.2f us, bandwidth %.4g GB/s, reduction %.4g GB/s, engine %.1f us per "
-        "collective; not kept: start %.1f us per timed iteration\n",
+        "cycle; not kept: start %.1f us per timed iteration\n",
         what, fit.latency_s * 1e6, fit.bytes_per_s / 1e9, fit.reduce_bytes_per_s / 1e9,
         fit.engine_s * 1e6, fit.start_s * 1e6);
     std::printf("  %-6s %-5s %-5s %12s %12s %12s %9s %7s\n", "ranks", "hosts", "row", "bytes",
@@ -331,6 +362,7 @@ int Calibrate(int argc, char** argv) {
     cal.engine_overhead_us = fit->engine_s * 1e6;
     std::printf("  -> %s: latency_us %.2f, efficiency %.3f of %s\n", transport.c_str(),
                 t.latency_us, t.efficiency, link.c_str());
+    per_collective(inter_steps, *fit);
   }
   if (!intra.empty()) {
     auto fit = kolo::sim::FitSamples(intra);
@@ -346,6 +378,7 @@ int Calibrate(int argc, char** argv) {
       cal.reduce_gbytes_per_s = fit->reduce_bytes_per_s / 1e9;
     }
     if (inter.empty()) cal.engine_overhead_us = fit->engine_s * 1e6;
+    if (inter.empty()) per_collective(intra_steps, *fit);
   }
   const std::string text = kolo::sim::CalibrationToJson(cal);
   if (out_path.empty()) {

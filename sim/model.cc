@@ -158,7 +158,8 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text, const std::st
                                std::pair{"reduce_gbytes_per_s", &c.reduce_gbytes_per_s},
                                std::pair{"fusion_copy_gbytes_per_s", &c.fusion_copy_gbytes_per_s},
                                std::pair{"host_cores", &c.host_cores},
-                               std::pair{"engine_overhead_us", &c.engine_overhead_us}}) {
+                               std::pair{"engine_overhead_us", &c.engine_overhead_us},
+                               std::pair{"engine_collective_us", &c.engine_collective_us}}) {
     if (!j.contains(field)) continue;
     if (!j.at(field).is_number() || j.at(field).get<double>() < 0) {
       return InvalidArgument("{}: \"{}\" must be a number >= 0", origin, field);
@@ -227,7 +228,8 @@ std::string CalibrationToJson(const Calibration& c) {
             {"ps_full_duplex", c.ps_full_duplex},
             {"ps_stream_spread", StreamSpreadJson(c)},
             {"host_cores", c.host_cores},
-            {"engine_overhead_us", c.engine_overhead_us}};
+            {"engine_overhead_us", c.engine_overhead_us},
+            {"engine_collective_us", c.engine_collective_us}};
   return j.dump(2) + "\n";
 }
 
@@ -726,6 +728,7 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
   };
   const double cycle = point.cycle_time_ms / 1e3;
   const double per_cycle = cal.engine_overhead_us * 1e-6 / k * HostShare(point, cal);
+  const double per_collective = cal.engine_collective_us * 1e-6 / k * HostShare(point, cal);
   const size_t threshold = static_cast<size_t>(point.fusion_threshold_mb * (1 << 20));
   SimClock clock;
   SymmetricPeers peers(n);
@@ -780,7 +783,7 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
       double t = start + neg + (responses.empty() ? 0.0 : per_cycle);
       ++cycles;
       for (const fusion::Group& g : fusion::PlanFusion(responses, threshold)) {
-        double dt = allreduce(static_cast<double>(g.bytes));
+        double dt = allreduce(static_cast<double>(g.bytes)) + per_collective;
         if (g.fused) dt += 2.0 * static_cast<double>(g.bytes) / costs.fusion_copy_bytes_per_s;
         t += dt;
         collectives += 1;

@@ -18,8 +18,9 @@
 //   link), plus the per-byte host costs (copy, reduction). A ring's steps are not separated by
 //   barriers, so its latency is that of the hops along it (NIC hops and intra-host hops in their
 //   proportion), while its bytes go at the most loaded link's pace.
-// - The engine's own time per cycle that executes something (calibration engine_overhead_us), and
-//   ranks that share one machine's cores (host_cores) slowing the host-bound costs.
+// - The engine's own time per cycle that executes something (calibration engine_overhead_us) and
+//   per collective it executes (engine_collective_us), and ranks that share one machine's cores
+//   (host_cores) slowing the host-bound costs.
 // - Parameter servers: pushes and pulls of each shard of the real placement, each a flow set on the
 //   servers' links (N workers pushing to one server: incast), queued first come first served on
 //   each server's link and each worker host's link; a shard's pull waits for the slowest worker's
@@ -77,6 +78,10 @@ struct Calibration {
   // calibrate` reads it from kolo-allreduce-bench's ring rows (one collective per cycle) against
   // its link rows. Host-bound, like the reduction.
   double engine_overhead_us = 0;
+  // What the engine spends on each collective it executes, besides its messages (completing its
+  // handles, stepping the pipeline): `kolo-sim calibrate` reads it from kolo-allreduce-bench
+  // --tensors step rows, fusion off against on. Host-bound, like the reduction.
+  double engine_collective_us = 0;
 };
 
 StatusOr<Calibration> CalibrationFromJson(const std::string& text, const std::string& origin);

@@ -218,6 +218,7 @@ TEST(SimModelTest, CalibrationJsonKeepsEveryField) {
   c.name = "t";
   c.host_cores = 2;
   c.engine_overhead_us = 615;
+  c.engine_collective_us = 72;
   c.tcp.latency_us = 13.5;
   c.ps_stream_spread = {{2, 0.047}, {8, 0.109}};
   auto back = CalibrationFromJson(CalibrationToJson(c), "t");
@@ -225,6 +226,7 @@ TEST(SimModelTest, CalibrationJsonKeepsEveryField) {
   EXPECT_EQ(back->ps_stream_spread, c.ps_stream_spread);
   EXPECT_EQ(back->host_cores, 2);
   EXPECT_EQ(back->engine_overhead_us, 615);
+  EXPECT_EQ(back->engine_collective_us, 72);
   EXPECT_EQ(back->tcp.latency_us, 13.5);
   auto bad = CalibrationFromJson(
       R"({"format": "kolo-sim-calibration", "name": "t", "host_cores": -1})", "f.json");
@@ -336,6 +338,58 @@ TEST(SimCalibrateTest, ABurstOfUnshapedBytesIsFreeOfBandwidthTime) {
   ASSERT_TRUE(fit.ok()) << fit.status().ToString();
   EXPECT_NEAR(fit->bytes_per_s, 1.1e8, 1.1e8 * 1e-6);
   EXPECT_NEAR(fit->latency_s, 30e-6, 30e-6 * 1e-6);
+}
+
+StepSample Step(const std::string& model, bool fused, double collectives, double seconds) {
+  StepSample s;
+  s.ranks = 4;
+  s.hosts = 4;
+  s.model = model;
+  s.fused = fused;
+  s.threshold_bytes = fused ? 64 << 20 : 0;
+  s.collectives = collectives;
+  s.seconds = seconds;
+  s.origin = "bench.json";
+  return s;
+}
+
+TEST(SimCalibrateTest, EngineTimePerCollectiveFromStepsWithFusionOffAndOn) {
+  // A ring model with only a per-step latency: ResNet-101's 314 tensors one by one take
+  // (314 - 3) x 2(n-1) latencies more than its 3 fused groups; what the steps differ by beyond
+  // that is the engine's, per collective.
+  Fit fit;
+  fit.latency_s = 20e-6;
+  const double per = 50e-6, steps = 2 * 3 * fit.latency_s;
+  std::vector<std::string> lines;
+  auto us = FitPerCollective({Step("resnet101", false, 314, 0.1 + 314 * (steps + per)),
+                              Step("resnet101", true, 3, 0.1 + 3 * (steps + per))},
+                             fit, 0, &lines);
+  ASSERT_TRUE(us.ok()) << us.status().ToString();
+  EXPECT_NEAR(*us, per, 1e-9);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("3 groups"), std::string::npos) << lines[0];
+  // A pair only 28 collectives apart (VGG-16) whose steps came out the wrong way round (noise)
+  // weighs 28 against 311 and does not move the figure.
+  us = FitPerCollective({Step("resnet101", false, 314, 0.1 + 314 * (steps + per)),
+                         Step("resnet101", true, 3, 0.1 + 3 * (steps + per)),
+                         Step("vgg16", false, 32, 0.18), Step("vgg16", true, 4, 0.21)},
+                        fit, 0, &lines);
+  ASSERT_TRUE(us.ok());
+  EXPECT_NEAR(*us, per, 1e-9);
+  // No pair: nothing to fit.
+  EXPECT_FALSE(FitPerCollective({Step("resnet101", true, 3, 0.1)}, fit, 0, &lines).ok());
+}
+
+TEST(SimModelTest, EngineTimeIsChargedPerCollectiveToo) {
+  Point p = PaperPoint("resnet101", "ring", 8);
+  p.fusion_threshold_mb = 0;
+  Calibration cal;
+  auto base = Predict(p, cal);
+  cal.engine_collective_us = 100;
+  auto slow = Predict(p, cal);
+  ASSERT_TRUE(base.ok() && slow.ok());
+  const double added = slow->comm_ms - base->comm_ms;
+  EXPECT_NEAR(added, 0.1 * slow->collectives_per_step, 0.1 * slow->collectives_per_step * 0.05);
 }
 
 TEST(SimCalibrateTest, OneSizeIsNotEnough) {

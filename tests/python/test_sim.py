@@ -203,3 +203,25 @@ def test_sim_validate_takes_the_median_of_repeats_and_states_their_spread(tmp_pa
     assert "| vgg16 | 4 | ring | 64 | 200.0 | 1 | - | 230.0 | +15.0% |" in text
     # +15% against a 30% spread: inside it; the single run has no spread to be inside.
     assert "1 of 1 repeated points predicted within their spread" in text
+
+
+@pytest.mark.parametrize(
+    "example,median,worst",
+    [
+        ("sim-fig6-emulated", 3.8, 21.1),
+        ("sim-validate-emulated", 4.5, 8.1),
+        ("sim-validate-loopback", 15.7, 48.2),
+    ],
+)
+def test_the_committed_validations_say_what_their_readmes_say(example, median, worst):
+    # Each committed validation's predicted and measured rows give the errors its README (and the
+    # top README) quote.
+    d = ROOT / "reports" / "examples" / example
+    predicted = d / ("results.csv" if example == "sim-fig6-emulated" else "predicted.csv")
+    measured = d / ("measured.csv" if example == "sim-fig6-emulated" else "results.csv")
+    text = simvalidate.table(
+        simvalidate.compare(schema.read_rows(str(predicted)), schema.read_rows(str(measured)))
+    )
+    assert f"median absolute error {median:.1f}%, worst {worst:.1f}%" in text
+    readme = " ".join((d / "README.md").read_text().split())
+    assert f"median {median:.1f}%, worst {worst:.1f}%" in readme

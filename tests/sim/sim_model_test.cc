@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "sim/calibrate.h"
@@ -90,6 +92,14 @@ TEST(SimCalibrateTest, FitsTheCommittedEmulatedClusterBench) {
   EXPECT_NEAR(cal->engine_overhead_us, fit->engine_s * 1e6, 1e-6);
   // The residuals kolo-sim calibrate printed for it (sim/calibrations/bench/*.fit.txt).
   EXPECT_LT(fit->median_abs_error, 0.1);
+  // Its streams' spread is scripts/cluster-incast's, per worker count (bench/incast-*.json).
+  for (int workers : {2, 4, 8}) {
+    std::ifstream in(dir + "bench/incast-" + std::to_string(workers) + "workers.json");
+    ASSERT_TRUE(in) << workers;
+    const auto j = nlohmann::json::parse(in);
+    EXPECT_EQ(j.at("workers").get<int>(), workers);
+    EXPECT_NEAR(cal->ps_stream_spread.at(workers), j.at("ps_stream_spread").get<double>(), 1e-12);
+  }
 }
 
 TEST(SimModelTest, IncastSharesTheServersLink) {

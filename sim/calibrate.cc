@@ -10,6 +10,9 @@
 #include <set>
 #include <sstream>
 
+#include "engine/common/tensor.h"
+#include "engine/coordinator/message.h"
+#include "engine/fusion/planner.h"
 #include "models/zoo/zoo.h"
 
 namespace kolo::sim {
@@ -22,8 +25,10 @@ std::array<double, 5> Features(const BenchSample& s) {
   const double n = s.ranks;
   const double piece = s.bytes / n;
   const double k = s.host_share;
-  return {2 * (n - 1) * k, std::max(0.0, 2 * (n - 1) * piece - s.burst_bytes) * k,
-          s.reduces ? (n - 1) * piece * k : 0.0, s.reduces ? 1.0 : 0.0, 1.0};
+  // A host's bucket serves every rank of the host: each one's share of it.
+  const double burst = s.burst_bytes * s.hosts / n;
+  return {2 * (n - 1) * k, std::max(0.0, 2 * (n - 1) * piece - burst) * k,
+          s.reduces ? (n - 1) * piece * k : 0.0, s.reduces ? k : 0.0, 1.0};
 }
 
 // Solves the k x k system a x = b (Gaussian elimination with partial pivoting); false if singular.
@@ -108,8 +113,9 @@ StatusOr<double> FitPerCollective(const std::vector<StepSample>& steps, const Fi
       if (on.collectives >= off.collectives) continue;
       models::zoo::ModelConfig config;
       KOLO_ASSIGN_OR_RETURN(models::Graph graph, models::zoo::BuildModel(off.model, config));
-      // The model's gradients in backprop order, each its own ring (fusion off), and packed
-      // into groups of at most the threshold in that order (fusion on; a larger one alone).
+      // The model's gradients in backprop order, each its own ring (fusion off), and grouped by
+      // the engine's own planner (fusion on), each fused group copied into and out of the fusion
+      // buffer; copies run slower by the host share, as a prediction has them.
       BenchSample ring;
       ring.ranks = off.ranks;
       ring.hosts = off.hosts;
@@ -119,31 +125,33 @@ StatusOr<double> FitPerCollective(const std::vector<StepSample>& steps, const Fi
         ring.bytes = bytes;
         return SampleTime(ring, fit.latency_s, fit.bytes_per_s, fit.reduce_bytes_per_s);
       };
+      std::vector<coordinator::Response> responses;
       double unfused = 0, fused = 0;
-      int groups = 0;
-      std::vector<double> sizes;
       for (int id : graph.BackpropOrder()) {
-        sizes.push_back(4.0 * static_cast<double>(graph.params()[static_cast<size_t>(id)].numel));
+        const models::Parameter& p = graph.params()[static_cast<size_t>(id)];
+        coordinator::Response r;
+        r.request.name = p.name;
+        r.request.type = coordinator::CollectiveType::kAllreduce;
+        r.request.dtype = DataType::kFloat32;
+        r.request.reduce_op = static_cast<uint8_t>(ReduceOp::kAverage);
+        r.request.shape = p.shape;
+        unfused += ring_time(static_cast<double>(r.bytes()));
+        responses.push_back(std::move(r));
       }
-      std::vector<std::pair<double, int>> packed;  // (bytes, members)
-      for (double b : sizes) {
-        unfused += ring_time(b);
-        if (!packed.empty() && packed.back().first + b <= on.threshold_bytes) {
-          packed.back().first += b;
-          ++packed.back().second;
-        } else {
-          packed.push_back({b, 1});
+      const auto plan =
+          fusion::PlanFusion(responses, static_cast<size_t>(std::max(0.0, on.threshold_bytes)));
+      const int groups = static_cast<int>(plan.size());
+      for (const fusion::Group& g : plan) {
+        const double bytes = static_cast<double>(g.bytes);
+        fused += ring_time(bytes);
+        if (g.fused && fusion_copy_bytes_per_s > 0) {
+          fused += 2 * bytes / fusion_copy_bytes_per_s * off.host_share;
         }
       }
-      for (const auto& [bytes, members] : packed) {
-        fused += ring_time(bytes);
-        if (members > 1 && fusion_copy_bytes_per_s > 0)
-          fused += 2 * bytes / fusion_copy_bytes_per_s;
-        ++groups;
-      }
       const double model_gap = unfused - fused;
-      const double figure =
-          ((off.seconds - on.seconds) - model_gap) / (off.collectives - on.collectives);
+      // One rank's own time per collective: what ranks sharing cores measured, over their share.
+      const double figure = ((off.seconds - on.seconds) - model_gap) /
+                            (off.collectives - on.collectives) / off.host_share;
       figures.push_back({figure, off.collectives - on.collectives});
       lines->push_back(
           fmt::format("{} {} ranks ({} hosts): fusion off {:.1f} ms ({:.0f} collectives), on "
@@ -237,9 +245,10 @@ StatusOr<Fit> FitSamples(const std::vector<BenchSample>& samples) {
   // down-weighted instead of pulling every parameter towards them. Each row's weight is kept in
   // the fit and printed beside its residual.
   const std::vector<bool> held = zero;
-  std::vector<double> robust(samples.size(), 1.0);
+  std::vector<double> robust(samples.size(), 1.0), used = robust;
   for (int round = 0; round < 30; ++round) {
     zero = held;
+    used = robust;  // the weights of this round's solve, the last of which is the fit
     for (int pass = 0; pass < 6; ++pass) {
       std::vector<std::vector<double>> a(k, std::vector<double>(k, 0));
       std::vector<double> b(k, 0);
@@ -297,7 +306,7 @@ StatusOr<Fit> FitSamples(const std::vector<BenchSample>& samples) {
     const double p = SampleTime(s, fit.latency_s, fit.bytes_per_s, fit.reduce_bytes_per_s,
                                 fit.engine_s, fit.start_s);
     fit.predicted_s.push_back(p);
-    fit.weights.push_back(robust[fit.weights.size()]);
+    fit.weights.push_back(used[fit.weights.size()]);
     errors.push_back(std::abs(p - s.seconds) / s.seconds);
   }
   std::sort(errors.begin(), errors.end());

@@ -4,9 +4,11 @@
 // Each measured row (backend row "ring": kolo's engine ring; "link": the same ring's exchange
 // without the reduction) is a ring allreduce of `bytes` over N ranks on H hosts, which the model
 // (RingAllreduceTime) times as
-//   t = start + 2(N-1) * latency + max(0, 2(N-1) * (bytes / N) - burst) / bandwidth
+//   t = start + 2(N-1) * latency + max(0, 2(N-1) * (bytes / N) - burst / R) / bandwidth
 //       + [ring rows] ((N-1) * (bytes / N) / reduce + engine)
-// (bandwidth: the bottleneck link's, the NIC's when H > 1, the intra-host link's otherwise;
+// (R: ranks per host; the latency, the bytes' and the reduction's times, and the engine's, slowed
+// by the host share where ranks share one machine's cores, as a prediction has them;
+// bandwidth: the bottleneck link's, the NIC's when H > 1, the intra-host link's otherwise;
 // start: what every timed iteration of the bench spends before the ring, the ranks leaving the
 // barrier that precedes it at different moments, which a training step does not have and so is
 // not kept; engine: what a ring row spends in kolo's engine around the ring, kept as the
@@ -39,7 +41,8 @@ struct BenchSample {
   double host_share = 1;
   // What the link passes unshaped before its rate applies, from idle: the emulated cluster's tbf
   // bucket (scripts/cluster status: "tbf burst"); 0 for a real NIC. A bench iteration starts from
-  // an idle link, so the first this many bytes of each host's egress cost no bandwidth time.
+  // an idle link, so the first this many bytes of each host's egress (shared by its ranks) cost no
+  // bandwidth time.
   double burst_bytes = 0;
 };
 

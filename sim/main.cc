@@ -294,6 +294,10 @@ int Calibrate(int argc, char** argv) {
   };
   for (const auto& f : incast_files) {
     std::ifstream in(f);
+    if (!in) {
+      Say(fmt::format("--incast {}: cannot read it", f));
+      return 2;
+    }
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(in);
@@ -310,7 +314,16 @@ int Calibrate(int argc, char** argv) {
       return 2;
     }
     const int workers = j.at("workers").get<int>();
-    const double spread = std::clamp(j.at("ps_stream_spread").get<double>(), 0.0, 0.9);
+    if (workers < 1) {
+      Say(fmt::format("{}: workers = {} is not allowed; allowed: 1 or more", f, workers));
+      return 2;
+    }
+    const double measured = j.at("ps_stream_spread").get<double>();
+    const double spread = std::clamp(measured, 0.0, 0.9);
+    if (spread != measured) {
+      std::printf("parameter-server streams: %s's spread %.3f taken as %.3f (allowed: 0 to 0.9)\n",
+                  f.c_str(), measured, spread);
+    }
     cal.ps_stream_spread[workers] = spread;
     std::printf(
         "parameter-server streams: %d into one link, the slowest at %.3f of a fair share "
@@ -379,6 +392,15 @@ int Calibrate(int argc, char** argv) {
     }
     if (inter.empty()) cal.engine_overhead_us = fit->engine_s * 1e6;
     if (inter.empty()) per_collective(intra_steps, *fit);
+  }
+  // Step rows are read on the fit of rows of their own kind (between hosts, or within one).
+  if (!intra_steps.empty() && (!inter.empty() || intra.empty())) {
+    std::printf(
+        "step rows within a host ignored: they need buffer rows within a host and none "
+        "between hosts\n");
+  }
+  if (!inter_steps.empty() && inter.empty()) {
+    std::printf("step rows between hosts ignored: they need buffer rows between hosts\n");
   }
   const std::string text = kolo::sim::CalibrationToJson(cal);
   if (out_path.empty()) {

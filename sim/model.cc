@@ -179,12 +179,9 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text, const std::st
     }
     for (const auto& [key, value] : m.items()) {
       int streams = 0;
-      try {
-        size_t used = 0;
-        streams = std::stoi(key, &used);
-        if (used != key.size()) streams = 0;
-      } catch (const std::exception&) {
-        streams = 0;
+      if (!key.empty() && key.size() <= 6 && key[0] != '0' &&
+          std::all_of(key.begin(), key.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+        streams = std::stoi(key);
       }
       if (streams < 1 || !value.is_number() || value.get<double>() < 0 ||
           value.get<double>() >= 1) {

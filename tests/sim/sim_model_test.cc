@@ -392,6 +392,19 @@ TEST(SimCalibrateTest, EngineTimePerCollectiveFromStepsWithFusionOffAndOn) {
                         fit, 0, &lines);
   ASSERT_TRUE(us.ok());
   EXPECT_NEAR(*us, per, 1e-9);
+  // VGG-16's 32 tensors at 64 MiB: the engine's planner makes 4 groups (a group skips a tensor
+  // that does not fit and takes later ones that do), as the bench counted them.
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_NE(lines[2].find("vgg16"), std::string::npos) << lines[2];
+  EXPECT_NE(lines[2].find("(4 groups)"), std::string::npos) << lines[2];
+  // Ranks sharing cores (host share 2) measured everything twice as slow: one rank's own time
+  // per collective is half of what they measured.
+  StepSample off = Step("resnet101", false, 314, 0.1 + 314 * 2 * (steps + per));
+  StepSample on = Step("resnet101", true, 3, 0.1 + 3 * 2 * (steps + per));
+  off.host_share = on.host_share = 2;
+  us = FitPerCollective({off, on}, fit, 0, &lines);
+  ASSERT_TRUE(us.ok());
+  EXPECT_NEAR(*us, per, 1e-9);
   // No pair: nothing to fit.
   EXPECT_FALSE(FitPerCollective({Step("resnet101", true, 3, 0.1)}, fit, 0, &lines).ok());
 }

@@ -31,8 +31,10 @@ constexpr int64_t kReserveBytes = 1 << 20;
 constexpr std::chrono::milliseconds kFlushInterval(2);
 // ...or sooner, once this much is buffered.
 constexpr size_t kFlushBytes = 256 << 10;
-// A batch is written in pieces that do not pass multiples of this (see AppendBatchLocked).
-constexpr int64_t kPieceBytes = 64 << 10;
+// A batch is written in pieces that do not pass multiples of this (see AppendBatchLocked): the
+// page size, the smallest folio, so that where the file system keeps 4 KiB folios only the one
+// piece that passes each page boundary can be cut there, not one spanning many.
+constexpr int64_t kPieceBytes = 4 << 10;
 // Past this the producers write themselves instead of buffering more.
 constexpr size_t kMaxPendingBytes = 16 << 20;
 

@@ -565,7 +565,18 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
     auto host_time = [&](double b) {
       return lat + per_host * b / net.nic_bytes_per_s + (copy > 0 ? b / copy : 0);
     };
-    double busy = 0;
+    // Every shard of every gradient, in the order backward submits them (tensor index, shard).
+    std::vector<std::pair<int, int>> shards_of;
+    for (size_t ti = 0; ti < tensors.size(); ++ti) {
+      const int v = var_index.at(tensors[ti].name);
+      for (int shard : placement.variable_shards[static_cast<size_t>(v)]) {
+        shards_of.push_back({static_cast<int>(ti), shard});
+      }
+      tensors[ti].done_s = tensors[ti].submit_s;
+    }
+    // The worker's communication time: how long something is in flight, the union of the
+    // exchanges' spans.
+    std::vector<std::pair<double, double>> spans;
     if (cal.ps_full_duplex) {
       // Pushes never wait for pulls (no window of outstanding shards; each direction of a link
       // on its own), so each direction is worked out in turn: every push first come first served
@@ -575,6 +586,7 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
         double ready;
         int shard;
         int tensor;
+        double since;  // when the shard's exchange began (its push was ready)
         double end = 0;
       };
       auto run = [&](std::vector<Transfer>& xs) {
@@ -620,36 +632,19 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
         }
       };
       std::vector<Transfer> pushes;
-      for (size_t ti = 0; ti < tensors.size(); ++ti) {
-        const int v = var_index.at(tensors[ti].name);
-        for (int shard : placement.variable_shards[static_cast<size_t>(v)]) {
-          pushes.push_back({tensors[ti].submit_s, shard, static_cast<int>(ti)});
-        }
-        tensors[ti].done_s = tensors[ti].submit_s;
+      for (const auto& [ti, shard] : shards_of) {
+        const double ready = tensors[static_cast<size_t>(ti)].submit_s;
+        pushes.push_back({ready, shard, ti, ready});
       }
       run(pushes);
       std::vector<Transfer> pulls;
-      for (const Transfer& x : pushes) pulls.push_back({x.end, x.shard, x.tensor});
+      for (const Transfer& x : pushes) pulls.push_back({x.end, x.shard, x.tensor, x.since});
       run(pulls);
-      // The worker's communication time: the union of [push ready, pull end] over shards.
-      std::vector<std::pair<double, double>> spans;
-      for (size_t i = 0; i < pulls.size(); ++i) {
-        Tensor& t = tensors[static_cast<size_t>(pulls[i].tensor)];
-        t.done_s = std::max(t.done_s, pulls[i].end);
+      for (const Transfer& x : pulls) {
+        Tensor& t = tensors[static_cast<size_t>(x.tensor)];
+        t.done_s = std::max(t.done_s, x.end);
+        spans.push_back({x.since, x.end});
       }
-      std::map<std::pair<int, int>, double> pull_end;
-      for (const Transfer& x : pulls) pull_end[{x.shard, x.tensor}] = x.end;
-      for (const Transfer& x : pushes) spans.push_back({x.ready, pull_end.at({x.shard, x.tensor})});
-      std::sort(spans.begin(), spans.end());
-      double from = -1, until = 0;
-      for (const auto& [a, b] : spans) {
-        if (from < 0 || a > until) {
-          if (from >= 0) busy += until - from;
-          from = a;
-        }
-        until = std::max(until, b);
-      }
-      if (from >= 0) busy += until - from;
     } else {
       // Half duplex: pushes and pulls take turns on one queue per server link.
       std::vector<double> srv(static_cast<size_t>(point.ps_servers), 0);
@@ -666,14 +661,9 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
       };
       std::priority_queue<Op, std::vector<Op>, decltype(later)> ops(later);
       int64_t seq = 0;
-      for (size_t ti = 0; ti < tensors.size(); ++ti) {
-        const int v = var_index.at(tensors[ti].name);
-        for (int shard : placement.variable_shards[static_cast<size_t>(v)]) {
-          ops.push({tensors[ti].submit_s, seq++, false, shard, static_cast<int>(ti)});
-        }
-        tensors[ti].done_s = tensors[ti].submit_s;
+      for (const auto& [ti, shard] : shards_of) {
+        ops.push({tensors[static_cast<size_t>(ti)].submit_s, seq++, false, shard, ti});
       }
-      double busy_from = -1, busy_until = 0;
       while (!ops.empty()) {
         const Op op = ops.top();
         ops.pop();
@@ -686,12 +676,7 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
         srv[s] = srv_end;
         host = host_end;
         const double end = std::max(srv_end, host_end);
-        // Time with something in flight (the worker's communication time).
-        if (busy_from < 0 || op.ready > busy_until) {
-          if (busy_from >= 0) busy += busy_until - busy_from;
-          busy_from = op.ready;
-        }
-        busy_until = std::max(busy_until, end);
+        spans.push_back({op.ready, end});
         if (!op.pull) {
           ops.push({end, seq++, true, op.shard, op.tensor});
         } else {
@@ -699,8 +684,17 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
           t.done_s = std::max(t.done_s, end);
         }
       }
-      if (busy_from >= 0) busy += busy_until - busy_from;
     }
+    std::sort(spans.begin(), spans.end());
+    double busy = 0, from = -1, until = 0;
+    for (const auto& [a, b] : spans) {
+      if (from < 0 || a > until) {
+        if (from >= 0) busy += until - from;
+        from = a;
+      }
+      until = std::max(until, b);
+    }
+    if (from >= 0) busy += until - from;
     // The worker copies each pulled value into its weights (instead of the optimizer).
     double bytes = 0;
     for (Tensor& t : tensors) {

@@ -97,47 +97,19 @@ void ExpectAllOk(const std::vector<Status>& statuses) {
 }
 
 using kolo::testing::kGuard;
-using kolo::testing::SetInt;
-using kolo::testing::Value;
 
 // Fills rank r's buffer (with guards), runs RingAllreduce on every rank (HierarchicalAllreduce
 // with groups[r] when `groups` is given) and checks every buffer against the reference sum.
 void CheckAllreduce(Job& job, DataType dtype, size_t count,
                     const std::vector<HostGroups>* groups = nullptr) {
-  const int n = job.size();
-  const size_t elem = DataTypeSize(dtype);
-  std::vector<uint8_t> expected(count * elem);
-  for (size_t i = 0; i < count; ++i) {
-    int64_t sum = 0;
-    for (int r = 0; r < n; ++r) sum += Value(r, i);
-    SetInt(dtype, expected.data(), i, sum);
-  }
-  std::vector<std::vector<uint8_t>> bufs(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    auto& b = bufs[static_cast<size_t>(r)];
-    b.assign(count * elem + 2 * kGuard, 0xa5);
-    for (size_t i = 0; i < count; ++i) SetInt(dtype, b.data() + kGuard, i, Value(r, i));
-  }
-  std::vector<HierarchicalScratch> hierarchical(static_cast<size_t>(n));
-  auto statuses = job.Run([&](int r) -> Status {
-    auto& b = bufs[static_cast<size_t>(r)];
-    KOLO_ASSIGN_OR_RETURN(auto region, job.device(r).Register(b.data(), b.size()));
+  std::vector<HierarchicalScratch> hierarchical(static_cast<size_t>(job.size()));
+  kolo::testing::CheckAllreduceWith(job, dtype, count, [&](int r, auto& region) {
     if (groups != nullptr) {
-      return HierarchicalAllreduce(job.comm(r), (*groups)[static_cast<size_t>(r)], *region, kGuard,
+      return HierarchicalAllreduce(job.comm(r), (*groups)[static_cast<size_t>(r)], region, kGuard,
                                    count, dtype, hierarchical[static_cast<size_t>(r)]);
     }
-    return RingAllreduce(job.comm(r), *region, kGuard, count, dtype, job.scratch(r));
+    return RingAllreduce(job.comm(r), region, kGuard, count, dtype, job.scratch(r));
   });
-  ExpectAllOk(statuses);
-  for (int r = 0; r < n; ++r) {
-    const auto& b = bufs[static_cast<size_t>(r)];
-    EXPECT_EQ(std::memcmp(b.data() + kGuard, expected.data(), expected.size()), 0)
-        << "rank " << r << " of " << n << ", " << count << " " << DataTypeName(dtype);
-    for (size_t g = 0; g < kGuard; ++g) {
-      ASSERT_EQ(b[g], 0xa5) << "rank " << r << " wrote before its buffer";
-      ASSERT_EQ(b[kGuard + expected.size() + g], 0xa5) << "rank " << r << " wrote past its buffer";
-    }
-  }
 }
 
 class RingAllreduceTest : public ::testing::TestWithParam<std::tuple<int, DataType>> {};

@@ -97,9 +97,11 @@ inline int64_t Value(int rank, size_t i) {
 
 inline constexpr size_t kGuard = 24;  // bytes before and after the data that must stay untouched
 
-// A ring allreduce of `count` elements on every rank of `job` must give every rank the exact sum
-// and leave the guard bytes around its buffer untouched.
-inline void CheckRingAllreduce(RingJob& job, DataType dtype, size_t count) {
+// Fills every rank's buffer of `count` elements (with guard bytes around it), runs
+// `reduce(rank, region, guard offset)` on every rank of `job` (RingJob or any job with size(),
+// device(r) and Run), and checks that every rank got the exact sum and left its guards untouched.
+template <typename Job, typename Reduce>
+void CheckAllreduceWith(Job& job, DataType dtype, size_t count, Reduce reduce) {
   const int n = job.size();
   const size_t elem = DataTypeSize(dtype);
   std::vector<uint8_t> expected(count * elem);
@@ -117,7 +119,7 @@ inline void CheckRingAllreduce(RingJob& job, DataType dtype, size_t count) {
   auto statuses = job.Run([&](int r) -> Status {
     auto& b = bufs[static_cast<size_t>(r)];
     KOLO_ASSIGN_OR_RETURN(auto region, job.device(r).Register(b.data(), b.size()));
-    return collectives::RingAllreduce(job.comm(r), *region, kGuard, count, dtype, job.scratch(r));
+    return reduce(r, *region);
   });
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(statuses[static_cast<size_t>(r)].ok())
@@ -132,6 +134,14 @@ inline void CheckRingAllreduce(RingJob& job, DataType dtype, size_t count) {
       ASSERT_EQ(b[kGuard + expected.size() + g], 0xa5) << "rank " << r << " wrote past its buffer";
     }
   }
+}
+
+// A ring allreduce of `count` elements on every rank of `job` must give every rank the exact sum
+// and leave the guard bytes around its buffer untouched.
+inline void CheckRingAllreduce(RingJob& job, DataType dtype, size_t count) {
+  CheckAllreduceWith(job, dtype, count, [&](int r, auto& region) {
+    return collectives::RingAllreduce(job.comm(r), region, kGuard, count, dtype, job.scratch(r));
+  });
 }
 
 }  // namespace kolo::testing

@@ -266,23 +266,31 @@ TEST(SimModelTest, BadSettingsAreRefusedByName) {
   EXPECT_NE(r.status().message().find("ranks_per_host"), std::string::npos);
 }
 
-TEST(SimCalibrateTest, FitRecoversKnownParameters) {
-  const double lat = 40e-6, bw = 2.5e9, reduce = 6e9;
+// A ring row and a link row of every size at 2, 4 and 8 ranks (one per host), timed by the model
+// itself under (lat, bw, reduce), each row's burst `burst`.
+std::vector<BenchSample> Synthetic(std::initializer_list<double> sizes, double lat, double bw,
+                                   double reduce, double burst = 0) {
   std::vector<BenchSample> samples;
   for (int ranks : {2, 4, 8}) {
-    for (double bytes : {1e6, 4e6, 16e6, 64e6}) {
+    for (double bytes : sizes) {
       for (bool reduces : {true, false}) {
         BenchSample s;
         s.ranks = ranks;
         s.hosts = ranks;
         s.bytes = bytes;
         s.reduces = reduces;
+        s.burst_bytes = burst;
         s.seconds = SampleTime(s, lat, bw, reduce);
         samples.push_back(s);
       }
     }
   }
-  auto fit = FitSamples(samples);
+  return samples;
+}
+
+TEST(SimCalibrateTest, FitRecoversKnownParameters) {
+  const double lat = 40e-6, bw = 2.5e9, reduce = 6e9;
+  auto fit = FitSamples(Synthetic({1e6, 4e6, 16e6, 64e6}, lat, bw, reduce));
   ASSERT_TRUE(fit.ok()) << fit.status().ToString();
   EXPECT_NEAR(fit->latency_s, lat, lat * 1e-6);
   EXPECT_NEAR(fit->bytes_per_s, bw, bw * 1e-6);
@@ -295,20 +303,9 @@ TEST(SimCalibrateTest, RowsFarOffTheModelDoNotPullTheFit) {
   // the robust fit still recovers the parameters and weights those rows down; a plain least
   // squares would not (the check on the bandwidth is tighter than their pull).
   const double lat = 40e-6, bw = 2.5e9, reduce = 6e9;
-  std::vector<BenchSample> samples;
-  for (int ranks : {2, 4, 8}) {
-    for (double bytes : {8e3, 64e3, 1e6, 4e6, 16e6, 64e6}) {
-      for (bool reduces : {true, false}) {
-        BenchSample s;
-        s.ranks = ranks;
-        s.hosts = ranks;
-        s.bytes = bytes;
-        s.reduces = reduces;
-        s.seconds = SampleTime(s, lat, bw, reduce);
-        if (bytes == 8e3 && !reduces) s.seconds *= ranks == 8 ? 5 : 3;
-        samples.push_back(s);
-      }
-    }
+  std::vector<BenchSample> samples = Synthetic({8e3, 64e3, 1e6, 4e6, 16e6, 64e6}, lat, bw, reduce);
+  for (BenchSample& s : samples) {
+    if (s.bytes == 8e3 && !s.reduces) s.seconds *= s.ranks == 8 ? 5 : 3;
   }
   auto fit = FitSamples(samples);
   ASSERT_TRUE(fit.ok()) << fit.status().ToString();
@@ -336,21 +333,7 @@ TEST(SimCalibrateTest, ABurstOfUnshapedBytesIsFreeOfBandwidthTime) {
   s.bytes = 4e6;
   EXPECT_DOUBLE_EQ(SampleTime(s, 10e-6, 1e8, 0), 6 * 10e-6 + (6e6 - 256e3) / 1e8);
   // Synthetic rows with the burst: a fit told of it recovers the rate exactly.
-  std::vector<BenchSample> samples;
-  for (int ranks : {2, 4, 8}) {
-    for (double bytes : {8e3, 64e3, 512e3, 4e6, 32e6}) {
-      for (bool reduces : {true, false}) {
-        BenchSample x = s;
-        x.ranks = ranks;
-        x.hosts = ranks;
-        x.bytes = bytes;
-        x.reduces = reduces;
-        x.seconds = SampleTime(x, 30e-6, 1.1e8, 5e9);
-        samples.push_back(x);
-      }
-    }
-  }
-  auto fit = FitSamples(samples);
+  auto fit = FitSamples(Synthetic({8e3, 64e3, 512e3, 4e6, 32e6}, 30e-6, 1.1e8, 5e9, 256e3));
   ASSERT_TRUE(fit.ok()) << fit.status().ToString();
   EXPECT_NEAR(fit->bytes_per_s, 1.1e8, 1.1e8 * 1e-6);
   EXPECT_NEAR(fit->latency_s, 30e-6, 30e-6 * 1e-6);

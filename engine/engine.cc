@@ -294,11 +294,19 @@ StatusOr<HandleState> Engine::Impl::WaitState(Handle handle, std::chrono::millis
   if (it == handles.end()) {
     return InvalidArgument("handle {} is unknown (never issued, or already waited on)", handle.id);
   }
-  if (!done_cv.WaitFor(mu, timeout,
-                       [&]() KOLO_REQUIRES(mu) { return handles.at(handle.id).done; })) {
+  // Another thread waiting on the same handle may take it first: then this one is told so.
+  if (!done_cv.WaitFor(mu, timeout, [&]() KOLO_REQUIRES(mu) {
+        const auto h = handles.find(handle.id);
+        return h == handles.end() || h->second.done;
+      })) {
     return DeadlineExceeded("handle {} did not complete within {} ms", handle.id, timeout.count());
   }
   it = handles.find(handle.id);
+  if (it == handles.end()) {
+    return InvalidArgument(
+        "handle {} was taken by another thread waiting on it (wait on a handle from one thread)",
+        handle.id);
+  }
   HandleState state = std::move(it->second);
   handles.erase(it);
   return state;
@@ -337,6 +345,7 @@ Status Engine::Barrier() {
 }
 
 Status Engine::Shutdown() {
+  MutexLock once(impl_->shutdown_mu);
   // A parameter-server worker first tells the servers it is done (its errors are in fatal).
   if (impl_->ps_worker) impl_->ps_worker->Shutdown().IgnoreError();
   {

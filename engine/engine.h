@@ -101,6 +101,7 @@ class Engine {
 
   // Blocks until `handle` completes and returns its status; DeadlineExceeded if `timeout` passes
   // first (the operation continues). A handle can be waited on once; afterwards it is unknown.
+  // Of several threads waiting on one handle, one gets its status and the others an error.
   Status Wait(Handle handle, std::chrono::milliseconds timeout = std::chrono::hours(24));
   // True if `handle` has completed (then Wait returns at once).
   StatusOr<bool> Poll(Handle handle);
@@ -112,7 +113,8 @@ class Engine {
   Status Barrier();
 
   // Stops the background thread after the current cycle. Operations still pending fail with
-  // "shut down". Any rank's shutdown ends the job's engine on every rank. Idempotent.
+  // "shut down". Any rank's shutdown ends the job's engine on every rank. Idempotent, and safe to
+  // call from several threads at once (each returns once the background thread has stopped).
   Status Shutdown();
 
   // --- Parameter servers (backend "ps"). Under "ps", allreduce, broadcast, allgather and barrier

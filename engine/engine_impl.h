@@ -129,7 +129,10 @@ struct Engine::Impl final : execution::Operations {
   bool idle KOLO_GUARDED_BY(mu) = false;
   Stats stats KOLO_GUARDED_BY(mu);
   // Started at the end of Create, joined by Shutdown; not guarded by mu (Shutdown joins it with
-  // mu released, so that the background thread can finish).
+  // mu released, so that the background thread can finish). Shutdown holds shutdown_mu throughout
+  // (taken before mu, never while holding it), so that callers on several threads join it once
+  // and every one returns after the thread has stopped.
+  Mutex shutdown_mu;
   std::thread thread;
 
   // Background thread only. The controller (negotiation) talks to its peers through `peers`,

@@ -17,11 +17,10 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 
-from reports import sweepfile
+from reports import launch, sweepfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "cluster")
@@ -31,13 +30,6 @@ DOWN_TIMEOUT_S = 120.0
 # How long the processes a point started in the cluster's hosts may take to end after its
 # launcher exits, before they count as left behind and are killed.
 LEFTOVER_GRACE_S = 3.0
-# The guard: waits for its stdin to close; unless it was told "done" first, the runner ended
-# without bringing the cluster down, so the guard does (argv: the down command).
-_GUARD = (
-    "import subprocess, sys\n"
-    "if sys.stdin.buffer.read() != b'done':\n"
-    "    subprocess.run(sys.argv[1:], stdin=subprocess.DEVNULL, timeout=300)\n"
-)
 
 
 @dataclass(frozen=True)
@@ -136,17 +128,11 @@ class Session:
         self.current: Shape | None = None
         # An up was started and no down has finished since: something of the cluster may exist.
         self._may_exist = False
-        self._guard: subprocess.Popen | None = None
+        self._guard: launch.Guard | None = None
 
     def __enter__(self) -> Session:
-        with open(self.log_path, "ab") as log:
-            self._guard = subprocess.Popen(
-                [sys.executable, "-c", _GUARD, self.script, "down", "--name", self.name],
-                stdin=subprocess.PIPE,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # a Ctrl-C to the runner's group does not reach it
-            )
+        # Brings the cluster down if the runner is killed outright.
+        self._guard = launch.Guard([self.script, "down", "--name", self.name], self.log_path)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -201,19 +187,8 @@ class Session:
         """Brings the cluster down and releases the guard (which brings it down itself if this
         does not finish)."""
         ok = self.down()
-        if self._guard is None:
-            return
-        try:
-            if ok and self._guard.stdin:
-                self._guard.stdin.write(b"done")
-        except BrokenPipeError:
-            pass
-        finally:
-            if self._guard.stdin:
-                with contextlib.suppress(BrokenPipeError):
-                    self._guard.stdin.close()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._guard.wait(timeout=DOWN_TIMEOUT_S + 10)
+        if self._guard is not None:
+            self._guard.release(done=ok, timeout=DOWN_TIMEOUT_S + 10)
             self._guard = None
 
     def namespace_pids(self) -> set[int]:

@@ -227,6 +227,7 @@ SHORT = {
     "batch_size": "batch",
     "ps_servers": "servers",
     "ps_placement": "placement",
+    "ps_pacing": "pacing",
     "ranks_per_host": "ranks/host",
     "link_represented": "stands for",
 }

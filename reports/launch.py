@@ -7,6 +7,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 
 from reports import placement, settings, sweepfile
@@ -267,3 +268,64 @@ def _signal_group(pgid: int, sig: int) -> None:
 def _signal(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
+
+
+class Guard:
+    """A process that outlives the sweep runner and cleans up after it if it is killed outright
+    (SIGKILL, the OOM killer), which leaves it no chance to do so itself. The guard reads a pipe
+    from the runner to its end: `release` says "done" first when the runner has cleaned up; if the
+    pipe closes without it, the runner died, and the guard runs `argv` (bounded)."""
+
+    def __init__(self, argv: list[str], log_path: str | None = None):
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = {k: v for k, v in os.environ.items() if k != TOKEN_VAR}  # not one of a point's processes
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        with open(log_path or os.devnull, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _GUARD, *argv],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # neither a kill of the runner's group nor a Ctrl-C reaches it
+            )
+
+    def release(self, done: bool = True, timeout: float = REAP_BOUND_S) -> None:
+        """Closes the pipe, saying "done" first when `done` (else the guard runs its command),
+        and reaps the guard, waiting at most `timeout` seconds."""
+        with contextlib.suppress(BrokenPipeError):
+            if done:
+                self.proc.stdin.write(b"done")
+            self.proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=timeout)
+
+
+# The guard's program: unless told "done" before its stdin closes, it runs its arguments.
+_GUARD = (
+    "import subprocess, sys\n"
+    "if sys.stdin.buffer.read() != b'done':\n"
+    "    subprocess.run(sys.argv[1:], stdin=subprocess.DEVNULL, timeout=300)\n"
+)
+
+
+def point_guard(token: str) -> Guard:
+    """A guard that stops every process carrying `token` (a point's) if the runner dies while the
+    point runs: its launcher dies with the runner (PR_SET_PDEATHSIG) but leaves the ranks behind,
+    orphaned, to run on beside whatever the host does next."""
+    return Guard([sys.executable, "-m", "reports.launch", "reap", token])
+
+
+def _reap_main(token: str) -> int:
+    """python -m reports.launch reap TOKEN: kills the token's processes until none is left (a
+    launcher's last children may still be starting), for at most REAP_BOUND_S."""
+    deadline = time.monotonic() + REAP_BOUND_S
+    while reap_leftovers(token) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return 0 if not processes_of(-1, token) else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "reap":
+        sys.exit(_reap_main(sys.argv[2]))
+    sys.exit(f"usage: python -m reports.launch reap TOKEN (got {sys.argv[1:]})")

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from reports import schema  # noqa: E402
+from reports import schema, settings  # noqa: E402
 from reports.efficiency import Point, label, varying  # noqa: E402
 
 REPLAY_NOTE = "compute = replay: recorded per-layer timings played back, not measured GPU throughput"
@@ -116,7 +116,7 @@ def _finish(fig: Figure) -> Figure:
     return fig
 
 
-PS_ONLY = ("ps_servers", "ps_placement")
+PS_ONLY = settings.PS_ONLY
 
 
 def label_columns(points: list[Point], exclude: tuple[str, ...] = ("model",)) -> list[str]:
@@ -370,7 +370,7 @@ def comparison(
 def paired(points: list[Point], column: str, also_ignore: tuple[str, ...] = ()) -> list[Point]:
     """The points whose configuration, `column` and `also_ignore` aside, was also run with another
     value of `column` (for backend, the parameter server's own settings are set aside too)."""
-    ignore = {column, *also_ignore} | ({"ps_servers", "ps_placement"} if column == "backend" else set())
+    ignore = {column, *also_ignore} | (set(PS_ONLY) if column == "backend" else set())
     groups: dict[tuple, list[Point]] = {}
     for p in points:
         key = tuple(v for k, v in sorted(p.config.items()) if k not in ignore)

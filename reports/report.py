@@ -11,7 +11,7 @@ import html
 import os
 from collections import Counter
 
-from reports import efficiency, plots, schema
+from reports import efficiency, plots, schema, settings
 from reports.efficiency import Point
 
 CSS = """
@@ -459,7 +459,7 @@ def _pairs(points: list[Point], column: str, better: str, worse: str) -> list[tu
     """(point with `better`, point with `worse`) for each pair that differs only in `column`.
     ps-only settings are ignored when pairing ring with ps, so every ps variant is compared with
     the one ring point."""
-    ignore = {column} | ({"ps_servers", "ps_placement"} if column == "backend" else set())
+    ignore = {column} | (set(settings.PS_ONLY) if column == "backend" else set())
 
     def key(p: Point) -> tuple:
         return tuple((k, v) for k, v in sorted(p.config.items()) if k not in ignore) + (p.ranks,)
@@ -494,7 +494,8 @@ def _ratio_tables(points: list[Point]) -> str:
             extra = ""
             if column == "backend":
                 servers, placement = q.config.get("ps_servers", ""), q.config.get("ps_placement", "")
-                extra = f" (ps servers={servers}, placement={placement})"
+                pacing = f", pacing={q.config['ps_pacing']}" if q.config.get("ps_pacing") else ""
+                extra = f" (ps servers={servers}, placement={placement}{pacing})"
             replay = " <span class='replay'>replay</span>" if q.replay else ""
             rows.append(
                 f"<tr><td class='text'>{e(q.config.get('model', ''))}{e(extra)}{replay}</td>"

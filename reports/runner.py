@@ -290,21 +290,27 @@ def _run_point(
         # srun passes the environment on; rank 0 serves the rendezvous store with it.
         env["KOLO_JOB_SECRET"] = secrets.token_hex(16)
     token = f"{run_id}-{pid}"
+    # Stops the point's processes if this process is killed outright while it runs (started before
+    # the point's clock, which it is not part of).
+    guard = launch.point_guard(token)
     started = time.monotonic()
     load = hostload.HostLoad()
-    proc = launch.start(argv, env, log_path, token)
-    timed_out = False
     try:
-        proc.wait(timeout=sweep.timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        launch.stop(proc, token)
-    except BaseException:
-        launch.stop(proc, token)
-        with open(log_path, "a") as log:
-            log.write("sweep: interrupted; every process of this point was stopped\n")
-        raise
-    leftovers = launch.reap_leftovers(token)
+        proc = launch.start(argv, env, log_path, token)
+        timed_out = False
+        try:
+            proc.wait(timeout=sweep.timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            launch.stop(proc, token)
+        except BaseException:
+            launch.stop(proc, token)
+            with open(log_path, "a") as log:
+                log.write("sweep: interrupted; every process of this point was stopped\n")
+            raise
+        leftovers = launch.reap_leftovers(token)
+    finally:
+        guard.release()
     if session is not None:
         leftovers += session.reap_leftovers()
     duration = time.monotonic() - started

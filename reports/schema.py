@@ -38,6 +38,7 @@ SETTING_COLUMNS = (
     "ps_servers",
     "ps_placement",
     "ps_hosts",
+    "ps_pacing",
     "image_size",
     "num_classes",
     "num_warmup_batches",
@@ -203,6 +204,8 @@ def make_row(
             row[name] = merged.get(name)
     if not row["nodes"]:
         row["nodes"] = rec_settings.get("nodes") or nodes
+    if row["ps_pacing"] == "off":
+        row["ps_pacing"] = None  # unpaced reads the same however it was asked for
     # kolo-train runs undilated unless told: a record or point without it ran at dilation 1.
     if row["dilation"] in (None, ""):
         row["dilation"] = 1
@@ -270,8 +273,8 @@ def _older_defaults(row: dict, header: tuple[str, ...]) -> dict:
 # Columns every kolo results file has had; a file with them, in COLUMNS' order and nothing else,
 # was written by an earlier kolo (before the time breakdown or the network columns, for one) and
 # reads with the missing columns empty (the network columns: _older_defaults).
-# Settings added after the network columns: ps_hosts.
-_LATER_SETTINGS = ("ps_hosts",)
+# Settings added after the network columns: ps_hosts, ps_pacing.
+_LATER_SETTINGS = ("ps_hosts", "ps_pacing")
 _ALWAYS = (
     META
     + tuple(c for c in SETTING_COLUMNS if c not in NETWORK_COLUMNS + SIM_COLUMNS + _LATER_SETTINGS)

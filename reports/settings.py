@@ -58,11 +58,16 @@ SIM_NETWORK_SETTINGS = ("ranks_per_host", "link")
 RATE_UNITS = {"kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
 RATE_RANGE = (1e6, 100e9)
 _RATE_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(kbit|mbit|gbit)$")
+# A parameter server's push pacing: a rate as a link's (no range of tc's), or off.
+_PACING_RE = re.compile(r"^(off|[0-9]+(?:\.[0-9]+)?(kbit|mbit|gbit))$")
 TRANSPORTS = ("auto", "shm", "tcp", "rdma")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 PS_PLACEMENTS = ("greedy", "split")
 # Which hosts a point's parameter servers run on, under mpirun across hosts (reports/placement.py).
 PS_HOSTS = ("spread", "dedicated")
+
+# The parameter server's own settings: pairing a ring point with ps points sets them aside.
+PS_ONLY = ("ps_servers", "ps_placement", "ps_pacing")
 
 # Backends whose traffic goes over kolo's own transports (auto, shm, tcp or rdma).
 TRANSPORT_BACKENDS = ("ring", "ps")
@@ -204,6 +209,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("num_classes", "int", "--num-classes", minimum=1),
     Setting("ps_servers", "int", "--ps-servers", minimum=1, applies=_is_ps),
     Setting("ps_placement", "str", "--ps-placement", choices=PS_PLACEMENTS, applies=_is_ps),
+    Setting(
+        "ps_pacing",
+        "str",
+        "--ps-pacing",
+        pattern=_PACING_RE,
+        pattern_words='a rate like "125mbit" or "1.5gbit" (kbit, mbit or gbit), or "off"',
+        applies=_is_ps,
+        help="the most each worker sends per second to each server (kernel pacing); off by default",
+    ),
     Setting(
         "ps_hosts",
         "str",

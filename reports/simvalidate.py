@@ -9,7 +9,16 @@ import sys
 
 from reports import schema
 
-KEY = ("model", "ranks", "backend", "transport", "ps_servers", "ps_placement", "fusion_threshold_mb")
+KEY = (
+    "model",
+    "ranks",
+    "backend",
+    "transport",
+    "ps_servers",
+    "ps_placement",
+    "ps_pacing",
+    "fusion_threshold_mb",
+)
 
 
 def _key(row: dict) -> tuple:
@@ -50,15 +59,19 @@ def compare(predicted: list[dict], measured: list[dict]) -> list[dict]:
 
 
 def table(pairs: list[dict]) -> str:
+    # The parameter server's push pacing, where some point sets it.
+    paced = any(x.get("ps_pacing") for x in pairs)
     lines = [
-        "| model | GPUs | backend | fusion MiB | measured img/s | repeats | spread "
-        "| predicted img/s | error |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | GPUs | backend | "
+        + ("ps pacing | " if paced else "")
+        + "fusion MiB | measured img/s | repeats | spread | predicted img/s | error |",
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if paced else ""),
     ]
     for x in pairs:
         spread = f"{100 * x['spread']:.1f}%" if x["repeats"] > 1 else "-"
+        pacing = f"{x.get('ps_pacing') or ('off' if x['backend'] == 'ps' else '-')} | " if paced else ""
         lines.append(
-            f"| {x['model']} | {x['ranks']} | {x['backend']} | {x['fusion_threshold_mb'] or '-'} "
+            f"| {x['model']} | {x['ranks']} | {x['backend']} | {pacing}{x['fusion_threshold_mb'] or '-'} "
             f"| {x['measured']:.1f} | {x['repeats']} | {spread} | {x['predicted']:.1f} "
             f"| {100 * x['error']:+.1f}% |"
         )

@@ -19,10 +19,10 @@
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <string>
 #include <vector>
 
+#include "engine/common/options.h"
 #include "sim/calibrate.h"
 #include "sim/model.h"
 
@@ -36,12 +36,8 @@ void Say(const std::string& line) { std::fprintf(stderr, "kolo-sim: %s\n", line.
 
 // "25gbit" -> 25 (Gbit/s); -1 when it is not a rate.
 double RateGbit(const std::string& text) {
-  static const std::regex re(R"(^([0-9]+(?:\.[0-9]+)?)(kbit|mbit|gbit)$)");
-  std::smatch m;
-  if (!std::regex_match(text, m, re)) return -1;
-  const double v = std::stod(m[1]);
-  const std::string unit = m[2];
-  return unit == "gbit" ? v : unit == "mbit" ? v / 1e3 : v / 1e6;
+  auto bits = kolo::ParseBitRate("rate", text);
+  return bits.ok() && *bits > 0 ? *bits / 1e9 : -1;
 }
 
 std::string Utc() {
@@ -57,7 +53,7 @@ int Predict(int argc, char** argv) {
   CLI::App app{"kolo-sim predict: images/sec of one configuration, from a replay profile"};
   Point p;
   std::string link, calibration_path, json_path, compute = "replay", precision, allreduce = "flat";
-  std::string ps_hosts = "dedicated";
+  std::string ps_hosts = "dedicated", ps_pacing;
   int64_t image_size = 0, num_classes = 0;
   int warmup = 0, batches = 0;
   app.add_option("--model", p.model, "model (models/zoo)")->required();
@@ -87,6 +83,9 @@ int Predict(int argc, char** argv) {
   app.add_option("--ps-servers", p.ps_servers, "parameter servers")->check(CLI::Range(1, 65536));
   app.add_option("--ps-placement", p.ps_placement, "greedy | split")
       ->check(CLI::IsMember({"greedy", "split"}));
+  app.add_option("--ps-pacing", ps_pacing,
+                 "each worker's pushes to each server at most this fast, e.g. 125mbit (on the "
+                 "wire, like --link; default off)");
   app.add_option("--ps-hosts", ps_hosts,
                  "dedicated (servers on hosts of their own) | spread (one per worker host)")
       ->check(CLI::IsMember({"dedicated", "spread"}));
@@ -120,6 +119,14 @@ int Predict(int argc, char** argv) {
       Say(fmt::format("--link {} is not allowed; allowed: a rate like 25gbit, 100mbit", link));
       return 2;
     }
+  }
+  if (!ps_pacing.empty()) {
+    auto rate = kolo::ParseBitRate("--ps-pacing", ps_pacing);
+    if (!rate.ok()) {
+      Say(rate.status().message());
+      return 2;
+    }
+    p.ps_pacing_bits_per_s = *rate;
   }
   p.hierarchical = allreduce == "hierarchical";
   p.ps_on_worker_hosts = ps_hosts == "spread";
@@ -292,6 +299,13 @@ int Calibrate(int argc, char** argv) {
     std::printf("  -> engine_collective_us %.1f (the pairs' weighted median, at least 0)\n",
                 cal.engine_collective_us);
   };
+  struct Incast {
+    std::string file;
+    int workers;
+    double spread;
+    double pace;  // bytes/s per worker; 0: unpaced
+  };
+  std::vector<Incast> incasts;
   for (const auto& f : incast_files) {
     std::ifstream in(f);
     if (!in) {
@@ -324,11 +338,45 @@ int Calibrate(int argc, char** argv) {
       std::printf("parameter-server streams: %s's spread %.3f taken as %.3f (allowed: 0 to 0.9)\n",
                   f.c_str(), measured, spread);
     }
-    cal.ps_stream_spread[workers] = spread;
+    const double pace = j.contains("pace_bytes_per_s") && j.at("pace_bytes_per_s").is_number()
+                            ? j.at("pace_bytes_per_s").get<double>()
+                            : 0;
+    incasts.push_back({f, workers, spread, pace});
+  }
+  // Unpaced first: a paced run's spread counts as a share of the unpaced one at its worker count.
+  std::stable_sort(incasts.begin(), incasts.end(),
+                   [](const Incast& a, const Incast& b) { return (a.pace > 0) < (b.pace > 0); });
+  for (const Incast& x : incasts) {
+    if (x.pace <= 0) {
+      cal.ps_stream_spread[x.workers] = x.spread;
+      std::printf(
+          "parameter-server streams: %d into one link, the slowest at %.3f of a fair share "
+          "(%s)\n",
+          x.workers, 1 - x.spread, x.file.c_str());
+      continue;
+    }
+    const auto unpaced = cal.ps_stream_spread.find(x.workers);
+    if (unpaced == cal.ps_stream_spread.end() || unpaced->second <= 0) {
+      Say(
+          fmt::format("--incast {}: paced at {:g} B/s with {} workers, but no unpaced run of {} "
+                      "workers (with a spread above 0) is given to compare it with",
+                      x.file, x.pace, x.workers, x.workers));
+      return 2;
+    }
+    const double ratio = x.pace * 8 * x.workers / (gbit * 1e9);
+    if (ratio <= 1) {
+      std::printf(
+          "parameter-server streams: %s paced at %.2f of a fair share: at or below it "
+          "the streams are taken as even (spread measured %.3f)\n",
+          x.file.c_str(), ratio, x.spread);
+      continue;
+    }
+    const double share = std::clamp(x.spread / unpaced->second, 0.0, 1.0);
+    cal.ps_paced_spread_share[std::round(ratio * 1000) / 1000] = share;
     std::printf(
-        "parameter-server streams: %d into one link, the slowest at %.3f of a fair share "
-        "(%s)\n",
-        workers, 1 - spread, f.c_str());
+        "parameter-server streams: %d paced at %.3g times a fair share, the slowest at %.3f of "
+        "it: %.3f of the unpaced spread (%s)\n",
+        x.workers, ratio, 1 - x.spread, share, x.file.c_str());
   }
   cal.name = name;
   cal.link_gbit = gbit;

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "engine/backends/ps/placement.h"
+#include "engine/common/options.h"
 #include "engine/common/tensor.h"
 #include "engine/coordinator/controller.h"
 #include "engine/fusion/planner.h"
@@ -28,6 +29,12 @@ using coordinator::Response;
 constexpr double kGiga = 1e9;
 
 // ---- Calibration JSON ----
+
+Json PacedShareJson(const Calibration& c) {
+  Json m = Json::object();
+  for (const auto& [ratio, share] : c.ps_paced_spread_share) m[fmt::format("{:g}", ratio)] = share;
+  return m;
+}
 
 Json StreamSpreadJson(const Calibration& c) {
   Json m = Json::object();
@@ -193,6 +200,28 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text, const std::st
       c.ps_stream_spread[streams] = value.get<double>();
     }
   }
+  if (j.contains("ps_paced_spread_share")) {
+    const Json& m = j.at("ps_paced_spread_share");
+    if (!m.is_object()) {
+      return InvalidArgument(
+          "{}: \"ps_paced_spread_share\" must be an object of pace ratios to shares, e.g. "
+          "{{\"2\": 0.68}}",
+          origin);
+    }
+    for (const auto& [key, value] : m.items()) {
+      char* end = nullptr;
+      const double ratio = key.empty() ? 0 : std::strtod(key.c_str(), &end);
+      const bool number = !key.empty() && end == key.c_str() + key.size() && std::isfinite(ratio);
+      if (!number || ratio <= 1 || !value.is_number() || value.get<double>() < 0 ||
+          value.get<double>() > 1) {
+        return InvalidArgument(
+            "{}: \"ps_paced_spread_share\" entry \"{}\": {} is not allowed; allowed: a pace "
+            "ratio > 1 and a share from 0 to 1",
+            origin, key, value.dump());
+      }
+      c.ps_paced_spread_share[ratio] = value.get<double>();
+    }
+  }
   if (j.contains("ps_full_duplex")) {
     if (!j.at("ps_full_duplex").is_boolean()) {
       return InvalidArgument("{}: \"ps_full_duplex\" must be true or false", origin);
@@ -224,6 +253,7 @@ std::string CalibrationToJson(const Calibration& c) {
             {"fusion_copy_gbytes_per_s", c.fusion_copy_gbytes_per_s},
             {"ps_full_duplex", c.ps_full_duplex},
             {"ps_stream_spread", StreamSpreadJson(c)},
+            {"ps_paced_spread_share", PacedShareJson(c)},
             {"host_cores", c.host_cores},
             {"engine_overhead_us", c.engine_overhead_us},
             {"engine_collective_us", c.engine_collective_us}};
@@ -335,6 +365,28 @@ double StreamSpread(const Calibration& cal, int streams) {
   const double f =
       (std::log2(streams) - std::log2(lo->first)) / (std::log2(hi->first) - std::log2(lo->first));
   return lo->second + f * (hi->second - lo->second);
+}
+
+double PacedStreamSpread(const Calibration& cal, int streams, double ratio) {
+  if (streams < 2 || ratio <= 1) return 0;
+  const double bound = std::max(0.0, (streams - 1) * (ratio - 1));
+  if (cal.ps_paced_spread_share.empty()) return std::min(StreamSpread(cal, streams), bound);
+  // (log2 r, share): none at r = 1, the measured ones, all at r = streams.
+  std::vector<std::pair<double, double>> at = {{0.0, 0.0}};
+  for (const auto& [r, share] : cal.ps_paced_spread_share) {
+    if (r < streams) at.push_back({std::log2(r), share});
+  }
+  at.push_back({std::log2(streams), 1.0});
+  double share = 1;
+  const double x = std::log2(ratio);
+  for (size_t i = 1; i < at.size(); ++i) {
+    if (x > at[i].first) continue;
+    const auto& [x0, y0] = at[i - 1];
+    const auto& [x1, y1] = at[i];
+    share = x1 > x0 ? y0 + (x - x0) / (x1 - x0) * (y1 - y0) : y1;
+    break;
+  }
+  return std::min(StreamSpread(cal, streams) * share, bound);
 }
 
 double HostShare(const Point& point, const Calibration& cal) {
@@ -546,6 +598,13 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
 
     const Network& net = costs.net;
     const int per_host = net.per_host;
+    if (point.ps_pacing_bits_per_s > 0 && point.transport == "rdma") {
+      return InvalidArgument("--ps-pacing {}: pacing needs transport tcp (rdma cannot pace)",
+                             FormatBitRate(point.ps_pacing_bits_per_s));
+    }
+    // Each worker's pushes to one server at most this fast (bytes/s, as net.nic_bytes_per_s
+    // counts them); 0: unpaced.
+    const double pace = point.ps_pacing_bits_per_s * k / 8 * cal.tcp.efficiency;
     // The workers that reach a server over its host's own links (servers sharing worker hosts),
     // and the bytes its NIC carries for one shard of b bytes from every other worker.
     auto local_workers = [&](int server) {
@@ -557,13 +616,18 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
     const double lat = net.nic_latency_s;
     const double copy = net.nic_copy_bytes_per_s;
     // The time a transfer of one shard takes on the server's link under incast (every worker's
-    // piece) and on this worker's host link (every worker of the host sends its own).
-    auto srv_time = [&](int server, double b) {
-      const double load = server_load(server, b);
-      return lat + load / net.nic_bytes_per_s + (copy > 0 ? load / copy : 0);
+    // piece) and on this worker's host link (every worker of the host sends its own). A paced
+    // push goes no faster than the pace: n streams fill a link only if n paces do.
+    auto paced_time = [&](double t, double b, bool paced) {
+      return paced && pace > 0 ? std::max(t, lat + b / pace) : t;
     };
-    auto host_time = [&](double b) {
-      return lat + per_host * b / net.nic_bytes_per_s + (copy > 0 ? b / copy : 0);
+    auto srv_time = [&](int server, double b, bool paced) {
+      const double load = server_load(server, b);
+      return paced_time(lat + load / net.nic_bytes_per_s + (copy > 0 ? load / copy : 0), b, paced);
+    };
+    auto host_time = [&](double b, bool paced) {
+      return paced_time(lat + per_host * b / net.nic_bytes_per_s + (copy > 0 ? b / copy : 0), b,
+                        paced);
     };
     // Every shard of every gradient, in the order backward submits them (tensor index, shard).
     std::vector<std::pair<int, int>> shards_of;
@@ -589,7 +653,7 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
         double since;  // when the shard's exchange began (its push was ready)
         double end = 0;
       };
-      auto run = [&](std::vector<Transfer>& xs) {
+      auto run = [&](std::vector<Transfer>& xs, bool paced) {
         std::stable_sort(xs.begin(), xs.end(),
                          [](const Transfer& a, const Transfer& b) { return a.ready < b.ready; });
         std::vector<double> srv(static_cast<size_t>(point.ps_servers), 0);
@@ -610,8 +674,8 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
             period_end.push_back(0);
             current_from[s] = x.ready;
           }
-          srv[s] = std::max(x.ready, srv[s]) + srv_time(shard.server, b);
-          host = std::max(x.ready, host) + host_time(b);
+          srv[s] = std::max(x.ready, srv[s]) + srv_time(shard.server, b, paced);
+          host = std::max(x.ready, host) + host_time(b, paced);
           period_end[static_cast<size_t>(current[s])] = srv[s];
           period[i] = current[s];
           from[i] = current_from[s];
@@ -624,7 +688,12 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
         // stretched by 1 / (1 - spread), or at the period's end.
         for (size_t i = 0; i < xs.size(); ++i) {
           const auto& shard = placement.shards[static_cast<size_t>(xs[i].shard)];
-          const double u = StreamSpread(cal, n - local_workers(shard.server));
+          const int streams = n - local_workers(shard.server);
+          // Paced pushes: their paces at r times a fair share of the link.
+          const double u =
+              paced && pace > 0
+                  ? PacedStreamSpread(cal, streams, pace * streams / net.nic_bytes_per_s)
+                  : StreamSpread(cal, streams);
           if (u <= 0) continue;
           const double slow = std::min(from[i] + (srv_end[i] - from[i]) / (1 - u),
                                        period_end[static_cast<size_t>(period[i])]);
@@ -636,10 +705,10 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
         const double ready = tensors[static_cast<size_t>(ti)].submit_s;
         pushes.push_back({ready, shard, ti, ready});
       }
-      run(pushes);
+      run(pushes, pace > 0);
       std::vector<Transfer> pulls;
       for (const Transfer& x : pushes) pulls.push_back({x.end, x.shard, x.tensor, x.since});
-      run(pulls);
+      run(pulls, false);
       for (const Transfer& x : pulls) {
         Tensor& t = tensors[static_cast<size_t>(x.tensor)];
         t.done_s = std::max(t.done_s, x.end);
@@ -671,8 +740,8 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
         const double b = static_cast<double>(shard.bytes);
         const size_t s = static_cast<size_t>(shard.server);
         double& host = op.pull ? host_in : host_out;
-        const double srv_end = std::max(op.ready, srv[s]) + srv_time(shard.server, b);
-        const double host_end = std::max(op.ready, host) + host_time(b);
+        const double srv_end = std::max(op.ready, srv[s]) + srv_time(shard.server, b, !op.pull);
+        const double host_end = std::max(op.ready, host) + host_time(b, !op.pull);
         srv[s] = srv_end;
         host = host_end;
         const double end = std::max(srv_end, host_end);

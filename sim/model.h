@@ -25,7 +25,9 @@
 //   servers' links (N workers pushing to one server: incast), queued first come first served on
 //   each server's link and each worker host's link; a shard's pull waits for the slowest worker's
 //   push of it, the workers' streams sharing the server's link as unevenly as measured
-//   (ps_stream_spread).
+//   (ps_stream_spread). Paced pushes (ps_pacing) go at no more than the pace each; paces that add
+//   up to no more than the link share it evenly; beyond, the streams are as uneven as unpaced
+//   ones, but the slowest keeps what the others' paces leave of the link.
 // Times are seconds unless a name says otherwise.
 #pragma once
 
@@ -64,10 +66,19 @@ struct Calibration {
   // How unevenly the streams of a server's workers share its link (TCP flows into one link do not
   // get equal shares): the slowest stream moves at (1 - spread) of a fair share while the others
   // still send, and a shard's pull waits for every worker's push of it. Per number of streams, as
-  // scripts/cluster-incast measures it (its ps_stream_spread); between measured counts
+  // scripts/cluster-incast measures it (its ps_stream_spread; with --rounds, in a parameter
+  // server's synchronous rounds, which share a link far less evenly than a continuous incast);
+  // between measured counts
   // interpolated in log2 of the count, beyond them the nearest one's. Empty: fair shares. Used
   // with ps_full_duplex.
   std::map<int, double> ps_stream_spread;
+  // How much of that spread is left when each worker's pushes are paced (ps_pacing) at r times a
+  // fair share of the server's link, r > 1: the share at each measured r, as scripts/cluster-incast
+  // --pace measures it (its ps_stream_spread paced over unpaced, at one worker count), interpolated
+  // in log2 of r from none at r = 1 (streams that cannot outrun one another) to all of it at r =
+  // the stream count (a pace of the whole link). Empty: all of it. Either way the slowest stream
+  // keeps what the others' paces leave of the link.
+  std::map<double, double> ps_paced_spread_share;
   // Cores shared by every rank of the prediction, where all of them run on one machine (ranks on
   // loopback, or the emulated cluster's hosts); 0: each host has cores enough for its ranks. With
   // more ranks than cores, the host-bound costs (the intra-host link's rate and latency, the
@@ -107,6 +118,9 @@ struct Point {
   int ps_servers = 1;
   std::string ps_placement = "greedy";
   bool ps_on_worker_hosts = false;  // servers share worker hosts instead of hosts of their own
+  // The cap on each worker's pushes to each server, bits/s on the wire (kolo-train --ps-pacing;
+  // under dilation K, like the link, it stands for K times as much); 0: unpaced.
+  double ps_pacing_bits_per_s = 0;
   int steps = 3;  // steps simulated; the last is reported (the first fills caches)
 };
 
@@ -154,6 +168,10 @@ double HierarchicalAllreduceTime(const Network& net, double bytes, double reduce
 
 // The calibration's ps_stream_spread for `streams` streams into one link (0 for fewer than 2).
 double StreamSpread(const Calibration& cal, int streams);
+
+// The spread left of `streams` streams paced at `ratio` times a fair share: StreamSpread times the
+// calibration's ps_paced_spread_share, and no more than the others' paces leave of the link.
+double PacedStreamSpread(const Calibration& cal, int streams, double ratio);
 
 // How many times slower the host-bound costs of `point` run: ranks / cal.host_cores where the
 // calibration names shared cores and the ranks outnumber them, else 1.

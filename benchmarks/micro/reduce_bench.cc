@@ -138,10 +138,17 @@ void ScalarSum(DataType dt, uint8_t* want, const uint8_t* a, const uint8_t* b, s
   }
 }
 
-// The scalar peer: one float at a time, auto-vectorisation disabled.
-__attribute__((optimize("no-tree-vectorize"))) void ScalarLoopSumFloat32(float* dst,
-                                                                         const float* src,
-                                                                         size_t count) {
+// The scalar peer: one float at a time, auto-vectorisation disabled (GCC by attribute, clang by
+// a loop pragma).
+#if defined(__clang__)
+#define KOLO_NO_TREE_VECTORIZE
+#else
+#define KOLO_NO_TREE_VECTORIZE __attribute__((optimize("no-tree-vectorize")))
+#endif
+KOLO_NO_TREE_VECTORIZE void ScalarLoopSumFloat32(float* dst, const float* src, size_t count) {
+#if defined(__clang__)
+#pragma clang loop vectorize(disable) interleave(disable)
+#endif
   for (size_t i = 0; i < count; ++i) dst[i] += src[i];
 }
 

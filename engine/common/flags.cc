@@ -73,6 +73,10 @@ void EngineFlags::Add(CLI::App& app) {
                  "with --backend ps: greedy (whole tensors, fewest bytes first; default) | split "
                  "(large tensors cut across servers) (KOLO_PS_PLACEMENT)")
       ->group(ps);
+  app.add_option("--ps-pacing", ps_pacing_,
+                 "with --backend ps: the most each worker sends per second to each server, e.g. "
+                 "125mbit (SO_MAX_PACING_RATE; off by default) (KOLO_PS_PACING)")
+      ->group(ps);
 }
 
 Status EngineFlags::Apply(Options* o) const {
@@ -124,6 +128,11 @@ Status EngineFlags::Apply(Options* o) const {
   }
   if (ps_servers_) o->ps_servers = *ps_servers_;
   if (ps_placement_) o->ps_placement = *ps_placement_;
+  if (ps_pacing_) {
+    auto rate = ParseBitRate("--ps-pacing", *ps_pacing_);
+    if (!rate.ok()) return rate.status();
+    o->ps_pacing_bits_per_s = *rate;
+  }
   Status s = o->Validate();
   if (!s.ok()) return s.WithContext("invalid engine flags");
   return Status::OK();

@@ -38,7 +38,7 @@ class EngineFlags {
   std::optional<std::string> ib_device_;
   std::optional<int> ib_port_, ib_gid_index_;
   bool hierarchical_ = false;
-  std::optional<std::string> ps_server_ranks_, ps_placement_;
+  std::optional<std::string> ps_server_ranks_, ps_placement_, ps_pacing_;
 };
 
 }  // namespace kolo

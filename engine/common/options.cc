@@ -1,11 +1,13 @@
 #include "engine/common/options.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 
 #include "engine/common/fault_inject.h"
@@ -70,7 +72,8 @@ const char* const kKnownVariables[] = {
     "KOLO_CACHE_CAPACITY", "KOLO_CYCLE_TIME_MS", "KOLO_PEER_TIMEOUT_SECONDS",
     "KOLO_START_TIMEOUT_SECONDS", "KOLO_FAULT_INJECT", "KOLO_STALL_CHECK_SECONDS",
     "KOLO_STALL_SHUTDOWN_SECONDS", "KOLO_SKIP_BOOTSTRAP", "KOLO_PS_SERVERS", "KOLO_PS_SERVER_RANKS",
-    "KOLO_PS_PLACEMENT", "KOLO_IB_DEVICE", "KOLO_IB_PORT", "KOLO_IB_GID_INDEX", "KOLO_IB_VERBS",
+    "KOLO_PS_PLACEMENT", "KOLO_PS_PACING", "KOLO_IB_DEVICE", "KOLO_IB_PORT", "KOLO_IB_GID_INDEX",
+    "KOLO_IB_VERBS",
     // Read by scripts/ (and exported to the ranks they start).
     "KOLO_ROOT", "KOLO_VENV", "KOLO_OUT", "KOLO_BIN_DIR", "KOLO_SKIP_BUILD", "KOLO_RECONFIGURE",
     "KOLO_MPIRUN_ARGS", "KOLO_MAIN_TIMEOUT"};
@@ -165,6 +168,11 @@ Status ValidateParameterServers(const Options& o) {
     return InvalidArgument("parameter-server placement '{}' is unknown: allowed are greedy, split",
                            o.ps_placement);
   }
+  if (!(o.ps_pacing_bits_per_s >= 0) || o.ps_pacing_bits_per_s > 1e13) {
+    return InvalidArgument(
+        "parameter-server pacing {} bit/s is outside what is allowed: 0 (off) up to 10000gbit",
+        o.ps_pacing_bits_per_s);
+  }
   if (o.backend != "ps") return Status::OK();
   if (o.ps_servers < 1 || o.ps_servers >= o.size) {
     return InvalidArgument(
@@ -221,6 +229,38 @@ StatusOr<int64_t> ParseByteSize(const std::string& what, const std::string& valu
     return InvalidArgument("{}='{}' is not a non-negative size", what, value);
   }
   return static_cast<int64_t>(std::llround(v * mult));
+}
+
+StatusOr<double> ParseBitRate(const std::string& what, const std::string& value) {
+  if (value == "off" || value == "0") return 0.0;
+  static const std::pair<const char*, double> kUnits[] = {
+      {"kbit", 1e3}, {"mbit", 1e6}, {"gbit", 1e9}};
+  for (const auto& [unit, mult] : kUnits) {
+    const size_t n = std::strlen(unit);
+    if (value.size() <= n || value.compare(value.size() - n, n, unit) != 0) continue;
+    const std::string number = value.substr(0, value.size() - n);
+    char* end = nullptr;
+    errno = 0;
+    const double v = std::strtod(number.c_str(), &end);
+    const bool digits = number.find_first_not_of("0123456789.") == std::string::npos;
+    if (digits && end == number.c_str() + number.size() && errno != ERANGE && std::isfinite(v) &&
+        v > 0 && v * mult <= 1e13) {
+      return v * mult;
+    }
+    break;
+  }
+  return InvalidArgument(
+      "{}='{}' is not a rate: allowed are a positive number and kbit, mbit or gbit per second "
+      "(for example 125mbit, 1.5gbit; at most 10000gbit), or off",
+      what, value);
+}
+
+std::string FormatBitRate(double bits_per_s) {
+  if (bits_per_s <= 0) return "off";
+  const double g = bits_per_s / 1e9, m = bits_per_s / 1e6;
+  if (g >= 1) return fmt::format("{:g}gbit", g);
+  if (m >= 1) return fmt::format("{:g}mbit", m);
+  return fmt::format("{:g}kbit", bits_per_s / 1e3);
 }
 
 Status Options::Validate() const {
@@ -413,6 +453,9 @@ StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string
   }
   KOLO_RETURN_IF_ERROR(ReadInt32(env, "KOLO_PS_SERVERS", 0, 1 << 20, &o.ps_servers));
   if (const std::string* v = Find(env, "KOLO_PS_PLACEMENT")) o.ps_placement = *v;
+  if (const std::string* v = Find(env, "KOLO_PS_PACING")) {
+    KOLO_ASSIGN_OR_RETURN(o.ps_pacing_bits_per_s, ParseBitRate("KOLO_PS_PACING", *v));
+  }
   KOLO_RETURN_IF_ERROR(o.Validate());
   SetLogLevel(o.log_level);
   for (const std::string& key : UnknownKoloVariables(env)) {

@@ -149,6 +149,13 @@ struct Options {
   // GreedyLoadBalancingStrategy, the baseline of the Horovod paper); "split": tensors of at least
   // 1 MiB cut evenly across all servers, smaller ones greedy.
   std::string ps_placement = "greedy";
+  // KOLO_PS_PACING: the most each worker sends per second on each of its connections to a server,
+  // as a rate in bits per second ("125mbit", "1.5gbit"; "off" or 0: unpaced, the default). The
+  // kernel spaces the pushes' packets out (SO_MAX_PACING_RATE), so that the workers' streams into
+  // a server's link share it evenly instead of as TCP's flows under incast do. Pacing at the
+  // server link's fair share (its rate over the workers sending to it) keeps every worker's push
+  // of a shard arriving together; scripts/cluster-incast measures what unpaced streams do.
+  double ps_pacing_bits_per_s = 0;
 
   // Checks ranges and combinations; the error names the value and what is allowed.
   Status Validate() const;
@@ -198,5 +205,10 @@ StatusOr<LogLevel> ParseLogLevel(const std::string& value);
 StatusOr<std::vector<int>> ParseRankList(const std::string& what, const std::string& value);
 // "64M", "1.5G", "4096", "256K" -> bytes (powers of 1024).
 StatusOr<int64_t> ParseByteSize(const std::string& what, const std::string& value);
+// A rate in bits per second as scripts/cluster takes a link's: a number and kbit, mbit or gbit
+// ("125mbit"); "off" and "0" are 0. The error names `what`, the value and the allowed forms.
+StatusOr<double> ParseBitRate(const std::string& what, const std::string& value);
+// The rate as ParseBitRate reads it back: "125mbit", "1.5gbit", "off" for 0.
+std::string FormatBitRate(double bits_per_s);
 
 }  // namespace kolo

@@ -396,7 +396,14 @@ StatusOr<std::unique_ptr<Timeline>> Timeline::Open(const std::string& path, int 
     s += std::to_string(rank);
     s += ",\"tid\":0,\"args\":{\"name\":\"rank ";
     s += std::to_string(rank);
-    s += "\"}},\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":";
+    // Where this file's time 0 lies on the host's monotonic clock (CLOCK_MONOTONIC, shared by
+    // every process of a host and by the network namespaces of an emulated cluster), so that the
+    // timelines of several ranks can be put on one clock.
+    s += "\",\"monotonic_start_us\":";
+    s += std::to_string(
+        std::chrono::duration_cast<std::chrono::microseconds>(impl->start.time_since_epoch())
+            .count());
+    s += "}},\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":";
     s += std::to_string(rank);
     s += ",\"tid\":0,\"args\":{\"sort_index\":";
     s += std::to_string(rank);

@@ -3,10 +3,13 @@
 //
 // One file per rank (see Options::timeline_path). Events carry pid = rank and one tid per tensor,
 // named by a thread_name metadata event, so per-rank files can be merged by concatenating their
-// event arrays. The file is valid JSON at every moment: events are buffered and appended in
+// event arrays; the process_name metadata's monotonic_start_us (where time 0 lies on the host's
+// CLOCK_MONOTONIC) lets files from one host be shifted onto one clock (scripts/timeline-merge).
+// The file is valid JSON at every moment: events are buffered and appended in
 // batches (at most 2 ms after they are recorded, on Flush() and on destruction), each append
 // overwriting the closing bracket, so a process that dies mid-run leaves a file that parses and
-// holds every event flushed before it died.
+// holds every event flushed before it died; the exception, a write cut by SIGKILL at a page
+// boundary, leaves the file valid up to that boundary and spaces after it (timeline.cc).
 //
 // Thread-safe: the trainer's threads (QUEUE begins at submission) and the background thread write
 // concurrently. Events are formatted into the buffer under one mutex; a writer thread owned by the

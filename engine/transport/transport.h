@@ -103,6 +103,14 @@ class Pair {
     return FailedPrecondition("the connection to rank {} cannot combine bytes as they arrive",
                               peer());
   }
+
+  // Caps what this connection sends at `bytes_per_s` (0: no cap), spacing its packets out rather
+  // than sending in bursts, from the next send on. TCP paces in the kernel (SO_MAX_PACING_RATE);
+  // a transport that cannot pace says so.
+  virtual Status PaceSends(double /*bytes_per_s*/) {
+    return FailedPrecondition("the connection to rank {} cannot pace its sends (only tcp can)",
+                              peer());
+  }
 };
 
 class Device {

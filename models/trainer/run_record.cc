@@ -41,7 +41,8 @@ std::string RunRecordToJson(const RunRecord& r) {
                    {"ranks", s.ranks},
                    {"nodes", s.nodes},
                    {"ps_servers", s.ps_servers},
-                   {"ps_placement", s.ps_placement}};
+                   {"ps_placement", s.ps_placement},
+                   {"ps_pacing", s.ps_pacing}};
   if (r.results) {
     const RunResults& x = *r.results;
     const Engine::Stats& e = x.engine_stats;

@@ -6,7 +6,8 @@
 //    "settings": {"model", "batch_size", "num_warmup_batches", "num_batches", "compute",
 //                 "profile", "dilation", "backend", "transport", "hierarchical_allreduce",
 //                 "precision", "fusion_threshold_mb", "cycle_time_ms", "backward_passes_per_step",
-//                 "image_size", "num_classes", "ranks", "nodes", "ps_servers", "ps_placement"},
+//                 "image_size", "num_classes", "ranks", "nodes", "ps_servers", "ps_placement",
+//                 "ps_pacing"},
 //    "results": {"total_images_per_sec", "images_per_sec_per_rank", "images_per_sec_stddev",
 //                "step_time_ms_median", "exposed_wait_ms_median", <the time breakdown>,
 //                "final_loss", "kernel_share", "engine_stats": {..., "transport_pairs"}},
@@ -56,6 +57,7 @@ struct RunSettings {
   int nodes = 1;  // distinct hosts
   int ps_servers = 0;
   std::string ps_placement;
+  std::string ps_pacing;  // "125mbit", "off"; empty for other backends
 };
 
 // Where a step's time went, per rank and step, mean over the timed steps and the ranks.

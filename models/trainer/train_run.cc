@@ -52,6 +52,7 @@ RunSettings SettingsFrom(const TrainOptions& o) {
                        ? o.engine.ps_servers
                        : static_cast<int>(o.engine.ps_server_ranks.size());
     s.ps_placement = o.engine.ps_placement;
+    s.ps_pacing = FormatBitRate(o.engine.ps_pacing_bits_per_s);
     s.ranks = o.engine.size - s.ps_servers;
   }
   return s;

@@ -674,6 +674,61 @@ TEST(Engine, ShutdownFailsLaterSubmissions) {
   });
 }
 
+TEST(Engine, ShutdownFromSeveralThreadsAtOnceJoinsOnce) {
+  // Threads that shut the engine down together (a signal handler's thread and the main one, say)
+  // each return OK once the background thread has stopped; none joins it a second time.
+  RunRanks(2, [](int, Engine& engine) {
+    ASSERT_TRUE(engine.Barrier().ok());
+    std::vector<Status> results(4);
+    std::barrier start(static_cast<std::ptrdiff_t>(results.size()));
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < results.size(); ++i) {
+      threads.emplace_back([&, i] {
+        start.arrive_and_wait();
+        results[i] = engine.Shutdown();
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (const Status& s : results) EXPECT_TRUE(s.ok()) << s.ToString();
+    std::vector<float> buf(4);
+    EXPECT_FALSE(
+        engine
+            .AllreduceAsync("late", buf.data(), buf.data(), DataType::kFloat32, {4}, ReduceOp::kSum)
+            .ok());
+  });
+}
+
+TEST(Engine, TwoThreadsWaitingOnOneHandleGetItOnceAndAnErrorOnce) {
+  // Rank 0 waits on a pending allreduce from two threads; rank 1 submits its part later. One
+  // waiter gets the result, the other an error naming the handle; neither crashes nor hangs.
+  RunRanks(2, [](int rank, Engine& engine) {
+    std::vector<float> buf(4, 1.0f);
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    auto h = engine.AllreduceAsync("shared", buf.data(), buf.data(), DataType::kFloat32, {4},
+                                   ReduceOp::kSum);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    if (rank == 1) {
+      EXPECT_TRUE(engine.Wait(*h).ok());
+      return;
+    }
+    std::vector<Status> results(2);
+    std::barrier start(2);
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < results.size(); ++i) {
+      threads.emplace_back([&, i] {
+        start.arrive_and_wait();
+        results[i] = engine.Wait(*h, std::chrono::seconds(30));
+      });
+    }
+    for (auto& t : threads) t.join();
+    const int ok = static_cast<int>(results[0].ok()) + static_cast<int>(results[1].ok());
+    EXPECT_EQ(ok, 1) << results[0].ToString() << " / " << results[1].ToString();
+    const Status& other = results[0].ok() ? results[1] : results[0];
+    EXPECT_NE(other.message().find("handle"), std::string::npos) << other.ToString();
+    EXPECT_EQ(buf[0], 2.0f);
+  });
+}
+
 TEST(Engine, BadArgumentsAreRejectedAtSubmission) {
   RunRanks(1, [](int, Engine& engine) {
     float x = 0;

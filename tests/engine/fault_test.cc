@@ -36,8 +36,7 @@ class Job {
   // `host_names`: KOLO_HOST_NAME of each rank (none when empty).
   Job(int size, const std::vector<std::string>& args,
       const std::vector<std::string>& extra_env = {},
-      const std::vector<std::string>& host_names = {})
-      : size_(size) {
+      const std::vector<std::string>& host_names = {}) {
     bootstrap::TcpStoreServerOptions so;
     so.secret = bootstrap::GenerateSecret();
     auto server = bootstrap::TcpStoreServer::Start(so);
@@ -115,7 +114,6 @@ class Job {
   std::vector<RankProcess>& procs() { return procs_; }
 
  private:
-  int size_;
   std::unique_ptr<bootstrap::TcpStoreServer> server_;
   std::string secret_;
   std::vector<RankProcess> procs_;

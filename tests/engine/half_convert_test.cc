@@ -1,5 +1,6 @@
 // The float16/bfloat16 conversions of engine/common/dtype.h: exhaustive round trips, an
 // independent arithmetic reference, the CPU's F16C instructions where present, and known values.
+#include <cpuid.h>
 #include <gtest/gtest.h>
 #include <immintrin.h>
 
@@ -82,9 +83,10 @@ __attribute__((target("f16c"))) uint16_t HardwareFloatToHalf(float f) {
 }
 __attribute__((target("f16c"))) float HardwareHalfToFloat(uint16_t h) { return _cvtsh_ss(h); }
 
+// CPUID leaf 1, ECX bit 29 (clang does not accept "f16c" in __builtin_cpu_supports).
 bool HaveF16c() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("f16c");
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
 }
 
 TEST(HalfConvertTest, EveryHalfRoundTripsAndDecodesExactly) {

@@ -1,5 +1,6 @@
 #include "engine/common/options.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 namespace kolo {
@@ -152,6 +153,42 @@ TEST(Options, DefaultSocketBuffersFollowTheHost) {
       Env{{"KOLO_SIZE", "4"}, {"KOLO_RANK", "0"}, {"KOLO_SOCKET_BUFFER_BYTES", "65536"}});
   ASSERT_TRUE(set.ok()) << set.status().ToString();
   EXPECT_EQ(set->socket_buffer_bytes, 65536);
+}
+
+TEST(Options, BitRates) {
+  EXPECT_EQ(*ParseBitRate("x", "125mbit"), 125e6);
+  EXPECT_EQ(*ParseBitRate("x", "1.5gbit"), 1.5e9);
+  EXPECT_EQ(*ParseBitRate("x", "800kbit"), 800e3);
+  EXPECT_EQ(*ParseBitRate("x", "off"), 0);
+  EXPECT_EQ(*ParseBitRate("x", "0"), 0);
+  for (const char* bad : {"", "fast", "125", "125mb", "-5mbit", "1e3mbit", "0mbit", " 1gbit",
+                          "20000gbit", "gbit", "1.2.3gbit"}) {
+    auto r = ParseBitRate("KOLO_PS_PACING", bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find(fmt::format("KOLO_PS_PACING='{}'", bad)), std::string::npos)
+        << r.status().message();
+    EXPECT_NE(r.status().message().find("kbit, mbit or gbit"), std::string::npos);
+  }
+  EXPECT_EQ(FormatBitRate(125e6), "125mbit");
+  EXPECT_EQ(FormatBitRate(1.5e9), "1.5gbit");
+  EXPECT_EQ(FormatBitRate(0), "off");
+  EXPECT_EQ(*ParseBitRate("x", FormatBitRate(15.625e6)), 15.625e6);
+}
+
+TEST(Options, ParameterServerPacingFromTheEnvironment) {
+  auto set = OptionsFromEnvironment(Env{{"KOLO_SIZE", "3"},
+                                        {"KOLO_RANK", "0"},
+                                        {"KOLO_BACKEND", "ps"},
+                                        {"KOLO_PS_PACING", "125mbit"}});
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_EQ(set->ps_pacing_bits_per_s, 125e6);
+  auto unset = OptionsFromEnvironment(Env{{"KOLO_SIZE", "3"}, {"KOLO_RANK", "0"}});
+  ASSERT_TRUE(unset.ok());
+  EXPECT_EQ(unset->ps_pacing_bits_per_s, 0);
+  auto bad = OptionsFromEnvironment(
+      Env{{"KOLO_SIZE", "3"}, {"KOLO_RANK", "0"}, {"KOLO_PS_PACING", "lots"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("KOLO_PS_PACING='lots'"), std::string::npos);
 }
 
 TEST(Options, ByteSizes) {

@@ -13,8 +13,11 @@
 #include <sstream>
 #include <thread>
 
+#include "engine/backends/ps/job.h"
 #include "engine/bootstrap/store.h"
 #include "engine/engine.h"
+#include "engine/transport/tcp/pair.h"
+#include "engine/transport/tcp/socket.h"
 #include "tests/engine/engine_test_util.h"
 #include "tests/engine/ps_test_util.h"
 
@@ -159,6 +162,63 @@ INSTANTIATE_TEST_SUITE_P(WorkersServersPlacement, PsEquivalence,
                            return fmt::format("w{}_s{}_{}", info.param.workers, info.param.servers,
                                               info.param.placement);
                          });
+
+// With pacing, every worker's connections to the servers carry the cap (in bytes/s), and nothing
+// else does: not the servers' connections, not a worker's to another worker.
+TEST(PsEngine, WorkersPaceTheirConnectionsToTheServersOnly) {
+  const int size = 4;  // workers 0, 1; servers 2, 3
+  bootstrap::InMemoryStore store;
+  std::vector<StatusOr<backends::ps::Job>> jobs;
+  for (int r = 0; r < size; ++r) jobs.emplace_back(Internal("not joined"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      Options o = PsRankOptions(r, size, 2, "greedy");
+      o.transport = "tcp";
+      o.ps_pacing_bits_per_s = 800e6;
+      jobs[static_cast<size_t>(r)] = backends::ps::Join(o, &store);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < size; ++r) {
+    ASSERT_TRUE(jobs[static_cast<size_t>(r)].ok())
+        << jobs[static_cast<size_t>(r)].status().ToString();
+  }
+  for (int r = 0; r < size; ++r) {
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == r) continue;
+      auto& pair =
+          dynamic_cast<transport::tcp::TcpPair&>(jobs[static_cast<size_t>(r)]->device->pair(peer));
+      auto rate = transport::tcp::MaxPacingRate(pair.fd());
+      ASSERT_TRUE(rate.ok()) << rate.status().ToString();
+      const bool paced = r < 2 && peer >= 2;
+      EXPECT_EQ(*rate, paced ? uint64_t{100000000} : ~uint64_t{0})
+          << "rank " << r << " to " << peer;
+    }
+  }
+  // The devices close together, as a job's ranks do.
+  threads.clear();
+  for (auto& job : jobs) threads.emplace_back([&job] { job = Internal("closed"); });
+  for (auto& t : threads) t.join();
+}
+
+// Paced pushes train to the same weights.
+TEST(PsEngine, PacedPushesGiveTheSameWeights) {
+  const int size = 3;
+  const auto results = RunPsJob(
+      size,
+      [&](int r) {
+        Options o = PsRankOptions(r, size, 1, "split");
+        o.transport = "tcp";
+        o.ps_pacing_bits_per_s = 4e9;
+        return o;
+      },
+      [&](Engine& e) { return TrainAndCheck(e, 3, /*large=*/true); });
+  for (int r = 0; r < size; ++r) {
+    EXPECT_TRUE(results[static_cast<size_t>(r)].ok())
+        << "rank " << r << ": " << results[static_cast<size_t>(r)].ToString();
+  }
+}
 
 TEST(PsEngine, ExplicitServerRanksInTheMiddleOfTheJob) {
   // Launch ranks 0..4; ranks 1 and 3 serve. Workers are launch ranks 0, 2, 4 = worker 0, 1, 2.

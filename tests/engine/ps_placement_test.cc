@@ -237,29 +237,38 @@ TEST(PsSettings, FromTheEnvironment) {
   EXPECT_NE(garbage.status().message().find("item 'x' is not a rank"), std::string::npos);
 }
 
-TEST(PsSettings, FromFlags) {
+// Parses `args` (after the program name) as engine flags and applies them to `o`.
+Status ApplyFlags(std::vector<const char*> args, Options* o) {
   CLI::App app;
   EngineFlags flags;
   flags.Add(app);
-  const char* argv[] = {"prog", "--backend",      "ps",   "--ps-server-ranks",
-                        "1,2",  "--ps-placement", "split"};
-  app.parse(7, const_cast<char**>(argv));
+  args.insert(args.begin(), "prog");
+  app.parse(static_cast<int>(args.size()), const_cast<char**>(args.data()));
+  return flags.Apply(o);
+}
+
+TEST(PsSettings, FromFlags) {
   Options o = PsOptions(4, 1);
   o.backend = "ring";
-  ASSERT_TRUE(flags.Apply(&o).ok());
+  ASSERT_TRUE(ApplyFlags({"--backend", "ps", "--ps-server-ranks", "1,2", "--ps-placement", "split",
+                          "--ps-pacing", "1.5gbit"},
+                         &o)
+                  .ok());
   EXPECT_EQ(o.ps_servers, 2);
   EXPECT_EQ(o.ps_server_ranks, (std::vector<int>{1, 2}));
   EXPECT_EQ(o.ps_placement, "split");
+  EXPECT_EQ(o.ps_pacing_bits_per_s, 1.5e9);
 
-  CLI::App app2;
-  EngineFlags flags2;
-  flags2.Add(app2);
-  const char* argv2[] = {"prog", "--backend", "ps", "--ps-servers", "4"};
-  app2.parse(5, const_cast<char**>(argv2));
   Options o2 = PsOptions(4, 1);
-  const Status s = flags2.Apply(&o2);
+  const Status s = ApplyFlags({"--backend", "ps", "--ps-servers", "4"}, &o2);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("4 parameter server(s)"), std::string::npos) << s.message();
+
+  Options o3 = PsOptions(4, 1);
+  const Status s3 = ApplyFlags({"--backend", "ps", "--ps-pacing", "fast"}, &o3);
+  EXPECT_EQ(s3.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s3.message().find("--ps-pacing='fast' is not a rate"), std::string::npos)
+      << s3.message();
 }
 
 }  // namespace

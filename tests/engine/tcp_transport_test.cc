@@ -146,6 +146,42 @@ TEST(TcpTransport, SendRecvEverySize) {
   EXPECT_EQ(d[1]->bytes_received(), total);
 }
 
+TEST(TcpTransport, PacedSendsCapTheSocketAndStillDeliver) {
+  bootstrap::InMemoryStore store;
+  Devices d = ConnectAll(2, store);
+  auto& paced = dynamic_cast<TcpPair&>(d[0]->pair(1));
+  auto& back = dynamic_cast<TcpPair&>(d[1]->pair(0));
+  ASSERT_TRUE(paced.PaceSends(50e6).ok());
+  EXPECT_EQ(*MaxPacingRate(paced.fd()), 50000000u);
+  EXPECT_EQ(*MaxPacingRate(back.fd()), ~uint64_t{0});  // only the one direction, one connection
+  // 1 MiB goes through intact at 50 MB/s.
+  const size_t size = 1 << 20;
+  const std::vector<uint8_t> sent = Pattern(size, 7);
+  std::vector<uint8_t> got(size, 0);
+  auto statuses = kolo::testing::RunRankThreads(2, [&](int r) -> Status {
+    Device& dev = *d[r];
+    std::vector<Completion> done;
+    if (r == 0) {
+      KOLO_ASSIGN_OR_RETURN(auto region, dev.Register(const_cast<uint8_t*>(sent.data()), size));
+      KOLO_RETURN_IF_ERROR(dev.pair(1).Send(*region, 0, size, 5));
+      return WaitFor(dev, 1, &done, milliseconds(20000));
+    }
+    KOLO_ASSIGN_OR_RETURN(auto region, dev.Register(got.data(), size));
+    KOLO_RETURN_IF_ERROR(dev.pair(0).Recv(*region, 0, size, 5));
+    return WaitFor(dev, 1, &done, milliseconds(20000));
+  });
+  ASSERT_TRUE(statuses[0].ok()) << statuses[0].ToString();
+  ASSERT_TRUE(statuses[1].ok()) << statuses[1].ToString();
+  EXPECT_EQ(got, sent);
+  // Above 32 bits, and lifted again.
+  ASSERT_TRUE(paced.PaceSends(6e9).ok());
+  EXPECT_EQ(*MaxPacingRate(paced.fd()), 6000000000u);
+  ASSERT_TRUE(paced.PaceSends(0).ok());
+  EXPECT_EQ(*MaxPacingRate(paced.fd()), ~uint64_t{0});
+  const Status bad = paced.PaceSends(-1);
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument) << bad.ToString();
+}
+
 TEST(TcpTransport, FifoOrderBothDirectionsAndShortMessages) {
   bootstrap::InMemoryStore store;
   Devices d = ConnectAll(3, store);

@@ -9,6 +9,8 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -75,9 +77,18 @@ class TimelineTest : public ::testing::Test {
   std::filesystem::path dir_;
 };
 
+// Microseconds on the host's monotonic clock (steady_clock is CLOCK_MONOTONIC on Linux).
+int64_t MonotonicMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 TEST_F(TimelineTest, WritesMetadataAndEvents) {
   const std::string path = PathOf("t.json");
+  const int64_t before = MonotonicMicros();
   auto tl = Timeline::Open(path, 3);
+  const int64_t after = MonotonicMicros();
   ASSERT_TRUE(tl.ok()) << tl.status().ToString();
   EXPECT_EQ((*tl)->path(), path);
   (*tl)->Begin("conv1/weight", "NEGOTIATE");
@@ -93,6 +104,11 @@ TEST_F(TimelineTest, WritesMetadataAndEvents) {
   EXPECT_EQ(all[0].at("name"), "process_name");
   EXPECT_EQ(all[0].at("args").at("name"), "rank 3");
   EXPECT_EQ(all[0].at("pid"), 3);
+  // Where the file's time 0 lies on the host's monotonic clock: between the moments around Open,
+  // so that timelines of several processes can be put on one clock.
+  const int64_t origin = all[0].at("args").at("monotonic_start_us");
+  EXPECT_LE(before, origin);
+  EXPECT_LE(origin, after);
 
   const auto tracks = Tracks(trace);
   ASSERT_EQ(tracks.size(), 2u);
@@ -325,10 +341,68 @@ TEST_F(TimelineTest, ConcurrentWriters) {
   }
 }
 
+// The documented exception to "a killed writer leaves a file that parses": Linux may stop a
+// write between pages when SIGKILL arrives, and the document's end has to cross each page
+// boundary in one write. A file cut that way holds, up to a page boundary, what was written, and
+// after it only the spaces reserved ahead. Returns the file repaired as a reader does it (the
+// partial last event dropped, the array closed), or discarded JSON when the file is not such a
+// cut: garbage, a cut elsewhere, or a cut that loses more than the last event.
+json RepairPageCut(const std::string& text, std::string* why) {
+  const size_t end = text.find_last_not_of(' ');
+  if (end == std::string::npos || (end + 1) % 4096 != 0) {
+    *why = "the content does not end at a page boundary (ends at " +
+           std::to_string(end == std::string::npos ? 0 : end + 1) + ")";
+    return json::value_t::discarded;
+  }
+  const size_t last = text.rfind(",\n{", end);
+  if (last == std::string::npos) {
+    *why = "no event before the cut";
+    return json::value_t::discarded;
+  }
+  json j = json::parse(text.substr(0, last) + "\n]}\n", nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) *why = "the events before the cut do not parse";
+  return j;
+}
+
+// The repair above accepts a cut exactly at a page boundary, with only spaces after it, and
+// nothing else.
+TEST_F(TimelineTest, PageCutIsRepairedOnlyAtAPageBoundary) {
+  const std::string path = PathOf("whole.json");
+  {
+    auto tl = Timeline::Open(path, 1);
+    ASSERT_TRUE(tl.ok()) << tl.status().ToString();
+    for (int i = 0; i < 500; ++i) {
+      (*tl)->Begin("t", "STEP", "{\"i\":" + std::to_string(i) + "}");
+      (*tl)->End("t", "STEP");
+    }
+    ASSERT_TRUE((*tl)->Flush().ok());
+  }
+  const std::string whole = ReadFile(path);
+  ASSERT_GT(whole.size(), 3u * 4096);
+  const size_t boundary = 2 * 4096;
+  const auto cut_at = [&](size_t at) { return whole.substr(0, at) + std::string(8192, ' '); };
+  std::string why;
+  const json repaired = RepairPageCut(cut_at(boundary), &why);
+  ASSERT_FALSE(repaired.is_discarded()) << why;
+  // Every event that ended before the boundary, in order.
+  const auto events = Events(repaired);
+  const auto all = Events(Parse(path));
+  ASSERT_GT(events.size(), 10u);
+  ASSERT_LT(events.size(), all.size());
+  for (size_t k = 0; k < events.size(); ++k) EXPECT_EQ(events[k], all[k]) << k;
+  // Not at a boundary, or garbage after it: refused.
+  EXPECT_TRUE(RepairPageCut(cut_at(boundary + 10), &why).is_discarded());
+  EXPECT_NE(why.find("page boundary"), std::string::npos) << why;
+  EXPECT_TRUE(RepairPageCut(whole.substr(0, boundary) + "xx" + std::string(4094, ' '), &why)
+                  .is_discarded());
+}
+
 // A writer killed with SIGKILL at an arbitrary moment leaves a file that parses and holds every
-// event written before the kill.
+// event written before the kill, or, rarely, one cut at a page boundary (RepairPageCut) that
+// holds them up to its last event.
 TEST_F(TimelineTest, SurvivesSigkillMidStream) {
   constexpr int kRounds = 6;
+  int cut = 0;
   constexpr int kReadyAfter = 2000;
   for (int round = 0; round < kRounds; ++round) {
     const std::string path = PathOf("killed" + std::to_string(round) + ".json");
@@ -369,8 +443,17 @@ TEST_F(TimelineTest, SurvivesSigkillMidStream) {
     ASSERT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL)
         << "child exited by itself with status " << wstatus << " instead of being killed";
 
-    const json trace = Parse(path);
-    ASSERT_FALSE(trace.is_discarded()) << "round " << round;
+    const std::string text = ReadFile(path);
+    json trace = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (trace.is_discarded()) {
+      std::string why;
+      trace = RepairPageCut(text, &why);
+      ASSERT_FALSE(trace.is_discarded())
+          << "round " << round << ": not valid JSON, and not a cut at a page boundary: " << why
+          << "; it ends:\n"
+          << text.substr(text.size() > 600 ? text.size() - 600 : 0);
+      ++cut;
+    }
     const auto events = Events(trace);
     ASSERT_GE(events.size(), static_cast<size_t>(2 * kReadyAfter)) << "round " << round;
     // Events are complete and in order; at most the last STEP is still open.
@@ -383,6 +466,10 @@ TEST_F(TimelineTest, SurvivesSigkillMidStream) {
     const auto open = CheckNesting(events);
     EXPECT_LE(open.size(), 1u) << "round " << round;
   }
+  // Rare, not routine: about 1 kill in 100 cut a file this small in CI runs on a loaded host.
+  if (cut > 0)
+    std::printf("%d of %d killed writers' files were cut at a page boundary\n", cut, kRounds);
+  EXPECT_LE(cut, kRounds / 3) << cut << " of " << kRounds << " files were cut at a page boundary";
 }
 
 TEST_F(TimelineTest, OpenTruncatesAnExistingFile) {

@@ -5,6 +5,7 @@
 // not RDMA hardware; no QP, MR or CQ may outlive a test) and over every real RDMA device
 // libibverbs finds (rdma_libibverbs: skipped, saying why, where there is none). Ranks are threads
 // over an InMemoryStore; the transports are real (loopback sockets, shared memory, verbs).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -445,6 +446,25 @@ std::vector<int64_t> Int64s(size_t n, int64_t seed) {
 
 // Accumulating receives mixed with plain ones on the same pair, from empty to many times any
 // buffer of the transport.
+// Pacing: a connection over TCP takes a cap; one that cannot pace (shared memory, verbs) says so.
+TEST_P(TransportContract, PacingIsTakenByTcpAndRefusedClearlyElsewhere) {
+  bootstrap::InMemoryStore store;
+  Devices d = Connect(2, store);
+  for (int r = 0; r < 2; ++r) {
+    Device& dev = *d[static_cast<size_t>(r)];
+    const std::string kind = dev.pair_transport(1 - r);
+    const Status s = dev.pair(1 - r).PaceSends(100e6);
+    if (kind == "tcp") {
+      EXPECT_TRUE(s.ok()) << GetParam().label << ": " << s.ToString();
+    } else {
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << GetParam().label;
+      EXPECT_NE(s.message().find(fmt::format("rank {} cannot pace its sends", 1 - r)),
+                std::string::npos)
+          << s.message();
+    }
+  }
+}
+
 TEST_P(TransportContract, RecvAccumulateSumsIntoPlace) {
   bootstrap::InMemoryStore store;
   Devices d = Connect(2, store);

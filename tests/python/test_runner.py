@@ -153,9 +153,15 @@ def test_resume_after_the_runner_is_killed(write_sweep, tmp_path, sig):
     out = tmp_path / "out"
     calls = tmp_path / "calls.txt"
     path = write_sweep(sweep_text(models=("resnet101", "vgg16", "resnet50"), ranks=(1, 2)))
-    # 3 s per point: the sweep cannot finish before the kill even if this process is starved for a
-    # while on a loaded host (at 1 s per point it once did, and nothing was left to resume).
-    env = dict(os.environ, PYTHONPATH=str(ROOT), FAKE_TRAIN_CALLS=str(calls), FAKE_TRAIN_SLEEP_S="3")
+    # resnet50's points stall (its baseline is the third point), so the sweep cannot finish before
+    # the kill however long this process is kept from running; the first two points take 1 s each.
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        FAKE_TRAIN_CALLS=str(calls),
+        FAKE_TRAIN_SLEEP_S="1",
+        FAKE_TRAIN_STALL="resnet50",
+    )
     proc = subprocess.Popen(
         [sys.executable, "-m", "reports.cli", "sweep", path, "--out", str(out), "--no-report"],
         env=env,
@@ -170,7 +176,8 @@ def test_resume_after_the_runner_is_killed(write_sweep, tmp_path, sig):
     os.kill(proc.pid, sig)
     proc.wait(timeout=60)
     done = {r["point_id"] for r in schema.read_rows(csv_path)}
-    assert 2 <= len(done) < 9  # 3 models x 2 rank counts, and the 3 baselines
+    # 3 models x 2 rank counts and the 3 baselines; the baselines run first, resnet50's stalled.
+    assert len(done) == 2
     # The interrupted point's processes are gone (SIGTERM: stopped by the runner; SIGKILL: the
     # launcher dies with its parent and its ranks with it).
     deadline = time.monotonic() + 30
@@ -271,3 +278,35 @@ def test_an_earlier_kolos_results_file_is_carried_over(write_sweep, tmp_path):
         ("1", "1.0000"),
         ("2", "0.9091"),
     ]
+
+
+def _sleeper(token):
+    env = dict(os.environ, **{launch.TOKEN_VAR: token})
+    return subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
+
+
+def test_the_guard_stops_a_points_processes_only_when_the_runner_dies():
+    # The point is over: the guard is told so and leaves every process alone.
+    token = f"guard-test-{os.getpid()}"
+    sleeper = _sleeper(token)
+    try:
+        guard = launch.point_guard(token)
+        guard.release()
+        assert guard.proc.returncode == 0
+        assert sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # The runner died (its end of the pipe closed without a word): the guard kills the token's
+    # processes, and nothing else.
+    sleeper, bystander = _sleeper(token), _sleeper(token + "-other")
+    try:
+        guard = launch.point_guard(token)
+        guard.release(done=False, timeout=30)
+        assert guard.proc.returncode == 0
+        assert sleeper.wait(timeout=10) == -signal.SIGKILL
+        assert bystander.poll() is None
+    finally:
+        for p in (sleeper, bystander):
+            p.kill()
+            p.wait()

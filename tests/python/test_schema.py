@@ -5,7 +5,7 @@ import csv
 import re
 
 import pytest
-from reports import schema
+from reports import schema, settings
 
 from conftest import FIXTURES, ROOT
 
@@ -63,6 +63,21 @@ def test_row_from_record():
     assert row["ps_servers"] == ""  # does not apply to ring
     assert row["total_images_per_sec"] == "1234.57"
     assert row["repeat"] == "1" and row["duration_s"] == "3.25"
+
+
+def test_ps_pacing_is_a_ps_setting_and_off_reads_as_unpaced():
+    ps = dict(RECORD, settings=dict(RECORD["settings"], backend="ps", ps_servers=1, ps_pacing=""))
+    base = {"model": "vgg16", "ranks": 4, "backend": "ps", "point_id": "p1", "repeat": 0}
+    paced = schema.make_row(dict(base, ps_pacing="125mbit"), ps, run_id="r1", status="ok")
+    assert paced["ps_pacing"] == "125mbit"
+    for point in (base, dict(base, ps_pacing="off")):
+        assert schema.make_row(point, ps, run_id="r1", status="ok")["ps_pacing"] == ""
+    ring = {"model": "vgg16", "ranks": 4, "backend": "ring", "point_id": "p2", "repeat": 0}
+    ring_row = schema.make_row(dict(ring, ps_pacing="125mbit"), RECORD, run_id="r1", status="ok")
+    assert ring_row["ps_pacing"] == ""
+    # A ps point's flag, and none for ring.
+    assert settings.trainer_args(dict(base, ps_pacing="125mbit"))[-2:] == ["--ps-pacing", "125mbit"]
+    assert "--ps-pacing" not in settings.trainer_args(dict(ring, ps_pacing="125mbit"))
 
 
 def test_failed_row_has_no_results_and_one_line_error():

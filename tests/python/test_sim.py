@@ -2,7 +2,9 @@
 (reports/simvalidate.py), and the regression gate on predicted rows."""
 
 import csv
+import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -208,9 +210,10 @@ def test_sim_validate_takes_the_median_of_repeats_and_states_their_spread(tmp_pa
 @pytest.mark.parametrize(
     "example,median,worst",
     [
-        ("sim-fig6-emulated", 3.8, 21.1),
+        ("sim-fig6-emulated", 3.3, 11.2),
         ("sim-validate-emulated", 4.5, 8.1),
         ("sim-validate-loopback", 12.2, 46.8),
+        ("ps-pacing-emulated", 3.5, 11.5),
     ],
 )
 def test_the_committed_validations_say_what_their_readmes_say(example, median, worst):
@@ -228,3 +231,35 @@ def test_the_committed_validations_say_what_their_readmes_say(example, median, w
     # The top README quotes them too.
     top = " ".join((ROOT / "README.md").read_text().split())
     assert f"{example}/" in top and f"median {median:.1f}%, worst {worst:.1f}%" in top
+
+
+def test_the_committed_emulated_calibration_is_what_its_bench_files_give(tmp_path):
+    # kolo-sim calibrate over the committed bench files (the command in reports/examples/
+    # sim-fig6-emulated/README.md) writes the committed calibration, paced incast included: a paced
+    # run's spread counts as a share of the unpaced one at its worker count.
+    need_sim()
+    cal_dir = ROOT / "sim" / "calibrations"
+    incast = [f"bench/incast-{n}workers.json" for n in (2, 4, 8)] + ["bench/incast-8workers-paced-2x.json"]
+    bench = [f"bench/emulated-{n}x1gbit.json" for n in (2, 4, 8)]
+    bench += [f"bench/steps-emulated-{n}x1gbit-resnet101.json" for n in (2, 4, 8)]
+    out = tmp_path / "cal.json"
+    argv = [str(BIN_DIR / "kolo-sim"), "calibrate", "--link", "1gbit", "--burst", "262144"]
+    argv += ["--base", "emulated-tbf.json", "--name", "emulated-tbf-bench", "--incast", *incast]
+    argv += ["--out", str(out), *bench]
+    done = subprocess.run(argv, cwd=cal_dir, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(out.read_text())
+    committed = json.loads((cal_dir / "emulated-tbf-bench.json").read_text())
+    got["source"] = committed["source"] = ""  # names the output file
+    assert got == committed
+    paced = json.loads((cal_dir / "bench/incast-8workers-paced-2x.json").read_text())
+    unpaced = json.loads((cal_dir / "bench/incast-8workers.json").read_text())
+    share = paced["ps_stream_spread"] / unpaced["ps_stream_spread"]
+    assert got["ps_paced_spread_share"] == {"2": pytest.approx(share)}
+    assert "8 paced at 2 times a fair share" in done.stdout
+    # A paced run with no unpaced one of its worker count to compare with: exit 2, naming it.
+    argv_bad = argv[: argv.index("--incast") + 1] + ["bench/incast-8workers-paced-2x.json"]
+    argv_bad += ["--out", str(tmp_path / "bad.json"), *bench]
+    bad = subprocess.run(argv_bad, cwd=cal_dir, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert "bench/incast-8workers-paced-2x.json: paced at 3.125e+07 B/s with 8 workers" in bad.stderr

@@ -161,6 +161,10 @@ BAD = {
         "[launcher]\nhosts='node1:4'\n[fixed]\nbackend='ps'\nps_servers=1\n[matrix]\nmodel=['vgg16']\nranks=[4]",
         "needs 5 processes but the hosts give 4 slots",
     ),
+    "ps-pacing-malformed": (
+        "[fixed]\nbackend='ps'\nps_pacing='125Mbps'\n[matrix]\nmodel=['vgg16']\nranks=[2]",
+        "[fixed] ps_pacing: '125Mbps' is not allowed; allowed: a rate like \"125mbit\"",
+    ),
     # The emulated network ([launcher] kind = "cluster") and time dilation.
     "cluster-setting-without-cluster": (
         "[fixed]\nhosts=2\n[matrix]\nmodel=['vgg16']\nranks=[2]",

@@ -2,6 +2,7 @@
 // calibration fit on synthetic data with known parameters.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -227,6 +228,95 @@ TEST(SimModelTest, PullsWaitForTheSlowestStreamOfAServersLink) {
   auto one_fair = Predict(PaperPoint("resnet101", "ps", 1), Calibration{});
   ASSERT_TRUE(one.ok() && one_fair.ok());
   EXPECT_DOUBLE_EQ(one->step_ms, one_fair->step_ms);
+}
+
+TEST(SimModelTest, PacedPushesShareTheServersLinkEvenly) {
+  // Eight workers, one host each, into one server on 10 Gbit/s links: a fair share is 1.25 Gbit/s.
+  Point p = PaperPoint("resnet101", "ps", 8);
+  p.ranks_per_host = 1;
+  p.ps_servers = 1;
+  p.link_gbit = 10;
+  auto predict = [&](double pace_gbit, const Calibration& cal) {
+    Point q = p;
+    q.ps_pacing_bits_per_s = pace_gbit * 1e9;
+    auto r = Predict(q, cal);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? r->step_ms : 0.0;
+  };
+  const Calibration fair;
+  Calibration uneven;
+  uneven.ps_stream_spread = {{8, 0.5}};
+  // With fair shares, a pace at or above the fair share changes nothing: the server's link is the
+  // bottleneck either way.
+  EXPECT_NEAR(predict(1.25, fair), predict(0, fair), 1e-9);
+  EXPECT_NEAR(predict(5, fair), predict(0, fair), 1e-9);
+  // Under the measured unevenness, pacing at the fair share evens the pushes out (the pulls keep
+  // their spread).
+  EXPECT_LT(predict(1.25, uneven), predict(0, uneven));
+  // Paces far above the fair share leave the streams as uneven as unpaced ones.
+  EXPECT_NEAR(predict(10, uneven), predict(0, uneven), 1e-9);
+  // Below the fair share the pace is the bottleneck: the less of it, the slower.
+  double last_ms = 1e30;
+  for (double pace : {1.25, 1.0, 0.625, 0.3, 0.1}) {
+    const double ms = predict(pace, fair);
+    EXPECT_GT(ms, pace == 1.25 ? 0 : last_ms) << pace << " Gbit/s";
+    last_ms = ms;
+  }
+  // Above it the streams crowd the link's queue again: just above, the slowest keeps what the
+  // others' paces leave (1 - 7 x 0.04 = 0.72 of a fair share at 1.3 Gbit/s, against 0.5
+  // unpaced), and from 1 + 0.5 / 7 of it on they are as uneven as unpaced ones. More pace is never
+  // faster there (the engine's cycle grid aside).
+  const double even = predict(1.25, uneven), unpaced = predict(0, uneven);
+  const double just_above = predict(1.3, uneven);
+  EXPECT_GT(just_above, even);
+  EXPECT_LT(just_above, unpaced);
+  last_ms = just_above;
+  for (double pace : {1.5, 2.5, 5.0, 10.0}) {
+    const double ms = predict(pace, uneven);
+    EXPECT_GE(ms, last_ms - p.cycle_time_ms) << pace << " Gbit/s";
+    EXPECT_NEAR(ms, unpaced, 1e-9) << pace << " Gbit/s";
+    last_ms = ms;
+  }
+  // Pacing needs TCP.
+  Point rdma = p;
+  rdma.transport = "rdma";
+  rdma.ps_pacing_bits_per_s = 1.25e9;
+  auto refused = Predict(rdma, fair);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("pacing needs transport tcp"), std::string::npos)
+      << refused.status().message();
+}
+
+TEST(SimModelTest, PacedSpreadIsTheMeasuredShareInterpolatedInLog2OfThePace) {
+  Calibration cal;
+  cal.ps_stream_spread = {{8, 0.5}};
+  // No share measured: all of the spread, but for what the others' paces leave the slowest.
+  EXPECT_EQ(PacedStreamSpread(cal, 8, 1.0), 0);
+  EXPECT_NEAR(PacedStreamSpread(cal, 8, 1.04), 7 * 0.04, 1e-12);
+  EXPECT_DOUBLE_EQ(PacedStreamSpread(cal, 8, 2), 0.5);
+  // Measured at 2 times a fair share: 0.6 of it. From none at 1 to 0.6 at 2 to all at 8 (the
+  // stream count), in log2 of the ratio.
+  cal.ps_paced_spread_share = {{2.0, 0.6}};
+  EXPECT_DOUBLE_EQ(PacedStreamSpread(cal, 8, 2), 0.3);
+  EXPECT_NEAR(PacedStreamSpread(cal, 8, std::sqrt(2.0)), 0.5 * 0.3, 1e-12);
+  EXPECT_NEAR(PacedStreamSpread(cal, 8, 4), 0.5 * (0.6 + 0.5 * 0.4), 1e-12);
+  EXPECT_DOUBLE_EQ(PacedStreamSpread(cal, 8, 8), 0.5);
+  EXPECT_DOUBLE_EQ(PacedStreamSpread(cal, 8, 100), 0.5);
+  EXPECT_EQ(PacedStreamSpread(cal, 1, 4), 0);  // one stream: nothing to share
+  // Read back from JSON, and refused when out of range.
+  auto back = CalibrationFromJson(CalibrationToJson(cal), "test");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->ps_paced_spread_share, cal.ps_paced_spread_share);
+  for (const char* bad :
+       {R"({"format": "kolo-sim-calibration", "name": "x", "ps_paced_spread_share": {"1": 0.5}})",
+        R"({"format": "kolo-sim-calibration", "name": "x", "ps_paced_spread_share": {"2": 1.5}})",
+        R"({"format": "kolo-sim-calibration", "name": "x", "ps_paced_spread_share": {"two": 0.5}})",
+        R"({"format": "kolo-sim-calibration", "name": "x", "ps_paced_spread_share": [0.5]})"}) {
+    auto r = CalibrationFromJson(bad, "test");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("ps_paced_spread_share"), std::string::npos)
+        << r.status().message();
+  }
 }
 
 TEST(SimModelTest, CalibrationJsonKeepsEveryField) {

@@ -131,6 +131,19 @@ StatusOr<Job> Join(const Options& options, bootstrap::Store* external) {
       ++w.local_size;
     }
     job.worker_store = std::make_unique<bootstrap::PrefixStore>("workers/", *job.rendezvous.store);
+    if (options.ps_pacing_bits_per_s > 0) {
+      // Pushes go out paced on every connection to a server that crosses a wire; shared memory
+      // within a host has none to pace.
+      for (int server : job.roles.server_ranks) {
+        if (std::string(job.device->pair_transport(server)) == "shm") continue;
+        Status s = job.device->pair(server).PaceSends(options.ps_pacing_bits_per_s / 8);
+        if (!s.ok()) {
+          return s.WithContext(fmt::format("{}: pacing its pushes at {} (KOLO_PS_PACING)",
+                                           job.roles.Describe(options.rank),
+                                           FormatBitRate(options.ps_pacing_bits_per_s)));
+        }
+      }
+    }
   }
   return job;
 }

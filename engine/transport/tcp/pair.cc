@@ -63,6 +63,13 @@ Status TcpPair::RecvAccumulate(Region& region, size_t offset, size_t capacity, u
   return PostRecv(region, offset, capacity, tag, acc);
 }
 
+Status TcpPair::PaceSends(double bytes_per_s) {
+  if (!fd_.valid()) return Lost("its connection is closed");
+  Status s = SetMaxPacingRate(fd_.get(), bytes_per_s);
+  if (!s.ok()) return s.WithContext(fmt::format("pacing the connection to rank {}", peer_));
+  return Status::OK();
+}
+
 Status TcpPair::PostRecv(Region& region, size_t offset, size_t capacity, uint64_t tag,
                          const Accumulator& acc) {
   if (!state_.error.ok()) return state_.error;

@@ -52,6 +52,7 @@ class TcpPair final : public Pair {
   bool CanAccumulate() const override { return true; }
   Status RecvAccumulate(Region& region, size_t offset, size_t capacity, uint64_t tag,
                         const Accumulator& acc) override;
+  Status PaceSends(double bytes_per_s) override;
 
   // -1 once the connection is closed.
   int fd() const { return fd_.get(); }

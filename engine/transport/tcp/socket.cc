@@ -5,8 +5,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
+#include <cstring>
+#include <limits>
 
 namespace kolo::transport::tcp {
 
@@ -83,6 +87,41 @@ Status SetNoDelay(int fd) {
     return ErrnoStatus(StatusCode::kInternal, "setsockopt(TCP_NODELAY)", errno);
   }
   return Status::OK();
+}
+
+Status SetMaxPacingRate(int fd, double bytes_per_s) {
+  if (!(bytes_per_s >= 0) || !std::isfinite(bytes_per_s)) {
+    return InvalidArgument("pacing rate {} bytes/s is not a non-negative number", bytes_per_s);
+  }
+  // The kernel takes 32 bits (~0U: no cap) and, since Linux 4.20, 64.
+  const uint64_t rate =
+      bytes_per_s <= 0 ? ~uint64_t{0} : std::max<uint64_t>(1, static_cast<uint64_t>(bytes_per_s));
+  int rc;
+  if (rate == ~uint64_t{0} || rate < std::numeric_limits<uint32_t>::max()) {
+    const uint32_t v = rate == ~uint64_t{0} ? ~0U : static_cast<uint32_t>(rate);
+    rc = ::setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &v, sizeof v);
+  } else {
+    rc = ::setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof rate);
+  }
+  if (rc != 0) {
+    return ErrnoStatus(StatusCode::kInternal,
+                       fmt::format("setsockopt(SO_MAX_PACING_RATE, {} bytes/s)", rate), errno);
+  }
+  return Status::OK();
+}
+
+StatusOr<uint64_t> MaxPacingRate(int fd) {
+  uint64_t v = 0;
+  socklen_t len = sizeof v;
+  if (::getsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &v, &len) != 0) {
+    return ErrnoStatus(StatusCode::kInternal, "getsockopt(SO_MAX_PACING_RATE)", errno);
+  }
+  if (len == sizeof(uint32_t)) {
+    uint32_t v32 = 0;
+    std::memcpy(&v32, &v, sizeof v32);
+    return v32 == ~0U ? ~uint64_t{0} : uint64_t{v32};
+  }
+  return v;
 }
 
 StatusOr<Fd> NewStreamSocket(int64_t buffer_bytes) {

@@ -47,6 +47,11 @@ StatusOr<Fd> NewStreamSocket(int64_t buffer_bytes);
 
 // Sets TCP_NODELAY on an accepted socket (buffer sizes are inherited from the listener).
 Status SetNoDelay(int fd);
+// SO_MAX_PACING_RATE: the kernel spaces the socket's packets out to at most `bytes_per_s`
+// (rounded down to whole bytes; at least 1); 0 lifts the cap. MaxPacingRate reads it back
+// (UINT64_MAX: no cap).
+Status SetMaxPacingRate(int fd, double bytes_per_s);
+StatusOr<uint64_t> MaxPacingRate(int fd);
 
 // A listening socket bound to `ip` on an ephemeral port; *bound receives the address chosen.
 StatusOr<Fd> Listen(const std::string& ip, int64_t buffer_bytes, sockaddr_in* bound);

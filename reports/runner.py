@@ -295,10 +295,19 @@ def _run_point(
     guard = launch.point_guard(token)
     started = time.monotonic()
     load = hostload.HostLoad()
+    clean = False
     try:
-        proc = launch.start(argv, env, log_path, token)
+        # A signal between the launcher's start and the handler below would leave the launcher
+        # running unstopped: hold it until the handler is in place.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
+        try:
+            proc = launch.start(argv, env, log_path, token)
+        except BaseException:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            raise
         timed_out = False
         try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a held signal is raised here
             proc.wait(timeout=sweep.timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
@@ -309,8 +318,10 @@ def _run_point(
                 log.write("sweep: interrupted; every process of this point was stopped\n")
             raise
         leftovers = launch.reap_leftovers(token)
+        clean = True
     finally:
-        guard.release()
+        # Any other way out leaves the guard to stop whatever carries the point's token.
+        guard.release(done=clean)
     if session is not None:
         leftovers += session.reap_leftovers()
     duration = time.monotonic() - started

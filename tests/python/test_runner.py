@@ -195,6 +195,40 @@ def test_resume_after_the_runner_is_killed(write_sweep, tmp_path, sig):
     assert len(calls.read_text().splitlines()) - started_before == 9 - len(done)
 
 
+def test_a_signal_just_as_a_point_starts_still_stops_its_processes(write_sweep, tmp_path):
+    """SIGTERM arriving right after a point's launcher started, before the runner waits on it (the
+    moment a resume test's kill can land), stops the point's processes like one that comes later."""
+    out = tmp_path / "out"
+    path = write_sweep(sweep_text(models=("resnet50",), ranks=(1,)))
+    driver = (
+        "import os, runpy, signal, sys\n"
+        "from reports import launch\n"
+        "real_start = launch.start\n"
+        "def start(*args, **kwargs):\n"
+        "    proc = real_start(*args, **kwargs)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return proc\n"
+        "launch.start = start\n"
+        "sys.argv = ['reports.cli', *sys.argv[1:]]\n"
+        "runpy.run_module('reports.cli', run_name='__main__')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT), FAKE_TRAIN_STALL="resnet50")
+    proc = subprocess.run(
+        [sys.executable, "-c", driver, "sweep", path, "--out", str(out), "--no-report"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0 and "SIGTERM" in proc.stderr, proc.stderr
+    assert not schema.read_rows(str(out / "results.csv"))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _fake_trainers(out):
+        time.sleep(0.2)
+    assert not _fake_trainers(out)
+
+
 def _fake_trainers(out):
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):

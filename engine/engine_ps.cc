@@ -96,7 +96,10 @@ StatusOr<Handle> Engine::PushPullAsync(const std::string& name, const void* grad
   {
     MutexLock lock(e.mu);
     if (!e.fatal.ok()) return e.fatal;
-    if (e.shutdown_requested || e.stopped) {
+    // Only this rank's own Shutdown stops its pushes. The workers' engine (their collectives
+    // among themselves) also stops when another worker shuts down, but pushes and pulls go to the
+    // servers, which name a worker that left in the step's error.
+    if (e.shutdown_requested) {
       return FailedPrecondition("pushpull '{}': the engine has shut down", name);
     }
     h.id = e.next_handle++;

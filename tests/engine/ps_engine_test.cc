@@ -309,12 +309,15 @@ TEST(PsEngine, OtherBackendsHaveNoParameterServers) {
   });
 }
 
-TEST(PsEngine, AWorkerLeavingMidStepFailsTheOthersNamingIt) {
+// Worker 0 leaves right after registering; worker 1 pushes after `delay`. However late the push,
+// by when the workers' own engine has heard of worker 0's shutdown, it fails naming worker 0.
+void ExpectTheWorkerThatLeftIsNamed(std::chrono::milliseconds delay) {
   const auto results = RunPsJob(
       3, [](int r) { return PsRankOptions(r, 3, 1, "greedy"); },
-      [](Engine& e) -> Status {
+      [&](Engine& e) -> Status {
         KOLO_RETURN_IF_ERROR(e.RegisterVariables({{"a", DataType::kFloat32, {4}}}));
         if (e.rank() == 0) return Status::OK();  // leaves without pushing
+        std::this_thread::sleep_for(delay);
         float g[4] = {}, w[4] = {};
         KOLO_ASSIGN_OR_RETURN(Handle h, e.PushPullAsync("a", g, w, DataType::kFloat32, {4}, {}));
         return e.Wait(h, kWait);
@@ -325,6 +328,16 @@ TEST(PsEngine, AWorkerLeavingMidStepFailsTheOthersNamingIt) {
     EXPECT_NE(results[r].message().find("worker 0 (rank 0)"), std::string::npos)
         << "rank " << r << ": " << results[r].ToString();
   }
+}
+
+TEST(PsEngine, AWorkerLeavingMidStepFailsTheOthersNamingIt) {
+  ExpectTheWorkerThatLeftIsNamed(std::chrono::milliseconds(0));
+}
+
+// The workers' engine (their collectives among themselves) stops when worker 0 shuts down; the
+// push still goes to the servers, which know who left.
+TEST(PsEngine, APushAfterTheWorkersEngineStoppedStillNamesTheWorkerThatLeft) {
+  ExpectTheWorkerThatLeftIsNamed(std::chrono::milliseconds(1000));
 }
 
 TEST(PsEngine, AStalledStepFailsAfterTheStallShutdownNamingTheMissingWorker) {

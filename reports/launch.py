@@ -82,7 +82,10 @@ def command(
             argv += ["--time", launcher.time_limit]
         return argv + launcher.args + train
     if launcher.kind == "local":
-        return [kolo_run, "-np", np_, "--timeout-s", str(int(timeout_s) + 1), "--", *train]
+        argv = [kolo_run, "-np", np_, "--timeout-s", str(int(timeout_s) + 1)]
+        if launcher.bind_to:
+            argv += ["--bind-to", launcher.bind_to]
+        return argv + ["--", *train]
     if launcher.kind == "sim":
         return sim_command(point, program, args, json_path)
     if launcher.kind == "cluster":

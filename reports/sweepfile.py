@@ -29,6 +29,7 @@ LAUNCHER_KEYS = (
     "env",
     "program",
     "fallback",
+    "bind_to",
     "srun",
     "partition",
     "tasks_per_node",
@@ -36,6 +37,8 @@ LAUNCHER_KEYS = (
     "time_limit",
 )
 LAUNCHER_KINDS = ("mpirun", "local", "cluster", "srun", "sim")
+# kind = "local": kolo-run's --bind-to (mpirun takes its own --bind-to in args).
+BIND_TO = ("none", "core", "hwthread")
 # kind = "srun" only, and the keys only it takes.
 SRUN_KEYS = ("srun", "partition", "tasks_per_node", "gpus_per_node", "time_limit")
 _TIME_RE = re.compile(r"^([0-9]+-)?[0-9]+(:[0-9]{2}){0,2}$")
@@ -70,6 +73,8 @@ class Launcher:
     # kind = "cluster": "mpirun" to run over loopback on this host where no emulated network can
     # be made (scripts/cluster check fails), without the network's settings; None to refuse.
     fallback: str | None = None
+    # kind = "local": what kolo-run binds each rank to (BIND_TO); None leaves kolo-run's default.
+    bind_to: str | None = None
     # kind = "srun": the command, partition, ranks per node (the GPUs each node trains on), GPUs
     # to ask per node, and the step's time limit (Slurm's format, e.g. "30:00").
     srun: str = "srun"
@@ -488,6 +493,13 @@ def _parse_launcher(table: dict, root: str, problems: list[str]) -> Launcher:
                 problems.append(f"{where} = {value!r} is not allowed; allowed: {kinds}")
             else:
                 launcher.kind = value
+        elif key == "bind_to":
+            if value not in BIND_TO:
+                problems.append(
+                    f"{where} = {value!r} is not allowed; allowed: " + ", ".join(f'"{b}"' for b in BIND_TO)
+                )
+            else:
+                launcher.bind_to = value
         elif key == "fallback":
             if value not in FALLBACKS:
                 problems.append(
@@ -586,6 +598,11 @@ def _parse_launcher(table: dict, root: str, problems: list[str]) -> Launcher:
     elif "fallback" in table:
         problems.append(
             f'[launcher] fallback is allowed only with kind = "cluster" (kind is "{launcher.kind}")'
+        )
+    if "bind_to" in table and launcher.kind != "local":
+        problems.append(
+            f'[launcher] bind_to is allowed only with kind = "local" (kolo-run\'s --bind-to; kind is '
+            f'"{launcher.kind}": mpirun takes --bind-to in args)'
         )
     return launcher
 

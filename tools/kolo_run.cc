@@ -1,6 +1,7 @@
 // kolo-run: starts N local ranks of a kolo program without MPI.
 //
-//   kolo-run -np N [--timeout-s S] [--iface X] [--] CMD ARGS...
+//   kolo-run -np N [--timeout-s S] [--iface X] [--bind-to none|core|hwthread]
+//            [--report-bindings] [--] CMD ARGS...
 //
 // The launcher hosts the rendezvous store (a TcpStoreServer on 127.0.0.1 with a fresh job secret)
 // and starts every rank with KOLO_RANK, KOLO_SIZE, KOLO_LOCAL_RANK, KOLO_LOCAL_SIZE,
@@ -12,8 +13,15 @@
 // failing rank's code (128 + signal if it was killed), 124 on --timeout-s, or 128 + signal when the
 // launcher itself was interrupted. Each rank runs in its own process group, which is killed as a
 // whole, and dies with the launcher (PR_SET_PDEATHSIG).
+//
+// --bind-to core binds rank r to the r-th core of the launcher's own CPU set (all of that core's
+// hardware threads), hwthread to the r-th hardware thread; with more ranks than cores they wrap
+// round, sharing cores (said on stderr). none (the default) leaves the ranks to the scheduler.
+// On a small host ranks that float between cores make the ring's copies on loopback, all CPU work,
+// move by tens of percent from run to run; mpirun binds to cores by default for the same reason.
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
@@ -24,7 +32,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -46,8 +56,8 @@ void Say(const std::string& text) {
 }
 
 bool IsLauncherOption(const std::string& a) {
-  return a == "-n" || a == "--np" || a == "--timeout-s" || a == "--iface" || a == "-H" ||
-         a == "--host" || a == "--hosts" || a == "--hostfile";
+  return a == "-n" || a == "--np" || a == "--timeout-s" || a == "--iface" || a == "--bind-to" ||
+         a == "-H" || a == "--host" || a == "--hosts" || a == "--hostfile";
 }
 
 // Splits argv into the launcher's own arguments (with "-np" spelled "--np", which CLI11 accepts)
@@ -99,9 +109,47 @@ bool IsRankVariable(const std::string& name) {
   return name.rfind("OMPI_COMM_WORLD_", 0) == 0;
 }
 
+// The CPUs of this process's affinity mask in binding units: one per core (the hardware threads
+// sharing it, by topology/{physical_package_id,core_id} in sysfs; a CPU whose topology cannot be
+// read counts as a core of its own) or one per hardware thread. Empty with `error` set on failure.
+std::vector<std::vector<int>> BindingUnits(const std::string& bind_to, std::string* error) {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (::sched_getaffinity(0, sizeof(mine), &mine) != 0) {
+    *error = fmt::format("sched_getaffinity failed: {}", std::strerror(errno));
+    return {};
+  }
+  std::vector<std::vector<int>> units;
+  std::map<std::pair<long, long>, size_t> core_unit;  // (package, core) -> index in units
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &mine)) continue;
+    long package = -1, core = -1;
+    if (bind_to == "core") {
+      const std::string topo = fmt::format("/sys/devices/system/cpu/cpu{}/topology/", cpu);
+      std::ifstream(topo + "physical_package_id") >> package;
+      std::ifstream(topo + "core_id") >> core;
+    }
+    if (core < 0) {
+      units.push_back({cpu});
+      continue;
+    }
+    auto [it, fresh] = core_unit.emplace(std::make_pair(package, core), units.size());
+    if (fresh) units.emplace_back();
+    units[it->second].push_back(cpu);
+  }
+  if (units.empty()) *error = "the launcher's CPU affinity mask is empty";
+  return units;
+}
+
+std::string CpuList(const std::vector<int>& cpus) {
+  return fmt::format("{}", fmt::join(cpus, ","));
+}
+
 class Launcher {
  public:
-  Launcher(int np, double timeout_s) : np_(np), timeout_s_(timeout_s) {}
+  // `binding` holds each rank's CPUs (empty: no binding).
+  Launcher(int np, double timeout_s, std::vector<std::vector<int>> binding)
+      : np_(np), timeout_s_(timeout_s), binding_(std::move(binding)) {}
 
   // Runs the job to completion and returns the launcher's exit code.
   int Run(const std::string& exe, const std::vector<std::string>& command,
@@ -110,7 +158,7 @@ class Launcher {
 
  private:
   bool Spawn(int rank, const std::string& exe, const std::vector<std::string>& command,
-             const std::vector<std::string>& env);
+             const std::vector<std::string>& env, const cpu_set_t* cpus);
   void Reap();
   void SignalAll(int sig);
   // SIGTERM to every rank, SIGKILL to a stopped one (it cannot act on SIGTERM).
@@ -122,6 +170,7 @@ class Launcher {
 
   const int np_;
   const double timeout_s_;
+  const std::vector<std::vector<int>> binding_;
   std::map<pid_t, int> alive_;  // pid (= its process group) -> rank
   std::vector<pid_t> groups_;   // every rank's process group, alive or not
   bool terminating_ = false;
@@ -132,7 +181,7 @@ class Launcher {
 };
 
 bool Launcher::Spawn(int rank, const std::string& exe, const std::vector<std::string>& command,
-                     const std::vector<std::string>& env) {
+                     const std::vector<std::string>& env, const cpu_set_t* cpus) {
   std::vector<char*> argv;
   for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -140,7 +189,8 @@ bool Launcher::Spawn(int rank, const std::string& exe, const std::vector<std::st
   for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
 
-  // The child reports a failed execve through this pipe; a successful one closes it (CLOEXEC).
+  // The child reports a failed execve (errno) or binding (-errno) through this pipe; a successful
+  // execve closes it (CLOEXEC).
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
     Say(fmt::format("rank {}: pipe2 failed: {}", rank, std::strerror(errno)));
@@ -162,8 +212,13 @@ bool Launcher::Spawn(int rank, const std::string& exe, const std::vector<std::st
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::close(pipe_fds[0]);
-    ::execve(exe.c_str(), argv.data(), envp.data());
-    const int err = errno;
+    int err = 0;
+    if (cpus != nullptr && ::sched_setaffinity(0, sizeof(*cpus), cpus) != 0) {
+      err = -errno;
+    } else {
+      ::execve(exe.c_str(), argv.data(), envp.data());
+      err = errno;
+    }
     [[maybe_unused]] ssize_t w = ::write(pipe_fds[1], &err, sizeof(err));
     ::_exit(127);
   }
@@ -178,7 +233,12 @@ bool Launcher::Spawn(int rank, const std::string& exe, const std::vector<std::st
   } while (r < 0 && errno == EINTR);
   ::close(pipe_fds[0]);
   if (r == static_cast<ssize_t>(sizeof(err))) {
-    Say(fmt::format("rank {}: cannot execute '{}': {}", rank, exe, std::strerror(err)));
+    if (err < 0) {
+      Say(fmt::format("rank {}: cannot bind to CPUs {}: {}", rank,
+                      CpuList(binding_[static_cast<size_t>(rank)]), std::strerror(-err)));
+    } else {
+      Say(fmt::format("rank {}: cannot execute '{}': {}", rank, exe, std::strerror(err)));
+    }
     return false;
   }
   return true;
@@ -283,7 +343,12 @@ int Launcher::Run(const std::string& exe, const std::vector<std::string>& comman
     env.push_back(fmt::format("KOLO_LOCAL_SIZE={}", np_));
     env.push_back("KOLO_STORE_ADDR=" + store_addr);
     env.push_back("KOLO_JOB_SECRET=" + secret);
-    if (!Spawn(rank, exe, command, env)) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (!binding_.empty()) {
+      for (int cpu : binding_[static_cast<size_t>(rank)]) CPU_SET(cpu, &set);
+    }
+    if (!Spawn(rank, exe, command, env, binding_.empty() ? nullptr : &set)) {
       BeginTermination(127);
       break;
     }
@@ -347,16 +412,24 @@ int main(int argc, char** argv) {
   SplitArgs(argc, argv, &own, &command);
 
   CLI::App app{"kolo-run: start N local ranks of a kolo program without MPI"};
-  app.footer("Usage: kolo-run -np N [--timeout-s S] [--iface X] [--] CMD ARGS...");
+  app.footer(
+      "Usage: kolo-run -np N [--timeout-s S] [--iface X] [--bind-to none|core|hwthread] "
+      "[--report-bindings] [--] CMD ARGS...");
   int np = 0;
   double timeout_s = 0;
   std::string iface;
+  std::string bind_to = "none";
+  bool report_bindings = false;
   app.add_option("-n,--np", np, "number of ranks to start (also -np)")
       ->required()
       ->check(CLI::Range(1, 4096));
   auto* timeout = app.add_option("--timeout-s", timeout_s,
                                  "stop every rank after this many seconds, in (0, 10000000]");
   app.add_option("--iface", iface, "interface or IPv4 address the ranks listen on (KOLO_IFACE)");
+  app.add_option("--bind-to", bind_to,
+                 "bind each rank to a core or a hardware thread of the launcher's CPUs, in rank "
+                 "order, wrapping round when ranks outnumber them: none (default), core, hwthread");
+  app.add_flag("--report-bindings", report_bindings, "print each rank's CPUs on stderr");
   // Cluster launchers' host options, accepted only to say that kolo-run is not one.
   std::string hosts;
   app.add_option("-H,--host,--hosts,--hostfile", hosts,
@@ -385,9 +458,35 @@ int main(int argc, char** argv) {
     Say(fmt::format("--timeout-s {} is not allowed; allowed: seconds in (0, 10000000]", timeout_s));
     return 2;
   }
-  if (command.empty()) {
-    Say("no command given. Usage: kolo-run -np N [--timeout-s S] [--iface X] [--] CMD ARGS...");
+  if (bind_to != "none" && bind_to != "core" && bind_to != "hwthread") {
+    Say(fmt::format("--bind-to '{}' is not allowed; allowed: none, core, hwthread", bind_to));
     return 2;
+  }
+  if (command.empty()) {
+    Say("no command given. Usage: kolo-run -np N [--timeout-s S] [--iface X] [--bind-to B] [--] "
+        "CMD ARGS...");
+    return 2;
+  }
+  std::vector<std::vector<int>> binding;
+  if (bind_to != "none") {
+    std::string error;
+    const auto units = BindingUnits(bind_to, &error);
+    if (units.empty()) {
+      Say(fmt::format("--bind-to {}: {}", bind_to, error));
+      return 1;
+    }
+    for (int r = 0; r < np; ++r) binding.push_back(units[static_cast<size_t>(r) % units.size()]);
+    if (static_cast<size_t>(np) > units.size()) {
+      Say(fmt::format("{} ranks on {} {}s: bound round-robin, so ranks share them", np,
+                      units.size(), bind_to));
+    }
+  }
+  if (report_bindings) {
+    for (int r = 0; r < np; ++r) {
+      Say(binding.empty() ? fmt::format("rank {}: not bound", r)
+                          : fmt::format("rank {} bound to CPU(s) {}", r,
+                                        CpuList(binding[static_cast<size_t>(r)])));
+    }
   }
   const std::string exe = FindExecutable(command[0]);
   if (exe.empty()) {
@@ -425,7 +524,7 @@ int main(int argc, char** argv) {
   }
   if (!iface.empty()) env.push_back("KOLO_IFACE=" + iface);
 
-  Launcher launcher(np, timeout_s);
+  Launcher launcher(np, timeout_s, std::move(binding));
   const int code = launcher.Run(exe, command, env, (*server)->address(), so.secret, signal_fd);
   (*server)->Stop();
   return code;

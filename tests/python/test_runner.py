@@ -285,6 +285,22 @@ def test_local_launcher_runs_ranks_with_kolo_run(write_sweep, tmp_path):
     assert (out / rows[2]["log"]).read_text().startswith("$ " + bin_dir + "/kolo-run -np 3")
 
 
+def test_local_launcher_binds_ranks_as_the_sweep_says(write_sweep, tmp_path):
+    bin_dir = os.environ.get("KOLO_BIN_DIR", str(ROOT / "build" / "bin"))
+    if not os.access(os.path.join(bin_dir, "kolo-run"), os.X_OK):
+        pytest.skip(f"{bin_dir}/kolo-run is not built (scripts/build, or set KOLO_BIN_DIR)")
+    text = sweep_text(models=("vgg16",), ranks=(2,)).replace(
+        'kind = "mpirun"', 'kind = "local"\nbind_to = "hwthread"'
+    )
+    out = tmp_path / "out"
+    result = run_cli("sweep", write_sweep(text), "--out", str(out), "--bin-dir", bin_dir, "--no-report")
+    assert result.returncode == 0, result.stderr
+    rows = schema.read_rows(str(out / "results.csv"))
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    log = (out / rows[1]["log"]).read_text()
+    assert log.startswith(f"$ {bin_dir}/kolo-run -np 2 --timeout-s 61 --bind-to hwthread -- "), log
+
+
 def test_an_earlier_kolos_results_file_is_carried_over(write_sweep, tmp_path):
     # A folder measured by an earlier kolo (no breakdown or baseline columns): its rows are kept,
     # the file is rewritten in today's columns, and only the points it lacks run.

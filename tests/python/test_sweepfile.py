@@ -86,6 +86,14 @@ BAD = {
         "[launcher]\nkind='local'\nhosts='h1:2'\n[matrix]\nmodel=['vgg16']\nranks=[1]",
         '[launcher] hosts is not allowed with kind = "local"',
     ),
+    "bind-to-unknown": (
+        "[launcher]\nkind='local'\nbind_to='socket'\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        '[launcher] bind_to = \'socket\' is not allowed; allowed: "none", "core", "hwthread"',
+    ),
+    "bind-to-under-mpirun": (
+        "[launcher]\nbind_to='core'\n[matrix]\nmodel=['vgg16']\nranks=[1]",
+        '[launcher] bind_to is allowed only with kind = "local"',
+    ),
     "env-not-string": (
         "[launcher]\nenv={KOLO_X=1}\n[matrix]\nmodel=['vgg16']\nranks=[1]",
         "[launcher] env.KOLO_X = 1",

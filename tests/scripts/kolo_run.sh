@@ -149,7 +149,53 @@ timeout 10 "$RUN" -np 2 "no-such-command-${MARK}" >"$TMP/out" 2>&1
 out=$(timeout 10 "$RUN" -np 1 -- sh -c 'echo "$@"' x -np 5 --bogus)
 [[ $out == "-np 5 --bogus" ]] || fail "command arguments were altered: '$out'"
 
-# --- 9. The ranks really meet through the launcher's store (and over MPI under mpirun).
+# --- 9. --bind-to: each rank on its own hardware thread or core of the launcher's CPUs, wrapping
+# round when ranks outnumber them.
+allowed() { grep Cpus_allowed_list /proc/self/status | awk '{print $2}'; }
+CPUS=$(nproc)
+out=$(timeout 30 "$RUN" -np 2 --bind-to hwthread --report-bindings -- sh -c \
+  'echo "rank $KOLO_RANK on $(grep Cpus_allowed_list /proc/self/status | cut -f2)"' 2>"$TMP/err")
+rc=$?
+[[ $rc == 0 ]] || fail "--bind-to hwthread: exit code $rc: $(cat "$TMP/err")"
+r0=$(sed -n 's/^rank 0 on //p' <<<"$out")
+r1=$(sed -n 's/^rank 1 on //p' <<<"$out")
+[[ $r0 =~ ^[0-9]+$ && $r1 =~ ^[0-9]+$ ]] || fail "--bind-to hwthread: a rank is not on one CPU: $out"
+if ((CPUS >= 2)); then
+  [[ $r0 != "$r1" ]] || fail "--bind-to hwthread: both ranks on CPU $r0 of $CPUS"
+fi
+grep -q "rank 0 bound to CPU(s) $r0\$" "$TMP/err" || fail "--report-bindings: rank 0 not reported as on $r0: $(cat "$TMP/err")"
+# Cores: every rank is bound to the threads of one core, each a CPU the launcher may use.
+out=$(timeout 30 "$RUN" -np "$CPUS" --bind-to core -- sh -c \
+  'grep Cpus_allowed_list /proc/self/status | cut -f2' 2>"$TMP/err") ||
+  fail "--bind-to core: exit code $?: $(cat "$TMP/err")"
+[[ $(grep -c . <<<"$out") == "$CPUS" ]] || fail "--bind-to core: $CPUS ranks printed '$out'"
+if [[ $(allowed) =~ ^0-([0-9]+)$ ]]; then
+  last=${BASH_REMATCH[1]}
+  while read -r cpus; do
+    for c in ${cpus//[,-]/ }; do
+      ((c <= last)) || fail "--bind-to core: CPU $c is outside the launcher's 0-$last"
+    done
+  done <<<"$out"
+fi
+if command -v taskset >/dev/null; then
+  # Launched on CPU 0 only, two ranks share it and kolo-run says so.
+  out=$(timeout 30 taskset -c 0 "$RUN" -np 2 --bind-to hwthread -- sh -c \
+    'grep Cpus_allowed_list /proc/self/status | cut -f2' 2>"$TMP/err")
+  [[ $(sort -u <<<"$out") == 0 ]] || fail "--bind-to within taskset -c 0: ranks on '$out', not CPU 0"
+  grep -q "2 ranks on 1 hwthreads: bound round-robin" "$TMP/err" ||
+    fail "--bind-to with more ranks than CPUs: not said: $(cat "$TMP/err")"
+else
+  echo "note: taskset not installed; binding within a restricted CPU set not checked"
+fi
+timeout 10 "$RUN" -np 2 --bind-to socket true >"$TMP/out" 2>&1
+rc=$?
+[[ $rc == 2 ]] || fail "--bind-to socket: exit code $rc, want 2"
+grep -q "'socket' is not allowed; allowed: none, core, hwthread" "$TMP/out" ||
+  fail "--bind-to socket: error does not name the value and what is allowed: $(cat "$TMP/out")"
+out=$(timeout 10 "$RUN" -np 1 -- sh -c 'grep Cpus_allowed_list /proc/self/status | cut -f2')
+[[ $out == "$(allowed)" ]] || fail "no --bind-to: rank on '$out', the launcher's CPUs are '$(allowed)'"
+
+# --- 10. The ranks really meet through the launcher's store (and over MPI under mpirun).
 TEST_BIN="$BIN/kolo_bootstrap_test"
 if [[ -x "$TEST_BIN" ]]; then
   out=$(timeout 120 "$RUN" -np 3 "$TEST_BIN" --gtest_filter='Launched.*' 2>&1)

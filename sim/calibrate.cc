@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -20,15 +21,19 @@ namespace {
 
 using Json = nlohmann::json;
 
-// (latency, 1 / bandwidth, 1 / reduce, engine, start): see calibrate.h.
-std::array<double, 5> Features(const BenchSample& s) {
+constexpr size_t kParams = 6;
+
+// (latency, 1 / bandwidth, 1 / reduce, engine, start, the further cost per byte of a buffer of
+// at least `large_bytes`, 0: none): see calibrate.h.
+std::array<double, kParams> Features(const BenchSample& s, double large_bytes) {
   const double n = s.ranks;
   const double piece = s.bytes / n;
   const double k = s.host_share;
   // A host's bucket serves every rank of the host: each one's share of it.
   const double burst = s.burst_bytes * s.hosts / n;
-  return {2 * (n - 1) * k, std::max(0.0, 2 * (n - 1) * piece - burst) * k,
-          s.reduces ? (n - 1) * piece * k : 0.0, s.reduces ? k : 0.0, 1.0};
+  const double moved = std::max(0.0, 2 * (n - 1) * piece - burst) * k;
+  return {2 * (n - 1) * k,     moved, s.reduces ? (n - 1) * piece * k : 0.0,
+          s.reduces ? k : 0.0, 1.0,   large_bytes > 0 && s.bytes >= large_bytes ? moved : 0.0};
 }
 
 // Solves the k x k system a x = b (Gaussian elimination with partial pivoting); false if singular.
@@ -123,7 +128,10 @@ StatusOr<double> FitPerCollective(const std::vector<StepSample>& steps, const Fi
       ring.host_share = off.host_share;
       auto ring_time = [&](double bytes) {
         ring.bytes = bytes;
-        return SampleTime(ring, fit.latency_s, fit.bytes_per_s, fit.reduce_bytes_per_s);
+        return SampleTime(ring, fit.latency_s,
+                          fit.large_bytes > 0 && bytes >= fit.large_bytes ? fit.large_bytes_per_s
+                                                                          : fit.bytes_per_s,
+                          fit.reduce_bytes_per_s);
       };
       std::vector<coordinator::Response> responses;
       double unfused = 0, fused = 0;
@@ -200,26 +208,27 @@ StatusOr<std::vector<BenchSample>> ReadBenchJson(const std::string& path) {
 
 double SampleTime(const BenchSample& s, double latency_s, double bytes_per_s,
                   double reduce_bytes_per_s, double engine_s, double start_s) {
-  const auto f = Features(s);
+  const auto f = Features(s, 0);
   return f[0] * latency_s + (bytes_per_s > 0 ? f[1] / bytes_per_s : 0) +
          (reduce_bytes_per_s > 0 ? f[2] / reduce_bytes_per_s : 0) + f[3] * engine_s +
          f[4] * start_s;
 }
 
-StatusOr<Fit> FitSamples(const std::vector<BenchSample>& samples) {
-  std::set<double> sizes;
+double SampleTime(const BenchSample& s, const Fit& fit) {
+  const bool large = fit.large_bytes > 0 && fit.large_bytes_per_s > 0 && s.bytes >= fit.large_bytes;
+  return SampleTime(s, fit.latency_s, large ? fit.large_bytes_per_s : fit.bytes_per_s,
+                    fit.reduce_bytes_per_s, fit.engine_s, fit.start_s);
+}
+
+namespace {
+
+// The robust fit with buffers of at least `large_bytes` (> 0) given a further cost per byte.
+StatusOr<Fit> FitWith(const std::vector<BenchSample>& samples, double large_bytes) {
   std::set<int> rank_counts;
   bool any_ring = false, any_link = false;
   for (const auto& s : samples) {
     rank_counts.insert(s.ranks);
-    if (s.ranks < 2)
-      return InvalidArgument("{}: a sample of {} rank(s); a fit needs >= 2", s.origin, s.ranks);
-    sizes.insert(s.bytes);
     (s.reduces ? any_ring : any_link) = true;
-  }
-  if (samples.size() < 2 || sizes.size() < 2) {
-    return InvalidArgument("a fit needs rows at two or more buffer sizes (got {} size(s))",
-                           sizes.size());
   }
   // Relative least squares (each row weighted by 1 / measured time) so that small buffers count.
   // The reduction and the engine's time are seen only as the difference between ring and link
@@ -227,16 +236,16 @@ StatusOr<Fit> FitSamples(const std::vector<BenchSample>& samples) {
   // into the latency and the bandwidth. The start needs two rank counts (see calibrate.h).
   const bool fit_reduce = any_ring && any_link;
   const bool fit_start = rank_counts.size() > 1;
-  const size_t k = 5;
+  const size_t k = kParams;
   std::vector<double> x;
   // Parameters the rows cannot see are held at zero.
-  std::vector<bool> zero = {false, false, !fit_reduce, !fit_reduce, !fit_start};
+  std::vector<bool> zero = {false, false, !fit_reduce, !fit_reduce, !fit_start, large_bytes <= 0};
   // The features span some twenty orders of magnitude (counts of steps against bytes), so each
   // column is scaled to unit weighted norm before the normal equations are solved: unscaled, the
   // elimination loses the small columns and can return a fit far from the least-squares one.
   std::vector<double> scale(k, 0);
   for (const auto& s : samples) {
-    const auto f = Features(s);
+    const auto f = Features(s, large_bytes);
     for (size_t i = 0; i < k; ++i) scale[i] += f[i] * f[i] / (s.seconds * s.seconds);
   }
   for (double& c : scale) c = c > 0 ? std::sqrt(c) : 1;
@@ -254,7 +263,7 @@ StatusOr<Fit> FitSamples(const std::vector<BenchSample>& samples) {
       std::vector<double> b(k, 0);
       for (size_t r = 0; r < samples.size(); ++r) {
         const auto& s = samples[r];
-        auto f = Features(s);
+        auto f = Features(s, large_bytes);
         for (size_t i = 0; i < k; ++i) f[i] /= scale[i];
         const double w = robust[r] / (s.seconds * s.seconds);
         for (size_t i = 0; i < k; ++i) {
@@ -279,8 +288,9 @@ StatusOr<Fit> FitSamples(const std::vector<BenchSample>& samples) {
     }
     std::vector<double> residual, magnitude;
     for (const auto& s : samples) {
-      const double p = x[0] * Features(s)[0] + x[1] * Features(s)[1] + x[2] * Features(s)[2] +
-                       x[3] * Features(s)[3] + x[4] * Features(s)[4];
+      const auto f = Features(s, large_bytes);
+      double p = 0;
+      for (size_t i = 0; i < k; ++i) p += x[i] * f[i];
       residual.push_back((p - s.seconds) / s.seconds);
       magnitude.push_back(std::abs(residual.back()));
     }
@@ -301,10 +311,13 @@ StatusOr<Fit> FitSamples(const std::vector<BenchSample>& samples) {
   fit.engine_s = x[3];
   fit.start_s = x[4];
   if (fit.bytes_per_s <= 0) return InvalidArgument("the fit found no bandwidth cost in the rows");
+  if (x[5] > 0) {
+    fit.large_bytes = large_bytes;
+    fit.large_bytes_per_s = 1.0 / (x[1] + x[5]);
+  }
   std::vector<double> errors;
   for (const auto& s : samples) {
-    const double p = SampleTime(s, fit.latency_s, fit.bytes_per_s, fit.reduce_bytes_per_s,
-                                fit.engine_s, fit.start_s);
+    const double p = SampleTime(s, fit);
     fit.predicted_s.push_back(p);
     fit.weights.push_back(used[fit.weights.size()]);
     errors.push_back(std::abs(p - s.seconds) / s.seconds);
@@ -313,6 +326,46 @@ StatusOr<Fit> FitSamples(const std::vector<BenchSample>& samples) {
   fit.median_abs_error = errors[errors.size() / 2];
   fit.worst_abs_error = errors.back();
   return fit;
+}
+
+}  // namespace
+
+StatusOr<Fit> FitSamples(const std::vector<BenchSample>& samples, bool size_regimes) {
+  std::set<double> sizes;
+  for (const auto& s : samples) {
+    if (s.ranks < 2)
+      return InvalidArgument("{}: a sample of {} rank(s); a fit needs >= 2", s.origin, s.ranks);
+    sizes.insert(s.bytes);
+  }
+  if (samples.size() < 2 || sizes.size() < 2) {
+    return InvalidArgument("a fit needs rows at two or more buffer sizes (got {} size(s))",
+                           sizes.size());
+  }
+  KOLO_ASSIGN_OR_RETURN(Fit one, FitWith(samples, 0));
+  if (!size_regimes) return one;
+  // Each measured size with two or more sizes below it and two or more at or above it. The mean
+  // residual judges (a robust fit's median follows the many small sizes and hides a few large
+  // ones it cannot fit): the best is kept if its mean is clearly (by a tenth) below one
+  // bandwidth's, and that is above 0.1% (within it, one bandwidth already fits the rows).
+  auto mean_error = [&](const Fit& f) {
+    double sum = 0;
+    for (size_t i = 0; i < samples.size(); ++i) {
+      sum += std::abs(f.predicted_s[i] - samples[i].seconds) / samples[i].seconds;
+    }
+    return sum / static_cast<double>(samples.size());
+  };
+  const std::vector<double> ordered(sizes.begin(), sizes.end());
+  std::optional<Fit> best;
+  for (size_t i = 2; i + 2 <= ordered.size(); ++i) {
+    auto regimes = FitWith(samples, ordered[i]);
+    if (regimes.ok() && regimes->large_bytes > 0 &&
+        (!best || mean_error(*regimes) < mean_error(*best))) {
+      best = *std::move(regimes);
+    }
+  }
+  const double one_error = mean_error(one);
+  if (best && one_error > 1e-3 && mean_error(*best) < 0.9 * one_error) return *best;
+  return one;
 }
 
 }  // namespace kolo::sim

@@ -19,6 +19,11 @@
 // them, each clamped at zero cost where the data cannot see it. The start and the
 // latency are told apart only by rows at two or more rank counts; with one, the start is folded
 // into the latency.
+// Within a host the bytes are copies by the ranks' own cores, which slow once a buffer no longer
+// stays in the caches: with size regimes, the fit also tries, at each measured size T with two or
+// more sizes on either side, a further cost per byte for buffers of at least T bytes (the
+// large-buffer bandwidth), and keeps the T whose fit has the smallest mean residual, if that is
+// clearly (by a tenth) smaller than with one bandwidth.
 #pragma once
 
 #include <string>
@@ -48,10 +53,14 @@ struct BenchSample {
 
 struct Fit {
   double latency_s = 0;
-  double bytes_per_s = 0;           // the bottleneck link's achieved payload rate
-  double reduce_bytes_per_s = 0;    // 0: no reduction cost seen
-  double engine_s = 0;              // per ring row, around the ring (the engine's own work)
-  double start_s = 0;               // per timed iteration of any row (the bench's barrier)
+  double bytes_per_s = 0;         // the bottleneck link's achieved payload rate
+  double reduce_bytes_per_s = 0;  // 0: no reduction cost seen
+  double engine_s = 0;            // per ring row, around the ring (the engine's own work)
+  double start_s = 0;             // per timed iteration of any row (the bench's barrier)
+  // Buffers of at least large_bytes move at large_bytes_per_s instead of bytes_per_s (size
+  // regimes); 0: one bandwidth for every size.
+  double large_bytes = 0;
+  double large_bytes_per_s = 0;
   std::vector<double> predicted_s;  // per sample
   std::vector<double> weights;      // per sample: the robust fit's weight, 1 = full
   double median_abs_error = 0;      // relative
@@ -91,7 +100,10 @@ StatusOr<std::vector<BenchSample>> ReadBenchJson(const std::string& path);
 // The model's time for a sample under (latency, bandwidth, reduce).
 double SampleTime(const BenchSample& s, double latency_s, double bytes_per_s,
                   double reduce_bytes_per_s, double engine_s = 0, double start_s = 0);
-// Least squares over `samples` (at least 2, with two different sizes).
-StatusOr<Fit> FitSamples(const std::vector<BenchSample>& samples);
+// The model's time for a sample under `fit` (its large-buffer bandwidth included).
+double SampleTime(const BenchSample& s, const Fit& fit);
+// Least squares over `samples` (at least 2, with two different sizes); `size_regimes` lets the
+// fit give large buffers a bandwidth of their own (see above).
+StatusOr<Fit> FitSamples(const std::vector<BenchSample>& samples, bool size_regimes = false);
 
 }  // namespace kolo::sim

@@ -393,6 +393,10 @@ int Calibrate(int argc, char** argv) {
         "cycle; not kept: start %.1f us per timed iteration\n",
         what, fit.latency_s * 1e6, fit.bytes_per_s / 1e9, fit.reduce_bytes_per_s / 1e9,
         fit.engine_s * 1e6, fit.start_s * 1e6);
+    if (fit.large_bytes > 0) {
+      std::printf("  buffers of %.0f bytes and more: bandwidth %.4g GB/s (size regimes)\n",
+                  fit.large_bytes, fit.large_bytes_per_s / 1e9);
+    }
     std::printf("  %-6s %-5s %-5s %12s %12s %12s %9s %7s\n", "ranks", "hosts", "row", "bytes",
                 "measured_us", "fitted_us", "residual", "weight");
     for (size_t i = 0; i < samples.size(); ++i) {
@@ -426,7 +430,8 @@ int Calibrate(int argc, char** argv) {
     per_collective(inter_steps, *fit);
   }
   if (!intra.empty()) {
-    auto fit = kolo::sim::FitSamples(intra);
+    // Copies by the ranks' own cores: large buffers may move at a rate of their own.
+    auto fit = kolo::sim::FitSamples(intra, /*size_regimes=*/true);
     if (!fit.ok()) {
       Say(fit.status().ToString());
       return 2;
@@ -435,6 +440,8 @@ int Calibrate(int argc, char** argv) {
     cal.shm.latency_us = fit->latency_s * 1e6;
     cal.shm.efficiency = 1;
     cal.intra_gbytes_per_s = fit->bytes_per_s / 1e9;
+    cal.intra_large_bytes = fit->large_bytes;
+    cal.intra_large_gbytes_per_s = fit->large_bytes_per_s / 1e9;
     if (inter.empty() && fit->reduce_bytes_per_s > 0) {
       cal.reduce_gbytes_per_s = fit->reduce_bytes_per_s / 1e9;
     }

@@ -162,6 +162,8 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text, const std::st
   for (auto [field, target] : {std::pair{"link_gbit", &c.link_gbit},
                                std::pair{"intra_gbytes_per_s", &c.intra_gbytes_per_s},
                                std::pair{"intra_latency_us", &c.intra_latency_us},
+                               std::pair{"intra_large_bytes", &c.intra_large_bytes},
+                               std::pair{"intra_large_gbytes_per_s", &c.intra_large_gbytes_per_s},
                                std::pair{"reduce_gbytes_per_s", &c.reduce_gbytes_per_s},
                                std::pair{"fusion_copy_gbytes_per_s", &c.fusion_copy_gbytes_per_s},
                                std::pair{"host_cores", &c.host_cores},
@@ -257,6 +259,10 @@ std::string CalibrationToJson(const Calibration& c) {
             {"host_cores", c.host_cores},
             {"engine_overhead_us", c.engine_overhead_us},
             {"engine_collective_us", c.engine_collective_us}};
+  if (c.intra_large_bytes > 0) {
+    j["intra_large_bytes"] = c.intra_large_bytes;
+    j["intra_large_gbytes_per_s"] = c.intra_large_gbytes_per_s;
+  }
   return j.dump(2) + "\n";
 }
 
@@ -394,7 +400,7 @@ double HostShare(const Point& point, const Calibration& cal) {
   return std::max(1.0, static_cast<double>(point.ranks) / cal.host_cores);
 }
 
-Network MakeNetwork(const Point& point, const Calibration& cal) {
+Network MakeNetwork(const Point& point, const Calibration& cal, double buffer_bytes) {
   const double k = point.dilation > 0 ? point.dilation : 1;
   Network net;
   net.per_host = std::max(1, point.ranks_per_host);
@@ -413,7 +419,10 @@ Network MakeNetwork(const Point& point, const Calibration& cal) {
     // kolo's ring within a host (shared memory, or TCP over loopback when transport is tcp):
     // copies by the ranks' own cores.
     const double share = HostShare(point, cal);
-    net.intra_bytes_per_s = cal.intra_gbytes_per_s * kGiga * cal.shm.efficiency / share;
+    const bool large = cal.intra_large_bytes > 0 && cal.intra_large_gbytes_per_s > 0 &&
+                       buffer_bytes >= cal.intra_large_bytes;
+    net.intra_bytes_per_s = (large ? cal.intra_large_gbytes_per_s : cal.intra_gbytes_per_s) *
+                            kGiga * cal.shm.efficiency / share;
     net.intra_latency_s = cal.shm.latency_us * 1e-6 / k * share;
     net.intra_copy_bytes_per_s = cal.shm.copy_gbytes_per_s * kGiga * k / share;
   }
@@ -782,9 +791,13 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
   // Allreduce backends: the engine thread with the real controller and fusion planner.
   // NCCL reduces on the GPU, beside the transfer: no host reduction cost.
   const double reduce = point.backend == "nccl" ? 0.0 : costs.reduce_bytes_per_s;
+  // A buffer large enough to leave the caches moves at the calibration's large-buffer rate.
+  const Network large_net = MakeNetwork(point, cal, cal.intra_large_bytes);
   auto allreduce = [&](double bytes) {
-    return point.hierarchical ? HierarchicalAllreduceTime(costs.net, bytes, reduce)
-                              : RingAllreduceTime(costs.net, bytes, reduce);
+    const Network& net =
+        cal.intra_large_bytes > 0 && bytes >= cal.intra_large_bytes ? large_net : costs.net;
+    return point.hierarchical ? HierarchicalAllreduceTime(net, bytes, reduce)
+                              : RingAllreduceTime(net, bytes, reduce);
   };
   const double cycle = point.cycle_time_ms / 1e3;
   const double per_cycle = cal.engine_overhead_us * 1e-6 / k * HostShare(point, cal);

@@ -58,6 +58,12 @@ struct Calibration {
   TransportCosts shm{2, 1, 0};     // kolo's ring between ranks of one host
   double intra_gbytes_per_s = 10;  // NCCL-like link of one GPU within its host (each direction)
   double intra_latency_us = 5;
+  // kolo's own collectives within a host (not NCCL's): buffers of at least intra_large_bytes
+  // move at intra_large_gbytes_per_s instead of intra_gbytes_per_s, the ranks' copies slowing
+  // once a buffer no longer stays in the caches (`kolo-sim calibrate`'s size regimes). 0: one
+  // rate for every size.
+  double intra_large_bytes = 0;
+  double intra_large_gbytes_per_s = 0;
   double reduce_gbytes_per_s = 20;       // summing received bytes into the buffer
   double fusion_copy_gbytes_per_s = 20;  // copying tensors into and out of the fusion buffer
   // Whether a parameter server's link moves pushes and pulls at the same time (each shard's pull
@@ -177,8 +183,9 @@ double PacedStreamSpread(const Calibration& cal, int streams, double ratio);
 // calibration names shared cores and the ranks outnumber them, else 1.
 double HostShare(const Point& point, const Calibration& cal);
 
-// The network of `point` under `cal`.
-Network MakeNetwork(const Point& point, const Calibration& cal);
+// The network of `point` under `cal`; `buffer_bytes`: the collective's whole buffer, which sets
+// the intra-host rate where the calibration has size regimes (0: the rate of small buffers).
+Network MakeNetwork(const Point& point, const Calibration& cal, double buffer_bytes = 0);
 
 // Predicts `point`. Errors name the model, profile or setting at fault.
 StatusOr<Prediction> Predict(const Point& point, const Calibration& cal);

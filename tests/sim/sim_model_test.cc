@@ -327,8 +327,14 @@ TEST(SimModelTest, CalibrationJsonKeepsEveryField) {
   c.engine_collective_us = 72;
   c.tcp.latency_us = 13.5;
   c.ps_stream_spread = {{2, 0.047}, {8, 0.109}};
+  c.intra_large_bytes = 16 << 20;
+  c.intra_large_gbytes_per_s = 2.6;
   auto back = CalibrationFromJson(CalibrationToJson(c), "t");
   ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->intra_large_bytes, 16 << 20);
+  EXPECT_EQ(back->intra_large_gbytes_per_s, 2.6);
+  // Without size regimes the fields are not written, and a calibration without them has none.
+  EXPECT_EQ(CalibrationToJson(Calibration{}).find("intra_large"), std::string::npos);
   EXPECT_EQ(back->ps_stream_spread, c.ps_stream_spread);
   EXPECT_EQ(back->host_cores, 2);
   EXPECT_EQ(back->engine_overhead_us, 615);
@@ -409,6 +415,76 @@ TEST(SimCalibrateTest, RowsFarOffTheModelDoNotPullTheFit) {
       EXPECT_GT(fit->weights[i], 0.9) << "row " << i;
     }
   }
+}
+
+// Rows within one host (2 and 4 ranks), timed by the model with buffers of at least `large`
+// bytes moving at `large_bw` instead of `bw`.
+std::vector<BenchSample> WithinAHost(double lat, double bw, double reduce, double large,
+                                     double large_bw) {
+  std::vector<BenchSample> samples;
+  for (int ranks : {2, 4}) {
+    for (double bytes = 64e3; bytes <= 256e6; bytes *= 2) {
+      for (bool reduces : {true, false}) {
+        BenchSample s;
+        s.ranks = ranks;
+        s.bytes = bytes;
+        s.reduces = reduces;
+        s.seconds = SampleTime(s, lat, bytes >= large ? large_bw : bw, reduce);
+        samples.push_back(s);
+      }
+    }
+  }
+  return samples;
+}
+
+TEST(SimCalibrateTest, SizeRegimesRecoverTheLargeBufferBandwidth) {
+  // Copies that slow from 4.5 to 2.5 GB/s once buffers reach 32 MB (2^25 bytes after 64 KB
+  // doubled 9 times, 32.768 MB: the first measured size at or above 32e6).
+  const double lat = 6e-6, bw = 4.5e9, reduce = 4e9, large = 32e6, large_bw = 2.5e9;
+  const auto samples = WithinAHost(lat, bw, reduce, large, large_bw);
+  auto fit = FitSamples(samples, /*size_regimes=*/true);
+  ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+  EXPECT_EQ(fit->large_bytes, 64e3 * 512);
+  EXPECT_NEAR(fit->bytes_per_s, bw, bw * 1e-6);
+  EXPECT_NEAR(fit->large_bytes_per_s, large_bw, large_bw * 1e-6);
+  EXPECT_NEAR(fit->reduce_bytes_per_s, reduce, reduce * 1e-6);
+  EXPECT_LT(fit->worst_abs_error, 1e-9);
+  // The same rows with one bandwidth for every size: the fit cannot follow them.
+  auto one = FitSamples(samples);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->large_bytes, 0);
+  EXPECT_GT(one->worst_abs_error, 0.1);
+  // Rows with one bandwidth: size regimes find no second one.
+  auto plain = FitSamples(WithinAHost(lat, bw, reduce, 1e30, bw), /*size_regimes=*/true);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->large_bytes, 0);
+  EXPECT_NEAR(plain->bytes_per_s, bw, bw * 1e-6);
+}
+
+TEST(SimModelTest, LargeBuffersWithinAHostMoveAtTheirOwnRate) {
+  // Two ranks of one host: a buffer at or above intra_large_bytes moves at the large-buffer rate;
+  // below it, and under NCCL (GPU links, not the host's copies), at intra_gbytes_per_s.
+  Calibration cal;
+  cal.intra_gbytes_per_s = 4;
+  cal.intra_large_bytes = 16e6;
+  cal.intra_large_gbytes_per_s = 2;
+  Point p = PaperPoint("vgg16", "ring", 2);
+  p.ranks_per_host = 2;
+  EXPECT_NEAR(MakeNetwork(p, cal, 8e6).intra_bytes_per_s, 4e9, 1);
+  EXPECT_NEAR(MakeNetwork(p, cal, 16e6).intra_bytes_per_s, 2e9, 1);
+  EXPECT_NEAR(MakeNetwork(p, cal).intra_bytes_per_s, 4e9, 1);
+  p.backend = "nccl";
+  EXPECT_NEAR(MakeNetwork(p, cal, 64e6).intra_bytes_per_s, cal.intra_gbytes_per_s * 1e9, 1);
+  // In a prediction: VGG-16's gradients (mostly in buffers far above 16 MB) take longer than with
+  // one rate, and no longer than with the large-buffer rate for every size.
+  p.backend = "ring";
+  Calibration fast = cal, slow = cal;
+  fast.intra_large_bytes = slow.intra_large_bytes = 0;
+  slow.intra_gbytes_per_s = 2;
+  auto both = Predict(p, cal), all_fast = Predict(p, fast), all_slow = Predict(p, slow);
+  ASSERT_TRUE(both.ok() && all_fast.ok() && all_slow.ok()) << both.status().ToString();
+  EXPECT_GT(both->comm_ms, all_fast->comm_ms * 1.3);
+  EXPECT_LE(both->comm_ms, all_slow->comm_ms + p.cycle_time_ms);
 }
 
 TEST(SimCalibrateTest, ABurstOfUnshapedBytesIsFreeOfBandwidthTime) {

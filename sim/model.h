@@ -20,7 +20,8 @@
 //   proportion), while its bytes go at the most loaded link's pace.
 // - The engine's own time per cycle that executes something (calibration engine_overhead_us) and
 //   per collective it executes (engine_collective_us), and ranks that share one machine's cores
-//   (host_cores) slowing the host-bound costs.
+//   (host_cores) slowing the host-bound costs. Within a host, kolo's own collectives on buffers of
+//   at least intra_large_bytes move at intra_large_gbytes_per_s (copies out of the caches).
 // - Parameter servers: pushes and pulls of each shard of the real placement, each a flow set on the
 //   servers' links (N workers pushing to one server: incast), queued first come first served on
 //   each server's link and each worker host's link; a shard's pull waits for the slowest worker's

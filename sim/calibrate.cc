@@ -126,11 +126,14 @@ StatusOr<double> FitPerCollective(const std::vector<StepSample>& steps, const Fi
       ring.hosts = off.hosts;
       ring.reduces = true;
       ring.host_share = off.host_share;
+      // The step cycles through every gradient, each buffer used once a step: where they add up
+      // to a large buffer, every collective's bytes come from beyond the caches.
+      double step_bytes = 0;
+      for (const models::Parameter& p : graph.params()) step_bytes += 4.0 * p.numel;
+      const bool large = fit.large_bytes > 0 && step_bytes >= fit.large_bytes;
       auto ring_time = [&](double bytes) {
         ring.bytes = bytes;
-        return SampleTime(ring, fit.latency_s,
-                          fit.large_bytes > 0 && bytes >= fit.large_bytes ? fit.large_bytes_per_s
-                                                                          : fit.bytes_per_s,
+        return SampleTime(ring, fit.latency_s, large ? fit.large_bytes_per_s : fit.bytes_per_s,
                           fit.reduce_bytes_per_s);
       };
       std::vector<coordinator::Response> responses;

@@ -225,6 +225,10 @@ int Calibrate(int argc, char** argv) {
   app.add_option("--incast", incast_files,
                  "scripts/cluster-incast summary.json: its ps_stream_spread at its worker count "
                  "(repeatable)");
+  bool one_bandwidth = false;
+  app.add_flag("--no-size-regimes", one_bandwidth,
+               "within a host, fit one bandwidth for every buffer size (by default large buffers "
+               "may get a bandwidth of their own)");
   double burst_bytes = 0;
   app.add_option("--burst", burst_bytes,
                  "bytes each host's shaped link passes unshaped from idle (the emulated cluster's "
@@ -431,7 +435,7 @@ int Calibrate(int argc, char** argv) {
   }
   if (!intra.empty()) {
     // Copies by the ranks' own cores: large buffers may move at a rate of their own.
-    auto fit = kolo::sim::FitSamples(intra, /*size_regimes=*/true);
+    auto fit = kolo::sim::FitSamples(intra, /*size_regimes=*/!one_bandwidth);
     if (!fit.ok()) {
       Say(fit.status().ToString());
       return 2;

@@ -400,7 +400,7 @@ double HostShare(const Point& point, const Calibration& cal) {
   return std::max(1.0, static_cast<double>(point.ranks) / cal.host_cores);
 }
 
-Network MakeNetwork(const Point& point, const Calibration& cal, double buffer_bytes) {
+Network MakeNetwork(const Point& point, const Calibration& cal, double working_bytes) {
   const double k = point.dilation > 0 ? point.dilation : 1;
   Network net;
   net.per_host = std::max(1, point.ranks_per_host);
@@ -420,7 +420,7 @@ Network MakeNetwork(const Point& point, const Calibration& cal, double buffer_by
     // copies by the ranks' own cores.
     const double share = HostShare(point, cal);
     const bool large = cal.intra_large_bytes > 0 && cal.intra_large_gbytes_per_s > 0 &&
-                       buffer_bytes >= cal.intra_large_bytes;
+                       working_bytes >= cal.intra_large_bytes;
     net.intra_bytes_per_s = (large ? cal.intra_large_gbytes_per_s : cal.intra_gbytes_per_s) *
                             kGiga * cal.shm.efficiency / share;
     net.intra_latency_s = cal.shm.latency_us * 1e-6 / k * share;
@@ -563,7 +563,12 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
   out.hosts = std::max(1, point.ranks / point.ranks_per_host);
 
   Costs costs;
-  costs.net = MakeNetwork(point, cal);
+  // A step cycles through every gradient, each buffer used once: where they add up to a large
+  // buffer (the calibration's intra_large_bytes), every collective's bytes within a host come from
+  // beyond the caches, at the large-buffer rate, whatever its own size.
+  double step_bytes = 0;
+  for (const Tensor& t : tensors) step_bytes += t.bytes;
+  costs.net = MakeNetwork(point, cal, step_bytes);
   const double k = point.dilation > 0 ? point.dilation : 1;
   costs.reduce_bytes_per_s = cal.reduce_gbytes_per_s * kGiga * k / HostShare(point, cal);
   costs.fusion_copy_bytes_per_s = cal.fusion_copy_gbytes_per_s * kGiga * k / HostShare(point, cal);
@@ -791,13 +796,9 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
   // Allreduce backends: the engine thread with the real controller and fusion planner.
   // NCCL reduces on the GPU, beside the transfer: no host reduction cost.
   const double reduce = point.backend == "nccl" ? 0.0 : costs.reduce_bytes_per_s;
-  // A buffer large enough to leave the caches moves at the calibration's large-buffer rate.
-  const Network large_net = MakeNetwork(point, cal, cal.intra_large_bytes);
   auto allreduce = [&](double bytes) {
-    const Network& net =
-        cal.intra_large_bytes > 0 && bytes >= cal.intra_large_bytes ? large_net : costs.net;
-    return point.hierarchical ? HierarchicalAllreduceTime(net, bytes, reduce)
-                              : RingAllreduceTime(net, bytes, reduce);
+    return point.hierarchical ? HierarchicalAllreduceTime(costs.net, bytes, reduce)
+                              : RingAllreduceTime(costs.net, bytes, reduce);
   };
   const double cycle = point.cycle_time_ms / 1e3;
   const double per_cycle = cal.engine_overhead_us * 1e-6 / k * HostShare(point, cal);

@@ -20,8 +20,9 @@
 //   proportion), while its bytes go at the most loaded link's pace.
 // - The engine's own time per cycle that executes something (calibration engine_overhead_us) and
 //   per collective it executes (engine_collective_us), and ranks that share one machine's cores
-//   (host_cores) slowing the host-bound costs. Within a host, kolo's own collectives on buffers of
-//   at least intra_large_bytes move at intra_large_gbytes_per_s (copies out of the caches).
+//   (host_cores) slowing the host-bound costs. Within a host, kolo's own collectives move at
+//   intra_large_gbytes_per_s where a step's gradients add up to intra_large_bytes or more: the
+//   step cycles through all of them, so their bytes come from beyond the caches.
 // - Parameter servers: pushes and pulls of each shard of the real placement, each a flow set on the
 //   servers' links (N workers pushing to one server: incast), queued first come first served on
 //   each server's link and each worker host's link; a shard's pull waits for the slowest worker's
@@ -59,10 +60,11 @@ struct Calibration {
   TransportCosts shm{2, 1, 0};     // kolo's ring between ranks of one host
   double intra_gbytes_per_s = 10;  // NCCL-like link of one GPU within its host (each direction)
   double intra_latency_us = 5;
-  // kolo's own collectives within a host (not NCCL's): buffers of at least intra_large_bytes
-  // move at intra_large_gbytes_per_s instead of intra_gbytes_per_s, the ranks' copies slowing
-  // once a buffer no longer stays in the caches (`kolo-sim calibrate`'s size regimes). 0: one
-  // rate for every size.
+  // kolo's own collectives within a host (not NCCL's): where the bytes a step cycles through (a
+  // bench row's one buffer, a training step's gradients) add up to at least intra_large_bytes,
+  // they move at intra_large_gbytes_per_s instead of intra_gbytes_per_s, the ranks' copies
+  // slowing once the data no longer stays in the caches (`kolo-sim calibrate`'s size regimes). 0:
+  // one rate for every size.
   double intra_large_bytes = 0;
   double intra_large_gbytes_per_s = 0;
   double reduce_gbytes_per_s = 20;       // summing received bytes into the buffer
@@ -184,9 +186,9 @@ double PacedStreamSpread(const Calibration& cal, int streams, double ratio);
 // calibration names shared cores and the ranks outnumber them, else 1.
 double HostShare(const Point& point, const Calibration& cal);
 
-// The network of `point` under `cal`; `buffer_bytes`: the collective's whole buffer, which sets
-// the intra-host rate where the calibration has size regimes (0: the rate of small buffers).
-Network MakeNetwork(const Point& point, const Calibration& cal, double buffer_bytes = 0);
+// The network of `point` under `cal`; `working_bytes`: what a step cycles through (its gradients),
+// which sets the intra-host rate where the calibration has size regimes (0: the small-buffer rate).
+Network MakeNetwork(const Point& point, const Calibration& cal, double working_bytes = 0);
 
 // Predicts `point`. Errors name the model, profile or setting at fault.
 StatusOr<Prediction> Predict(const Point& point, const Calibration& cal);

@@ -461,9 +461,10 @@ TEST(SimCalibrateTest, SizeRegimesRecoverTheLargeBufferBandwidth) {
   EXPECT_NEAR(plain->bytes_per_s, bw, bw * 1e-6);
 }
 
-TEST(SimModelTest, LargeBuffersWithinAHostMoveAtTheirOwnRate) {
-  // Two ranks of one host: a buffer at or above intra_large_bytes moves at the large-buffer rate;
-  // below it, and under NCCL (GPU links, not the host's copies), at intra_gbytes_per_s.
+TEST(SimModelTest, AStepThatLeavesTheCachesMovesAtTheLargeBufferRate) {
+  // Two ranks of one host: where what a step cycles through reaches intra_large_bytes, kolo's
+  // collectives within the host move at the large-buffer rate; below it, and under NCCL (GPU
+  // links, not the host's copies), at intra_gbytes_per_s.
   Calibration cal;
   cal.intra_gbytes_per_s = 4;
   cal.intra_large_bytes = 16e6;
@@ -475,16 +476,21 @@ TEST(SimModelTest, LargeBuffersWithinAHostMoveAtTheirOwnRate) {
   EXPECT_NEAR(MakeNetwork(p, cal).intra_bytes_per_s, 4e9, 1);
   p.backend = "nccl";
   EXPECT_NEAR(MakeNetwork(p, cal, 64e6).intra_bytes_per_s, cal.intra_gbytes_per_s * 1e9, 1);
-  // In a prediction: VGG-16's gradients (mostly in buffers far above 16 MB) take longer than with
-  // one rate, and no longer than with the large-buffer rate for every size.
+  // In a prediction: VGG-16's 528 MB of gradients are far beyond 16 MB, so every collective,
+  // small ones too, moves at the large-buffer rate, as with that rate for every size; with the
+  // threshold above the step's bytes, at the small-buffer rate.
   p.backend = "ring";
-  Calibration fast = cal, slow = cal;
+  Calibration fast = cal, slow = cal, above = cal;
   fast.intra_large_bytes = slow.intra_large_bytes = 0;
   slow.intra_gbytes_per_s = 2;
-  auto both = Predict(p, cal), all_fast = Predict(p, fast), all_slow = Predict(p, slow);
-  ASSERT_TRUE(both.ok() && all_fast.ok() && all_slow.ok()) << both.status().ToString();
+  above.intra_large_bytes = 1e12;
+  auto both = Predict(p, cal), all_fast = Predict(p, fast), all_slow = Predict(p, slow),
+       under = Predict(p, above);
+  ASSERT_TRUE(both.ok() && all_fast.ok() && all_slow.ok() && under.ok())
+      << both.status().ToString();
   EXPECT_GT(both->comm_ms, all_fast->comm_ms * 1.3);
-  EXPECT_LE(both->comm_ms, all_slow->comm_ms + p.cycle_time_ms);
+  EXPECT_DOUBLE_EQ(both->comm_ms, all_slow->comm_ms);
+  EXPECT_DOUBLE_EQ(under->comm_ms, all_fast->comm_ms);
 }
 
 TEST(SimCalibrateTest, ABurstOfUnshapedBytesIsFreeOfBandwidthTime) {

@@ -233,6 +233,20 @@ def test_the_committed_validations_say_what_their_readmes_say(example, median, w
     assert f"{example}/" in top and f"median {median:.1f}%, worst {worst:.1f}%" in top
 
 
+def _recalibrate(argv, committed_name):
+    """Runs `argv` (kolo-sim calibrate ... --out FILE) in sim/calibrations and checks that it
+    writes the committed calibration `committed_name` (but for its source, which names the output
+    file); returns the run and what it wrote."""
+    cal_dir = ROOT / "sim" / "calibrations"
+    done = subprocess.run(argv, cwd=cal_dir, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(Path(argv[argv.index("--out") + 1]).read_text())
+    committed = json.loads((cal_dir / committed_name).read_text())
+    got["source"] = committed["source"] = ""
+    assert got == committed
+    return done, got
+
+
 def test_the_committed_loopback_calibration_is_what_its_bench_files_give(tmp_path):
     # kolo-sim calibrate over the committed loopback bench files (the command in reports/examples/
     # sim-validate-loopback/README.md) writes the committed calibration, size regimes included.
@@ -244,13 +258,8 @@ def test_the_committed_loopback_calibration_is_what_its_bench_files_give(tmp_pat
     out = tmp_path / "cal.json"
     argv = [str(BIN_DIR / "kolo-sim"), "calibrate", "--link", "1gbit", "--name", "loopback-tcp"]
     argv += ["--base", "loopback-tcp.json", "--out", str(out), *bench]
-    done = subprocess.run(argv, cwd=cal_dir, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    got = json.loads(out.read_text())
-    committed = json.loads((cal_dir / "loopback-tcp.json").read_text())
-    got["source"] = committed["source"] = ""  # names the output file
-    assert got == committed
-    assert committed["intra_large_bytes"] == 16 << 20
+    done, got = _recalibrate(argv, "loopback-tcp.json")
+    assert got["intra_large_bytes"] == 16 << 20
     assert "buffers of 16777216 bytes and more: bandwidth 2.623 GB/s (size regimes)" in done.stdout
     # Asked for one bandwidth, the fit has none for large buffers.
     one = subprocess.run(
@@ -274,12 +283,7 @@ def test_the_committed_emulated_calibration_is_what_its_bench_files_give(tmp_pat
     argv = [str(BIN_DIR / "kolo-sim"), "calibrate", "--link", "1gbit", "--burst", "262144"]
     argv += ["--base", "emulated-tbf.json", "--name", "emulated-tbf-bench", "--incast", *incast]
     argv += ["--out", str(out), *bench]
-    done = subprocess.run(argv, cwd=cal_dir, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    got = json.loads(out.read_text())
-    committed = json.loads((cal_dir / "emulated-tbf-bench.json").read_text())
-    got["source"] = committed["source"] = ""  # names the output file
-    assert got == committed
+    done, got = _recalibrate(argv, "emulated-tbf-bench.json")
     paced = json.loads((cal_dir / "bench/incast-8workers-paced-2x.json").read_text())
     unpaced = json.loads((cal_dir / "bench/incast-8workers.json").read_text())
     share = paced["ps_stream_spread"] / unpaced["ps_stream_spread"]

@@ -179,7 +179,9 @@ _libc = None
 
 def _die_with_parent() -> None:
     # Runs in the child between fork and exec: if the sweep runner is killed outright, the
-    # launcher it started gets SIGKILL instead of running on unattended.
+    # launcher it started gets SIGKILL instead of running on unattended. The runner holds its
+    # signals while it starts a point; the launcher must not inherit them held.
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
     if _libc is not None:
         _libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 

@@ -229,6 +229,25 @@ def test_a_signal_just_as_a_point_starts_still_stops_its_processes(write_sweep, 
     assert not _fake_trainers(out)
 
 
+def test_a_point_starts_with_no_signal_held(tmp_path):
+    # The runner holds SIGINT, SIGTERM and SIGHUP while it starts a point; the launcher it starts
+    # must not inherit them held, or it could not be stopped but by SIGKILL.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+    try:
+        proc = launch.start(["sleep", "30"], dict(os.environ), str(tmp_path / "log"), "tok-held")
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    try:
+        with open(f"/proc/{proc.pid}/status") as f:
+            blocked = [line.split()[1] for line in f if line.startswith("SigBlk:")]
+        assert blocked == ["0000000000000000"]
+        proc.terminate()
+        assert proc.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
 def _fake_trainers(out):
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):

@@ -17,8 +17,8 @@
 // --bind-to core binds rank r to the r-th core of the launcher's own CPU set (all of that core's
 // hardware threads), hwthread to the r-th hardware thread; with more ranks than cores they wrap
 // round, sharing cores (said on stderr). none (the default) leaves the ranks to the scheduler.
-// On a small host ranks that float between cores make the ring's copies on loopback, all CPU work,
-// move by tens of percent from run to run; mpirun binds to cores by default for the same reason.
+// mpirun binds to cores by default for up to 2 ranks; on a small host, where the ring's copies on
+// loopback are all CPU work, bound ranks train a few percent faster (README, kolo-run).
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>

@@ -167,6 +167,8 @@ def sim_command(point: dict, program: str, trainer_args: list[str], json_path: s
         argv += ["--calibration", cal if os.path.isabs(cal) else os.path.join(root, cal)]
     if "gpu_rate" in point:
         argv += ["--gpu-rate", f"{point['gpu_rate']:g}"]
+    if "step_jitter" in point:
+        argv += ["--step-jitter", f"{point['step_jitter']:g}"]
     if "allreduce" in point:
         argv += ["--allreduce", point["allreduce"]]
     if "ps_hosts" in point:

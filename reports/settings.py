@@ -51,7 +51,7 @@ CLUSTER_SETTINGS = ("hosts", "ranks_per_host", "link", "delay_us")
 # The settings of a prediction ([launcher] kind = "sim", kolo-sim): what it predicts with besides
 # the profile. A simulated network also takes ranks_per_host and link (hosts = ranks /
 # ranks_per_host, up to any size), and dilation for predicting an emulated cluster's points.
-SIM_SETTINGS = ("calibration", "gpu_rate", "allreduce")
+SIM_SETTINGS = ("calibration", "gpu_rate", "step_jitter", "allreduce")
 SIM_NETWORK_SETTINGS = ("ranks_per_host", "link")
 # A link rate as scripts/cluster takes it: a number and kbit, mbit or gbit (per second), from
 # 1mbit to 100gbit.
@@ -258,6 +258,14 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=0,
         exclusive_minimum=True,
         help="kind = sim: single-GPU images/sec the replay profile is scaled to",
+    ),
+    Setting(
+        "step_jitter",
+        "float",
+        None,
+        minimum=0,
+        maximum=0.5,
+        help="kind = sim: one rank's step-time coefficient of variation; the step waits for the slowest rank",
     ),
     Setting("allreduce", "str", None, choices=("flat", "hierarchical"), help="kind = sim: ring layout"),
 )

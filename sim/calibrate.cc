@@ -83,6 +83,44 @@ StatusOr<Json> ReadBenchDocument(const std::string& path) {
 
 }  // namespace
 
+StatusOr<double> ReadStepJitter(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFound("cannot read {}", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  Json j;
+  try {
+    j = Json::parse(ss.str());
+  } catch (const Json::parse_error& e) {
+    return InvalidArgument("{}: not valid JSON: {}", path, e.what());
+  }
+  const auto number = [](const Json& o, const char* key) {
+    return o.is_object() && o.contains(key) && o.at(key).is_number();
+  };
+  if (!j.is_object() || !j.contains("settings") || !number(j.at("settings"), "ranks")) {
+    return InvalidArgument("{}: not a kolo-train --json run record (no settings.ranks)", path);
+  }
+  if (j.value("status", "") != "ok") {
+    return InvalidArgument("{}: the run's status is '{}', not ok: it measured no steps", path,
+                           j.value("status", ""));
+  }
+  const int ranks = j.at("settings").at("ranks").get<int>();
+  if (ranks != 1) {
+    return InvalidArgument(
+        "{}: a run of {} ranks; allowed: 1 (a rank alone, whose steps vary only by its own "
+        "compute)",
+        path, ranks);
+  }
+  const Json& r = j.contains("results") ? j.at("results") : Json();
+  if (!number(r, "images_per_sec_stddev") || !number(r, "images_per_sec_per_rank") ||
+      r.at("images_per_sec_per_rank").get<double>() <= 0) {
+    return InvalidArgument(
+        "{}: no images_per_sec_stddev and positive images_per_sec_per_rank in its results", path);
+  }
+  return r.at("images_per_sec_stddev").get<double>() /
+         r.at("images_per_sec_per_rank").get<double>();
+}
+
 StatusOr<std::vector<StepSample>> ReadBenchSteps(const std::string& path) {
   KOLO_ASSIGN_OR_RETURN(Json j, ReadBenchDocument(path));
   std::vector<StepSample> out;

@@ -95,6 +95,12 @@ StatusOr<double> FitPerCollective(const std::vector<StepSample>& steps, const Fi
 // if it has none.
 StatusOr<std::vector<StepSample>> ReadBenchSteps(const std::string& path);
 
+// One rank's step-time coefficient of variation (the calibration's step_jitter) from a kolo-train
+// --json run record of one rank: its images_per_sec_stddev over its images_per_sec_per_rank (the
+// steps' images/sec vary as their times do, to first order). Errors name the file and what is
+// wrong with it (not a run record, a failed run, more than one rank).
+StatusOr<double> ReadStepJitter(const std::string& path);
+
 // Reads every ring and link row of a kolo-allreduce-bench --json document.
 StatusOr<std::vector<BenchSample>> ReadBenchJson(const std::string& path);
 // The model's time for a sample under (latency, bandwidth, reduce).

@@ -89,6 +89,10 @@ int Predict(int argc, char** argv) {
   app.add_option("--ps-hosts", ps_hosts,
                  "dedicated (servers on hosts of their own) | spread (one per worker host)")
       ->check(CLI::IsMember({"dedicated", "spread"}));
+  app.add_option("--step-jitter", p.step_jitter,
+                 "one rank's step-time coefficient of variation; each step waits for the slowest "
+                 "rank (default: the calibration's step_jitter)")
+      ->check(CLI::Range(0.0, 0.5));
   app.add_option("--steps", p.steps, "steps simulated (the last is reported)")
       ->check(CLI::Range(2, 100));
   app.add_option("--calibration", calibration_path, "calibration JSON (default: built in)");
@@ -167,6 +171,7 @@ int Predict(int argc, char** argv) {
   }
   const Prediction& r = *pred;
   settings["nodes"] = r.hosts;
+  settings["step_jitter"] = p.step_jitter >= 0 ? p.step_jitter : cal.step_jitter;
   record["settings"] = settings;
   record["results"] = {
       {"total_images_per_sec", r.total_images_per_sec},
@@ -229,6 +234,10 @@ int Calibrate(int argc, char** argv) {
   app.add_flag("--no-size-regimes", one_bandwidth,
                "within a host, fit one bandwidth for every buffer size (by default large buffers "
                "may get a bandwidth of their own)");
+  std::vector<std::string> jitter_files;
+  app.add_option("--jitter", jitter_files,
+                 "kolo-train --json run record of one rank: its steps' spread sets step_jitter "
+                 "(repeatable; the median is kept)");
   double burst_bytes = 0;
   app.add_option("--burst", burst_bytes,
                  "bytes each host's shaped link passes unshaped from idle (the emulated cluster's "
@@ -382,12 +391,30 @@ int Calibrate(int argc, char** argv) {
         "it: %.3f of the unpaced spread (%s)\n",
         x.workers, ratio, 1 - x.spread, share, x.file.c_str());
   }
+  if (!jitter_files.empty()) {
+    std::vector<double> cvs;
+    for (const auto& f : jitter_files) {
+      auto cv = kolo::sim::ReadStepJitter(f);
+      if (!cv.ok()) {
+        Say(fmt::format("--jitter {}", cv.status().ToString()));
+        return 2;
+      }
+      std::printf("step jitter: %s: one rank's steps vary by %.2f%% (coefficient of variation)\n",
+                  f.c_str(), 100 * *cv);
+      cvs.push_back(*cv);
+    }
+    std::sort(cvs.begin(), cvs.end());
+    const size_t m = cvs.size();
+    cal.step_jitter = std::min(0.5, m % 2 ? cvs[m / 2] : (cvs[m / 2 - 1] + cvs[m / 2]) / 2);
+    std::printf("  -> step_jitter %.4f (the median; at most 0.5)\n", cal.step_jitter);
+  }
   cal.name = name;
   cal.link_gbit = gbit;
   std::string source = "kolo-sim calibrate --link " + link +
                        (burst_bytes > 0 ? fmt::format(" --burst {:.0f}", burst_bytes) : "") +
                        " over";
   for (const auto& f : incast_files) source += " --incast " + f;
+  for (const auto& f : jitter_files) source += " --jitter " + f;
   for (const auto& f : files) source += " " + f;
   cal.source = source;
   auto report = [](const char* what, const std::vector<kolo::sim::BenchSample>& samples,

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <numbers>
 #include <queue>
 #include <sstream>
 
@@ -27,6 +28,9 @@ using coordinator::Request;
 using coordinator::Response;
 
 constexpr double kGiga = 1e9;
+// A step-time coefficient of variation beyond this is no longer a jitter a normal law describes
+// (a step would be as likely to take no time as twice its mean).
+constexpr double kMaxStepJitter = 0.5;
 
 // ---- Calibration JSON ----
 
@@ -168,7 +172,8 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text, const std::st
                                std::pair{"fusion_copy_gbytes_per_s", &c.fusion_copy_gbytes_per_s},
                                std::pair{"host_cores", &c.host_cores},
                                std::pair{"engine_overhead_us", &c.engine_overhead_us},
-                               std::pair{"engine_collective_us", &c.engine_collective_us}}) {
+                               std::pair{"engine_collective_us", &c.engine_collective_us},
+                               std::pair{"step_jitter", &c.step_jitter}}) {
     if (!j.contains(field)) continue;
     if (!j.at(field).is_number() || j.at(field).get<double>() < 0) {
       return InvalidArgument("{}: \"{}\" must be a number >= 0", origin, field);
@@ -177,6 +182,10 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text, const std::st
   }
   if (c.link_gbit <= 0 || c.intra_gbytes_per_s <= 0) {
     return InvalidArgument("{}: link_gbit and intra_gbytes_per_s must be > 0", origin);
+  }
+  if (c.step_jitter > kMaxStepJitter) {
+    return InvalidArgument("{}: \"step_jitter\" {} is not allowed; allowed: 0 to {}", origin,
+                           c.step_jitter, kMaxStepJitter);
   }
   if (j.contains("ps_stream_spread")) {
     const Json& m = j.at("ps_stream_spread");
@@ -259,6 +268,7 @@ std::string CalibrationToJson(const Calibration& c) {
             {"host_cores", c.host_cores},
             {"engine_overhead_us", c.engine_overhead_us},
             {"engine_collective_us", c.engine_collective_us}};
+  if (c.step_jitter > 0) j["step_jitter"] = c.step_jitter;
   if (c.intra_large_bytes > 0) {
     j["intra_large_bytes"] = c.intra_large_bytes;
     j["intra_large_gbytes_per_s"] = c.intra_large_gbytes_per_s;
@@ -393,6 +403,25 @@ double PacedStreamSpread(const Calibration& cal, int streams, double ratio) {
     break;
   }
   return std::min(StreamSpread(cal, streams) * share, bound);
+}
+
+double ExpectedMaxOfNormals(int n) {
+  if (n <= 1) return 0;
+  // E[max] = integral of x n phi(x) Phi(x)^(n-1) dx, by Simpson's rule over [-9, 9] (beyond it
+  // the integrand is below 1e-15 for any n up to 2^20), Phi^(n-1) in logs so that it cannot
+  // underflow on the way.
+  constexpr int kIntervals = 3600;
+  constexpr double kLo = -9, kHi = 9, kH = (kHi - kLo) / kIntervals;
+  const double inv_sqrt_2pi = 1 / std::sqrt(2 * std::numbers::pi);
+  double sum = 0;
+  for (int i = 0; i <= kIntervals; ++i) {
+    const double x = kLo + i * kH;
+    const double cdf = 0.5 * std::erfc(-x / std::sqrt(2.0));
+    const double log_pow = cdf > 0 ? (n - 1) * std::log(cdf) : -INFINITY;
+    const double f = x * n * inv_sqrt_2pi * std::exp(-0.5 * x * x + log_pow);
+    sum += f * (i == 0 || i == kIntervals ? 1 : (i % 2 ? 4 : 2));
+  }
+  return sum * kH / 3;
 }
 
 double HostShare(const Point& point, const Calibration& cal) {
@@ -531,10 +560,19 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
   const double scale = point.gpu_rate > 0 ? profile_rate / point.gpu_rate : 1.0;
   const int micro = point.backward_passes_per_step;
 
+  const double jitter = point.step_jitter >= 0 ? point.step_jitter : cal.step_jitter;
+  if (jitter > kMaxStepJitter) {
+    return InvalidArgument("step_jitter {} is not allowed; allowed: 0 to {}", jitter,
+                           kMaxStepJitter);
+  }
+  // The slowest rank's compute, which every rank's step waits for; the breakdown's forward and
+  // backward stay the mean rank's, the wait for the slowest shows as exposed communication.
+  const double slowest = 1 + jitter * ExpectedMaxOfNormals(point.ranks);
+
   Prediction out;
   out.single_gpu_images_per_sec = profile_rate / scale;
-  const double fwd_s = fwd / 1e3 * scale, bwd_s = bwd / 1e3 * scale;
-  const double update_s = profile.update_ms / 1e3 * scale;
+  const double fwd_s = fwd / 1e3 * scale * slowest, bwd_s = bwd / 1e3 * scale * slowest;
+  const double update_s = profile.update_ms / 1e3 * scale * slowest;
 
   // Gradients in the order backward produces them, with the time each is submitted.
   std::vector<Tensor> tensors;
@@ -543,7 +581,7 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
     double t = micro * fwd_s + (micro - 1) * bwd_s;
     std::vector<double> layer_end(graph.layers().size(), 0);
     for (size_t i = graph.layers().size(); i-- > 0;) {
-      t += profile.layers[i].backward_ms / 1e3 * scale;
+      t += profile.layers[i].backward_ms / 1e3 * scale * slowest;
       layer_end[i] = t;
     }
     for (int id : graph.BackpropOrder()) {
@@ -558,8 +596,8 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
     }
   }
   const double backward_end = micro * (fwd_s + bwd_s);
-  out.forward_ms = micro * fwd_s * 1e3;
-  out.backward_ms = micro * bwd_s * 1e3;
+  out.forward_ms = micro * fwd_s / slowest * 1e3;
+  out.backward_ms = micro * bwd_s / slowest * 1e3;
   out.hosts = std::max(1, point.ranks / point.ranks_per_host);
 
   Costs costs;
@@ -579,7 +617,7 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
     double t = backward_end;
     for (const Tensor& tensor : tensors) t = std::max(t, tensor.done_s) + tensor.update_s;
     out.step_ms = t * 1e3;
-    out.update_ms = update_s * 1e3;
+    out.update_ms = update_s / slowest * 1e3;
     out.exposed_comm_ms =
         std::max(0.0, out.step_ms - out.forward_ms - out.backward_ms - out.update_ms);
     out.comm_ms = comm_s * 1e3;

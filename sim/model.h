@@ -8,6 +8,8 @@
 // - Compute: each layer's forward and backward time as recorded, times `compute_scale` (set from
 //   --gpu-rate: the profile's single-GPU images/sec over the requested one), repeated for each
 //   micro-batch; each gradient is submitted when its layer's backward on the last micro-batch ends.
+//   Where the calibration (or the point) has a step_jitter, that compute is the expected slowest
+//   rank's, whom every collective and so every rank waits for.
 // - The engine thread (allreduce backends): cycles on the cycle-time grid; each cycle drains what
 //   was submitted, negotiates (a bit-vector exchange, plus a coordinator round of gather and
 //   broadcast for names the response cache does not hold, as the real Controller decides), plans
@@ -102,6 +104,14 @@ struct Calibration {
   // handles, stepping the pipeline): `kolo-sim calibrate` reads it from kolo-allreduce-bench
   // --tensors step rows, fusion off against on. Host-bound, like the reduction.
   double engine_collective_us = 0;
+  // How much one rank's compute varies from step to step: the coefficient of variation (standard
+  // deviation over mean) of its step time when it trains alone, as a one-rank kolo-train run
+  // record gives it (images_per_sec_stddev over images_per_sec_per_rank; `kolo-sim calibrate
+  // --jitter`). A synchronous step waits for its slowest rank: with N ranks whose step times vary
+  // independently and normally, the gradients are ready everywhere, and the step ends, as late as
+  // the expected slowest of N, compute x (1 + step_jitter x ExpectedMaxOfNormals(N)) (0.56 x
+  // step_jitter more at 2 ranks, 2.59 x at 128). 0: every rank's steps alike.
+  double step_jitter = 0;
 };
 
 StatusOr<Calibration> CalibrationFromJson(const std::string& text, const std::string& origin);
@@ -131,6 +141,8 @@ struct Point {
   // under dilation K, like the link, it stands for K times as much); 0: unpaced.
   double ps_pacing_bits_per_s = 0;
   int steps = 3;  // steps simulated; the last is reported (the first fills caches)
+  // The calibration's step_jitter for this point (--step-jitter); < 0: the calibration's own.
+  double step_jitter = -1;
 };
 
 struct Prediction {
@@ -181,6 +193,11 @@ double StreamSpread(const Calibration& cal, int streams);
 // The spread left of `streams` streams paced at `ratio` times a fair share: StreamSpread times the
 // calibration's ps_paced_spread_share, and no more than the others' paces leave of the link.
 double PacedStreamSpread(const Calibration& cal, int streams, double ratio);
+
+// The expected largest of n independent standard normal draws (0 for n = 1; 1/sqrt(pi) for 2):
+// how many standard deviations the slowest of n ranks' step times lies above their mean.
+// REQUIRES: n >= 1.
+double ExpectedMaxOfNormals(int n);
 
 // How many times slower the host-bound costs of `point` run: ranks / cal.host_cores where the
 // calibration names shared cores and the ranks outnumber them, else 1.

@@ -83,6 +83,36 @@ def test_a_sim_sweep_writes_simulated_rows(sim_rows):
         assert float(on["collectives_per_step"]) < float(off["collectives_per_step"])
 
 
+def test_step_jitter_is_a_sweep_setting_of_predictions(tmp_path):
+    """step_jitter reaches kolo-sim, lands in its column, slows the multi-rank points and leaves
+    the one single-rank baseline alone (every rank count shares it)."""
+    need_sim()
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text(
+        SIM_SWEEP.replace("fusion_threshold_mb = [0, 64]", "step_jitter = [0, 0.05]")
+        .replace("ranks = [2, 4]", "ranks = [4]")
+        # A P100's pace: compute, not the network, sets the step.
+        .replace("batch_size = 64", "batch_size = 64\ngpu_rate = 100.0")
+    )
+    out = tmp_path / "out"
+    result = run_cli(
+        "sweep", str(sweep), "--out", str(out), "--bin-dir", str(BIN_DIR), "--no-report", timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = schema.read_rows(str(out / "results.csv"))
+    assert sorted(r["backend"] for r in rows) == ["none", "ring", "ring"], rows
+    ring = {r["step_jitter"]: float(r["total_images_per_sec"]) for r in rows if r["backend"] == "ring"}
+    assert set(ring) == {"0", "0.05"}
+    # The slowest of 4 ranks lies 1.03 standard deviations above the mean: 5.1% slower.
+    assert 1.045 < ring["0"] / ring["0.05"] < 1.06
+    # A measured row cannot carry it: it is a setting of predictions only.
+    measured = tmp_path / "measured.toml"
+    measured.write_text(SIM_SWEEP.replace('kind = "sim"', 'kind = "local"') + "step_jitter = [0.05]\n")
+    refused = run_cli("sweep", str(measured), "--out", str(tmp_path / "m"), "--dry-run")
+    assert refused.returncode != 0
+    assert "step_jitter = 0.05 is a setting of predictions" in refused.stdout + refused.stderr
+
+
 def test_the_gate_judges_simulated_rows(sim_rows, tmp_path):
     path, rows = sim_rows
     eff = {
@@ -295,3 +325,35 @@ def test_the_committed_emulated_calibration_is_what_its_bench_files_give(tmp_pat
     bad = subprocess.run(argv_bad, cwd=cal_dir, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
     assert "bench/incast-8workers-paced-2x.json: paced at 3.125e+07 B/s with 8 workers" in bad.stderr
+
+
+def test_calibrate_takes_step_jitter_from_one_rank_run_records(tmp_path):
+    # kolo-sim calibrate --jitter: the median of the records' spreads, kept in the calibration;
+    # a record of two ranks is refused by name.
+    need_sim()
+    cal_dir = ROOT / "sim" / "calibrations"
+    records = []
+    runs = [(200.0, 2.0, 1), (200.0, 6.0, 1), (100.0, 4.0, 1), (100.0, 1.0, 2)]
+    for i, (rate, stddev, ranks) in enumerate(runs):
+        path = tmp_path / f"run{i}.json"
+        results = {"images_per_sec_per_rank": rate, "images_per_sec_stddev": stddev}
+        path.write_text(json.dumps({"settings": {"ranks": ranks}, "status": "ok", "results": results}))
+        records.append(str(path))
+    out = tmp_path / "cal.json"
+    argv = [str(BIN_DIR / "kolo-sim"), "calibrate", "--link", "1gbit", "--base", "loopback-tcp.json"]
+    argv += ["--out", str(out), "bench/loopback-np2-run1.json"]
+    ok = subprocess.run(
+        [*argv, *[a for r in records[:3] for a in ("--jitter", r)]],
+        cwd=cal_dir,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(out.read_text())["step_jitter"] == pytest.approx(0.03)  # 1%, 3%, 4%
+    assert "step_jitter 0.0300" in ok.stdout
+    two = subprocess.run(
+        [*argv, "--jitter", records[3]], cwd=cal_dir, capture_output=True, text=True, timeout=120
+    )
+    assert two.returncode == 2
+    assert "a run of 2 ranks; allowed: 1" in two.stderr

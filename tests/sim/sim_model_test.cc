@@ -170,6 +170,84 @@ TEST(SimModelTest, OneRankIsTheProfilesOwnRate) {
   EXPECT_NEAR(scaled->total_images_per_sec, 100, 1e-6);
 }
 
+TEST(SimModelTest, ExpectedMaxOfNormalsMatchesItsClosedForms) {
+  // E[max of 2] = 1/sqrt(pi), E[max of 3] = 3/(2 sqrt(pi)); beyond, the published tables of
+  // normal order statistics (to 5 decimals).
+  const double sqrt_pi = std::sqrt(std::acos(-1.0));
+  EXPECT_EQ(ExpectedMaxOfNormals(1), 0);
+  EXPECT_NEAR(ExpectedMaxOfNormals(2), 1 / sqrt_pi, 1e-9);
+  EXPECT_NEAR(ExpectedMaxOfNormals(3), 1.5 / sqrt_pi, 1e-9);
+  EXPECT_NEAR(ExpectedMaxOfNormals(4), 1.02938, 1e-5);
+  EXPECT_NEAR(ExpectedMaxOfNormals(10), 1.53875, 1e-5);
+  EXPECT_NEAR(ExpectedMaxOfNormals(100), 2.50759, 1e-5);
+  double last = 0;
+  for (int n : {2, 8, 128, 1024, 65536}) {
+    EXPECT_GT(ExpectedMaxOfNormals(n), last) << n;
+    last = ExpectedMaxOfNormals(n);
+  }
+  EXPECT_LT(last, 4.5);  // grows like sqrt(2 ln n): 4.71 bounds it at 65,536
+}
+
+TEST(SimModelTest, AStepWaitsForTheSlowestRanksCompute) {
+  // Fusion on, a fast network, a P100's pace: every gradient's allreduce hides behind backward,
+  // and the step is compute. With jitter, each rank's compute is the expected slowest of N: at
+  // 128 ranks and a 5% spread, 1 + 0.05 x 2.59 times the mean, and the step with it.
+  Point p = PaperPoint("resnet101", "ring", 128);
+  p.link_gbit = 400;
+  p.gpu_rate = 100;
+  Calibration cal;
+  auto still = Predict(p, cal);
+  ASSERT_TRUE(still.ok());
+  EXPECT_LT(still->exposed_comm_ms, 0.01 * still->step_ms);
+  cal.step_jitter = 0.05;
+  auto jittery = Predict(p, cal);
+  ASSERT_TRUE(jittery.ok());
+  const double slowest = 1 + 0.05 * ExpectedMaxOfNormals(128);
+  EXPECT_NEAR(jittery->step_ms / still->step_ms, slowest, 0.01);
+  // The breakdown keeps the mean rank's compute; the wait shows as exposed communication.
+  EXPECT_DOUBLE_EQ(jittery->backward_ms, still->backward_ms);
+  EXPECT_NEAR(jittery->exposed_comm_ms - still->exposed_comm_ms,
+              (slowest - 1) * (still->forward_ms + still->backward_ms + still->update_ms),
+              0.01 * still->step_ms);
+  // The point's own setting overrides the calibration's; one rank has no one to wait for.
+  p.step_jitter = 0;
+  auto overridden = Predict(p, cal);
+  ASSERT_TRUE(overridden.ok());
+  EXPECT_DOUBLE_EQ(overridden->step_ms, still->step_ms);
+  Point one = PaperPoint("resnet101", "none", 1);
+  one.gpu_rate = 100;
+  auto alone = Predict(one, cal);
+  ASSERT_TRUE(alone.ok());
+  EXPECT_NEAR(alone->total_images_per_sec, 100, 1e-6);
+  p.step_jitter = 0.6;
+  auto refused = Predict(p, cal);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("step_jitter 0.6"), std::string::npos);
+}
+
+TEST(SimCalibrateTest, StepJitterIsARankAlonesSpreadOverItsRate) {
+  const std::string dir = ::testing::TempDir();
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+    return dir + "/" + name;
+  };
+  auto cv = ReadStepJitter(write("one.json", R"({"settings": {"ranks": 1}, "status": "ok",
+      "results": {"images_per_sec_per_rank": 200.0, "images_per_sec_stddev": 5.0}})"));
+  ASSERT_TRUE(cv.ok()) << cv.status().ToString();
+  EXPECT_DOUBLE_EQ(*cv, 0.025);
+  auto two = ReadStepJitter(write("two.json", R"({"settings": {"ranks": 2}, "status": "ok",
+      "results": {"images_per_sec_per_rank": 200.0, "images_per_sec_stddev": 5.0}})"));
+  ASSERT_FALSE(two.ok());
+  EXPECT_NE(two.status().message().find("a run of 2 ranks; allowed: 1"), std::string::npos);
+  auto failed = ReadStepJitter(
+      write("failed.json", R"({"settings": {"ranks": 1}, "status": "failed", "error": "x"})"));
+  ASSERT_FALSE(failed.ok());
+  EXPECT_NE(failed.status().message().find("'failed'"), std::string::npos);
+  auto bench = ReadStepJitter(write("bench.json", R"({"ranks": 2, "hosts": [], "rows": []})"));
+  ASSERT_FALSE(bench.ok());
+  EXPECT_NE(bench.status().message().find("not a kolo-train --json run record"), std::string::npos);
+}
+
 TEST(SimModelTest, EngineTimeIsChargedPerCycleAndPerCollective) {
   // Fusion off: hundreds of collectives in a few cycles. 1 ms of engine time per cycle adds about
   // cycles x 1 ms to the communication, not collectives x 1 ms; 100 us per collective adds
@@ -329,17 +407,24 @@ TEST(SimModelTest, CalibrationJsonKeepsEveryField) {
   c.ps_stream_spread = {{2, 0.047}, {8, 0.109}};
   c.intra_large_bytes = 16 << 20;
   c.intra_large_gbytes_per_s = 2.6;
+  c.step_jitter = 0.031;
   auto back = CalibrationFromJson(CalibrationToJson(c), "t");
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(back->intra_large_bytes, 16 << 20);
   EXPECT_EQ(back->intra_large_gbytes_per_s, 2.6);
   // Without size regimes the fields are not written, and a calibration without them has none.
   EXPECT_EQ(CalibrationToJson(Calibration{}).find("intra_large"), std::string::npos);
+  EXPECT_EQ(CalibrationToJson(Calibration{}).find("step_jitter"), std::string::npos);
   EXPECT_EQ(back->ps_stream_spread, c.ps_stream_spread);
   EXPECT_EQ(back->host_cores, 2);
   EXPECT_EQ(back->engine_overhead_us, 615);
   EXPECT_EQ(back->engine_collective_us, 72);
   EXPECT_EQ(back->tcp.latency_us, 13.5);
+  EXPECT_EQ(back->step_jitter, 0.031);
+  auto wild = CalibrationFromJson(
+      R"({"format": "kolo-sim-calibration", "name": "t", "step_jitter": 0.7})", "f.json");
+  ASSERT_FALSE(wild.ok());
+  EXPECT_NE(wild.status().message().find("\"step_jitter\" 0.7 is not allowed"), std::string::npos);
   auto bad = CalibrationFromJson(
       R"({"format": "kolo-sim-calibration", "name": "t", "host_cores": -1})", "f.json");
   ASSERT_FALSE(bad.ok());

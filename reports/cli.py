@@ -2,7 +2,7 @@
 
     python -m reports.cli sweep FILE --out DIR [--bin-dir DIR] [--only KEY=V,...]... [--dry-run]
                                 [--retry-failed] [--no-report]
-    python -m reports.cli report DIR
+    python -m reports.cli report DIR [--predicted CSV]
     python -m reports.cli check-regression CSV --baseline FILE [--bench JSON]...
 
 Exit status: 0 success; 1 a point failed, the gate fell short, or something could not run;
@@ -57,6 +57,12 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("report", help="plots and an HTML page from a sweep folder")
     p.add_argument("dir", help="sweep folder holding results.csv")
+    p.add_argument(
+        "--predicted",
+        metavar="CSV",
+        help="kolo-sim's predictions of these points (a kind = sim sweep's results.csv): drawn "
+        "beside the measurements, with each point's error",
+    )
 
     p = sub.add_parser("check-regression", help="compare a results CSV with a baseline")
     p.add_argument("csv", help="results.csv of a sweep")
@@ -80,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "sweep":
         return _sweep(args)
     if args.command == "report":
-        return _report(args.dir)
+        return _report(args.dir, args.predicted)
     return _check(args)
 
 
@@ -252,9 +258,9 @@ def _dry_run(sweep: sweepfile.Sweep, out_dir: str, bin_dir: str) -> None:
         print(f"{cluster.SCRIPT} down --name {name}")
 
 
-def _report(out_dir: str) -> int:
+def _report(out_dir: str, predicted: str | None = None) -> int:
     try:
-        path = report.build(out_dir)
+        path = report.build(out_dir, predicted)
     except FileNotFoundError as e:
         print(f"report: {e}", file=sys.stderr)
         return 2

@@ -11,7 +11,7 @@ import html
 import os
 from collections import Counter
 
-from reports import efficiency, plots, schema, settings
+from reports import efficiency, plots, schema, settings, simvalidate
 from reports.efficiency import Point
 
 CSS = """
@@ -45,13 +45,21 @@ DEFINITIONS = (
 SIDE_BY_SIDE = ("efficiency", "breakdown")
 
 
-def build(out_dir: str) -> str:
+def build(out_dir: str, predicted: str | None = None) -> str:
     """Writes the report of `out_dir` (which holds results.csv); returns the HTML page's path.
-    Raises FileNotFoundError without results.csv, schema.SchemaError on a malformed one."""
+    `predicted`: a results CSV of kolo-sim's predictions, drawn beside the measured rows they
+    predict (reports.simvalidate) with each point's error. Raises FileNotFoundError without
+    results.csv or the predicted file, schema.SchemaError on a malformed one."""
     csv_path = os.path.join(out_dir, "results.csv")
     if not os.path.exists(csv_path):
         raise FileNotFoundError(f"{csv_path} does not exist (run scripts/sweep FILE --out {out_dir} first)")
-    rows = efficiency.with_efficiency(schema.latest_per_point(schema.read_rows(csv_path)))
+    measured = schema.read_rows(csv_path)
+    pairs = None
+    if predicted is not None:
+        if not os.path.exists(predicted):
+            raise FileNotFoundError(f"--predicted {predicted} does not exist")
+        pairs = simvalidate.compare(schema.read_rows(predicted), measured)
+    rows = efficiency.with_efficiency(schema.latest_per_point(measured))
     report_dir = os.path.join(out_dir, "report")
     plot_dir = os.path.join(report_dir, "plots")
     os.makedirs(plot_dir, exist_ok=True)
@@ -63,13 +71,19 @@ def build(out_dir: str) -> str:
     for stem, caption, fig in plots.all_figures(points):
         plots.save(fig, os.path.join(plot_dir, stem))
         figures.append((stem, caption))
+    if pairs:
+        plots.save(simvalidate.figure(pairs), os.path.join(plot_dir, PREDICTED))
+        figures.insert(0, (PREDICTED, f"kolo-sim's predictions ({predicted}) beside these measurements"))
     sweep_name = _sweep_name(out_dir)
-    page = render(rows, points, figures, sweep_name, _fallback_note(out_dir))
+    page = render(rows, points, figures, sweep_name, _fallback_note(out_dir), pairs)
     path = os.path.join(report_dir, "index.html")
     with open(path, "w") as f:
         f.write(page)
     return path
 
+
+# The figure of predictions beside measurements (build's `predicted`).
+PREDICTED = "predicted"
 
 # Written by the sweep when a sweep meant for an emulated network ran over loopback instead
 # (reports.runner.FALLBACK_NOTE).
@@ -106,9 +120,12 @@ def render(
     figures: list[tuple[str, str]],
     name: str,
     fallback_note: str | None = None,
+    pairs: list[dict] | None = None,
 ) -> str:
     """The HTML page (a pure function of its inputs). `fallback_note`: why a sweep meant for an
-    emulated network ran over loopback, said above the plots and under the comparisons."""
+    emulated network ran over loopback, said above the plots and under the comparisons. `pairs`:
+    predictions against these measurements (reports.simvalidate.compare), tabled with their
+    errors; an empty list says that no prediction matched."""
     e = html.escape
     ok = sum(r["status"] == "ok" for r in rows)
     failed = len(rows) - ok
@@ -169,9 +186,36 @@ def render(
                 parts.append(why)
     if "breakdown" not in stems:
         parts.append(why)
+    if pairs is not None:
+        parts.append(_predicted_table(pairs))
     parts += [_summary_table(points), _breakdown_table(points), _ratio_tables(points), _failures(rows)]
     parts.append("</body></html>")
     return "\n".join(p for p in parts if p) + "\n"
+
+
+def _predicted_table(pairs: list[dict]) -> str:
+    e = html.escape
+    if not pairs:
+        return (
+            "<h2>Predicted against measured</h2><p class='banner'>No predicted row has a measured "
+            "twin here (same model, ranks, backend, transport, servers and fusion).</p>"
+        )
+    head = ["model", "GPUs", "backend", "transport", "fusion MiB", "measured img/s", "repeats", "spread"]
+    head += ["predicted img/s", "error"]
+    lines = [
+        "<h2>Predicted against measured</h2><table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
+    ]
+    for x in pairs:
+        spread = f"{100 * x['spread']:.1f}%" if x["repeats"] > 1 else "-"
+        cells = [x["model"], x["ranks"], x["backend"], x["transport"] or "-", x["fusion_threshold_mb"] or "-"]
+        cells += [f"{x['measured']:.1f}", str(x["repeats"]), spread, f"{x['predicted']:.1f}"]
+        cells.append(f"{100 * x['error']:+.1f}%")
+        lines.append("<tr>" + "".join(f"<td class='text'>{e(str(c))}</td>" for c in cells[:5]))
+        lines[-1] += "".join(f"<td>{e(c)}</td>" for c in cells[5:]) + "</tr>"
+    lines.append("</table>")
+    summary = simvalidate.table(pairs).strip().splitlines()[-2:]
+    lines.append("<p>" + "<br>".join(e(s) for s in summary if s) + "</p>")
+    return "\n".join(lines)
 
 
 def _figure(stem: str, caption: str) -> str:

@@ -19,6 +19,8 @@ KEY = (
     "ps_pacing",
     "fusion_threshold_mb",
 )
+# What tells configurations apart within one model's panel of the figure: KEY less model and ranks.
+CONFIG = tuple(k for k in KEY if k not in ("model", "ranks"))
 
 
 def _key(row: dict) -> tuple:
@@ -33,9 +35,11 @@ def compare(predicted: list[dict], measured: list[dict]) -> list[dict]:
     moved between runs: an error inside it cannot be told from the measurement's own noise.
     """
     meas: dict[tuple, list[float]] = {}
+    compute: dict[tuple, str] = {}
     for r in schema.latest_per_point(measured):
         if r["status"] == "ok":
             meas.setdefault(_key(r), []).append(float(r["total_images_per_sec"]))
+            compute.setdefault(_key(r), r.get("compute", ""))
     preds: dict[tuple, dict] = {}
     for p in schema.latest_per_point(predicted):
         if p["status"] == "ok" and _key(p) in meas:
@@ -50,7 +54,10 @@ def compare(predicted: list[dict], measured: list[dict]) -> list[dict]:
                 **{k: p[k] for k in KEY},
                 "predicted": pv,
                 "measured": mv,
+                "measured_min": min(values),
+                "measured_max": max(values),
                 "repeats": len(values),
+                "measured_compute": compute[key],
                 "spread": (max(values) - min(values)) / mv,
                 "error": (pv - mv) / mv,
             }
@@ -93,11 +100,130 @@ def table(pairs: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _config_label(pair: dict, columns: list[str]) -> str:
+    parts = []
+    for c in columns:
+        value = pair.get(c, "")
+        if c == "fusion_threshold_mb":
+            parts.append(f"fusion {value} MiB" if value else "")
+        elif c in ("backend", "transport"):
+            parts.append(value)
+        elif value:
+            parts.append(f"{c.removeprefix('ps_')} {value}")
+    return " ".join(p for p in parts if p) or pair.get("backend", "")
+
+
+def figure(pairs: list[dict], title: str = "kolo-sim: predicted beside measured"):
+    """Images/sec against GPUs, one panel per model: each configuration in one colour, measured
+    solid (the median of its repeats, the bar their range), predicted dashed with hollow markers,
+    so that a prediction sits on the same axes as what it predicts. None without pairs."""
+    if not pairs:
+        return None
+    from reports import plots  # matplotlib, only where a figure is wanted
+
+    models = list(dict.fromkeys(p["model"] for p in pairs))
+    distributed = [p for p in pairs if p["backend"] != "none"]
+    columns = [c for c in CONFIG if len({p.get(c, "") for p in distributed}) > 1] or ["backend"]
+    cols = min(len(models), 3)
+    rows = -(-len(models) // cols)
+    fig, axes = plots.plt.subplots(
+        rows, cols, figsize=(5.2 * cols, 3.4 * rows + 2.2), squeeze=False, layout="constrained"
+    )
+    flat = list(axes.flat)
+    for ax in flat[len(models) :]:
+        ax.set_visible(False)
+    fig.suptitle(title, fontsize=12, fontweight="bold")
+    errs = [abs(p["error"]) for p in pairs]
+    note = (
+        f"solid: measured (median of repeats, bar: their range); dashed, hollow: predicted. "
+        f"{len(pairs)} points: median absolute error {100 * statistics.median(errs):.1f}%, "
+        f"worst {100 * max(errs):.1f}%"
+    )
+    if any(p.get("measured_compute") == "replay" for p in pairs):
+        note += "\nmeasured with " + plots.REPLAY_NOTE
+    fig.supxlabel(note, fontsize=9)
+    for ax, model in zip(flat, models, strict=False):
+        handles = []
+        for base in (p for p in pairs if p["model"] == model and p["backend"] == "none"):
+            # The single rank without distribution: where every configuration starts.
+            handles.append(
+                ax.errorbar(
+                    [1],
+                    [base["measured"]],
+                    color="black",
+                    marker="*",
+                    markersize=9,
+                    yerr=[
+                        [base["measured"] - base.get("measured_min", base["measured"])],
+                        [base.get("measured_max", base["measured"]) - base["measured"]],
+                    ],
+                    linestyle="none",
+                    label="1 rank, no distribution: measured",
+                )
+            )
+            handles += ax.plot(
+                [1],
+                [base["predicted"]],
+                color="black",
+                marker="*",
+                markersize=11,
+                markerfacecolor="none",
+                linestyle="none",
+                label="1 rank: predicted",
+            )
+        mine = [p for p in pairs if p["model"] == model and p["backend"] != "none"]
+        configs = list(dict.fromkeys(tuple(p.get(c, "") for c in CONFIG) for p in mine))
+        for i, config in enumerate(configs):
+            line = sorted(
+                (p for p in mine if tuple(p.get(c, "") for c in CONFIG) == config),
+                key=lambda p: int(p["ranks"]),
+            )
+            ranks = [int(p["ranks"]) for p in line]
+            measured = [p["measured"] for p in line]
+            low = [p["measured"] - p.get("measured_min", p["measured"]) for p in line]
+            high = [p.get("measured_max", p["measured"]) - p["measured"] for p in line]
+            color = plots._COLORS[i % len(plots._COLORS)]
+            name = _config_label(line[0], columns)
+            handles.append(
+                ax.errorbar(
+                    ranks,
+                    measured,
+                    yerr=[low, high],
+                    color=color,
+                    marker="o",
+                    capsize=3,
+                    label=f"{name} measured",
+                )
+            )
+            handles += ax.plot(
+                ranks,
+                [p["predicted"] for p in line],
+                color=color,
+                linestyle="--",
+                marker="o",
+                markerfacecolor="none",
+                label=f"{name} predicted",
+            )
+        all_ranks = sorted({int(p["ranks"]) for p in pairs if p["model"] == model})
+        ax.set_xticks(all_ranks)
+        ax.set_xticklabels([str(r) for r in all_ranks])
+        ax.set_title(plots.model_name(model))
+        ax.set_xlabel(plots.RANKS_LABEL)
+        ax.set_ylabel("images/sec (all ranks)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(
+            handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False
+        )
+    return fig
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="scripts/sim-validate")
     ap.add_argument("predicted")
     ap.add_argument("measured")
-    ap.add_argument("--markdown")
+    ap.add_argument("--markdown", help="also write the table here")
+    ap.add_argument("--plot", help="also draw predicted beside measured images/sec here (.png or .svg)")
     a = ap.parse_args(argv)
     pairs = compare(schema.read_rows(a.predicted), schema.read_rows(a.measured))
     if not pairs:
@@ -111,6 +237,10 @@ def main(argv: list[str]) -> int:
     if a.markdown:
         with open(a.markdown, "w") as f:
             f.write(text)
+    if a.plot:
+        fig = figure(pairs)
+        fig.savefig(a.plot, dpi=110)
+        print(f"sim-validate: figure {a.plot}")
     return 0
 
 

@@ -357,3 +357,48 @@ def test_calibrate_takes_step_jitter_from_one_rank_run_records(tmp_path):
     )
     assert two.returncode == 2
     assert "a run of 2 ranks; allowed: 1" in two.stderr
+
+
+def test_predictions_are_drawn_beside_their_measurements(tmp_path):
+    # scripts/report DIR --predicted CSV: the figure of predictions beside measurements and the
+    # table of each point's error, from the committed loopback validation; each line of the figure
+    # holds the values it stands for.
+    d = ROOT / "reports" / "examples" / "sim-validate-loopback"
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "results.csv").write_text((d / "results.csv").read_text())
+    pairs = simvalidate.compare(
+        schema.read_rows(str(d / "predicted.csv")), schema.read_rows(str(out / "results.csv"))
+    )
+    fig = simvalidate.figure(pairs)
+    legend = {t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()}
+    i3 = [p for p in pairs if p["model"] == "inception3" and p["fusion_threshold_mb"] == "0"]
+    i3 = sorted((p for p in i3 if p["backend"] == "ring"), key=lambda p: int(p["ranks"]))
+    predicted = fig.axes[0].get_lines()
+    drawn = next(line for line in predicted if line.get_label() == "fusion 0 MiB predicted")
+    assert list(drawn.get_ydata()) == pytest.approx([p["predicted"] for p in i3])
+    assert {"fusion 64 MiB measured", "fusion 0 MiB predicted", "1 rank: predicted"} <= legend
+    assert "compute = replay" in fig.get_supxlabel()
+    result = run_cli("report", str(out), "--predicted", str(d / "predicted.csv"))
+    assert result.returncode == 0, result.stderr
+    assert (out / "report" / "plots" / "predicted.png").exists()
+    page = (out / "report" / "index.html").read_text()
+    assert "<h2>Predicted against measured</h2>" in page
+    assert "15 points: median absolute error 3.1%, worst 12.2%" in page
+    assert "<td>+12.2%</td>" in page
+    # A missing predicted file is named; predictions of other points say that nothing matched.
+    missing = run_cli("report", str(out), "--predicted", str(tmp_path / "nope.csv"))
+    assert missing.returncode == 2 and "nope.csv does not exist" in missing.stderr
+    other = _write(tmp_path / "o.csv", [_row("z", 3, "64", 5.0)])
+    unmatched = run_cli("report", str(out), "--predicted", other)
+    assert unmatched.returncode == 0, unmatched.stderr
+    assert "No predicted row has a measured twin" in (out / "report" / "index.html").read_text()
+    assert not (out / "report" / "plots" / "predicted.png").exists()
+
+
+def test_sim_validate_draws_its_figure(tmp_path):
+    measured = _write(tmp_path / "m.csv", [_row("a", 2, "64", 100.0), _row("b", 4, "64", 180.0)])
+    predicted = _write(tmp_path / "p.csv", [_row("pa", 2, "64", 105.0), _row("pb", 4, "64", 170.0)])
+    png = tmp_path / "v.png"
+    assert simvalidate.main([predicted, measured, "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

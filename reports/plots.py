@@ -107,12 +107,32 @@ def _grid(n: int, title: str, points: list[Point], height: float = 3.4) -> tuple
     return fig, flat[:n]
 
 
+# The room under each row of panels that _grid leaves for a legend, inches (less what the legend's
+# offset below the axes and their label take), and the characters of one legend line.
+_LEGEND_ROOM_IN = 0.5
+_LEGEND_LINE_CHARS = 80
+
+
 def _legend(ax) -> None:
-    """The legend under the axes, so that it never hides a line."""
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1, frameon=False)
+    """The legend under the axes, so that it never hides a line; labels wider than a panel are
+    wrapped (a label naming many settings would otherwise squeeze the axes to nothing)."""
+    legend = ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1, frameon=False)
+    for text in legend.get_texts():
+        text.set_text(textwrap.fill(text.get_text(), width=_LEGEND_LINE_CHARS))
 
 
 def _finish(fig: Figure) -> Figure:
+    """Grows the figure to hold its tallest legend: constrained layout would otherwise shrink
+    the axes to nothing when a panel has many lines (a sweep of many configurations)."""
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_visible() and ax.get_legend()]
+    if not legends:
+        return fig
+    renderer = fig.canvas.get_renderer()
+    need = max(leg.get_window_extent(renderer).height for leg in legends) / fig.dpi
+    if need > _LEGEND_ROOM_IN:
+        rows = {ax.get_subplotspec().rowspan.start for ax in fig.axes if ax.get_subplotspec()}
+        w, h = fig.get_size_inches()
+        fig.set_size_inches(w, h + (need - _LEGEND_ROOM_IN) * len(rows))
     return fig
 
 
@@ -468,7 +488,7 @@ def breakdown(points: list[Point]) -> Figure | None:
             ax.text(end, y, note, va="center", ha="left", fontsize=7)
             ends.append(end)
         ax.set_yticks(range(len(members)))
-        ax.set_yticklabels(names, fontsize=8)
+        ax.set_yticklabels([textwrap.fill(n, width=_LEGEND_LINE_CHARS) for n in names], fontsize=8)
         ax.set_ylim(len(members) - 0.5, -0.5)
         ax.set_xlim(0, max(ends) * 1.3)
         ax.set_title(model_name(model), fontsize=10, loc="left")

@@ -2,6 +2,7 @@
 breakdown and the single-rank baseline (tests/python/test_report_breakdown.py has those)."""
 
 import csv
+import io
 import re
 import struct
 
@@ -94,3 +95,30 @@ def test_missing_csv_is_an_error(tmp_path):
     result = run_cli("report", str(tmp_path))
     assert result.returncode == 2
     assert "results.csv does not exist" in result.stderr
+
+
+def test_many_configurations_and_long_labels_keep_their_axes(recwarn):
+    # Dozens of configurations per model, each named by many settings: the legends wrap and the
+    # figure grows to hold them, instead of constrained layout squeezing the axes to nothing.
+    rows = []
+    for r in legacy_rows():
+        for k in range(6):
+            rows.append(
+                dict(
+                    r,
+                    point_id=f"{r['point_id']}-{k}",
+                    cycle_time_ms=str(1 + k),
+                    profile=f"models/profiles/a-very-long-profile-name-{k}-recorded-somewhere.json",
+                    calibration=f"sim/calibrations/a-long-calibration-name-{k % 2}.json",
+                )
+            )
+    points = efficiency.aggregate(efficiency.with_efficiency(rows))
+    fig = plots.scaling(points)
+    legend = fig.axes[0].get_legend()
+    assert len(legend.get_texts()) > 15
+    assert all(
+        len(line) <= plots._LEGEND_LINE_CHARS for t in legend.get_texts() for line in t.get_text().split("\n")
+    )
+    fig.savefig(io.BytesIO(), format="png", dpi=40)
+    assert not [w for w in recwarn if "constrained_layout not applied" in str(w.message)]
+    assert fig.axes[0].get_position().height > 0.1

@@ -63,17 +63,20 @@ bool Solve(std::vector<std::vector<double>> a, std::vector<double> b, std::vecto
 
 namespace {
 
-StatusOr<Json> ReadBenchDocument(const std::string& path) {
+StatusOr<Json> ReadJsonFile(const std::string& path) {
   std::ifstream in(path);
   if (!in) return NotFound("cannot read {}", path);
   std::stringstream ss;
   ss << in.rdbuf();
-  Json j;
   try {
-    j = Json::parse(ss.str());
+    return Json::parse(ss.str());
   } catch (const Json::parse_error& e) {
     return InvalidArgument("{}: not valid JSON: {}", path, e.what());
   }
+}
+
+StatusOr<Json> ReadBenchDocument(const std::string& path) {
+  KOLO_ASSIGN_OR_RETURN(Json j, ReadJsonFile(path));
   if (!j.is_object() || !j.contains("rows") || !j.contains("ranks") || !j.contains("hosts")) {
     return InvalidArgument("{}: not a kolo-allreduce-bench --json document (no ranks, hosts, rows)",
                            path);
@@ -84,16 +87,7 @@ StatusOr<Json> ReadBenchDocument(const std::string& path) {
 }  // namespace
 
 StatusOr<double> ReadStepJitter(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return NotFound("cannot read {}", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  Json j;
-  try {
-    j = Json::parse(ss.str());
-  } catch (const Json::parse_error& e) {
-    return InvalidArgument("{}: not valid JSON: {}", path, e.what());
-  }
+  KOLO_ASSIGN_OR_RETURN(Json j, ReadJsonFile(path));
   const auto number = [](const Json& o, const char* key) {
     return o.is_object() && o.contains(key) && o.at(key).is_number();
   };

@@ -29,7 +29,7 @@ using coordinator::Response;
 
 constexpr double kGiga = 1e9;
 // A step-time coefficient of variation beyond this is no longer a jitter a normal law describes
-// (a step would be as likely to take no time as twice its mean).
+// (it would give over 2% of steps no time at all).
 constexpr double kMaxStepJitter = 0.5;
 
 // ---- Calibration JSON ----
@@ -407,9 +407,9 @@ double PacedStreamSpread(const Calibration& cal, int streams, double ratio) {
 
 double ExpectedMaxOfNormals(int n) {
   if (n <= 1) return 0;
-  // E[max] = integral of x n phi(x) Phi(x)^(n-1) dx, by Simpson's rule over [-9, 9] (beyond it
-  // the integrand is below 1e-15 for any n up to 2^20), Phi^(n-1) in logs so that it cannot
-  // underflow on the way.
+  // E[max] = integral of x n phi(x) Phi(x)^(n-1) dx, by Simpson's rule over [-9, 9] (the chance
+  // that the largest of up to 2^20 draws lies beyond is below 1e-12), Phi^(n-1) in logs so that
+  // it cannot underflow on the way.
   constexpr int kIntervals = 3600;
   constexpr double kLo = -9, kHi = 9, kH = (kHi - kLo) / kIntervals;
   const double inv_sqrt_2pi = 1 / std::sqrt(2 * std::numbers::pi);

@@ -154,8 +154,8 @@ def figure(pairs: list[dict], title: str = "kolo-sim: predicted beside measured"
                     marker="*",
                     markersize=9,
                     yerr=[
-                        [base["measured"] - base.get("measured_min", base["measured"])],
-                        [base.get("measured_max", base["measured"]) - base["measured"]],
+                        [base["measured"] - base["measured_min"]],
+                        [base["measured_max"] - base["measured"]],
                     ],
                     linestyle="none",
                     label="1 rank, no distribution: measured",
@@ -180,8 +180,8 @@ def figure(pairs: list[dict], title: str = "kolo-sim: predicted beside measured"
             )
             ranks = [int(p["ranks"]) for p in line]
             measured = [p["measured"] for p in line]
-            low = [p["measured"] - p.get("measured_min", p["measured"]) for p in line]
-            high = [p.get("measured_max", p["measured"]) - p["measured"] for p in line]
+            low = [p["measured"] - p["measured_min"] for p in line]
+            high = [p["measured_max"] - p["measured"] for p in line]
             color = plots._COLORS[i % len(plots._COLORS)]
             name = _config_label(line[0], columns)
             handles.append(
@@ -215,7 +215,7 @@ def figure(pairs: list[dict], title: str = "kolo-sim: predicted beside measured"
         ax.legend(
             handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False
         )
-    return fig
+    return plots._finish(fig)
 
 
 def main(argv: list[str]) -> int:

@@ -213,8 +213,7 @@ def _predicted_table(pairs: list[dict]) -> str:
         lines.append("<tr>" + "".join(f"<td class='text'>{e(str(c))}</td>" for c in cells[:5]))
         lines[-1] += "".join(f"<td>{e(c)}</td>" for c in cells[5:]) + "</tr>"
     lines.append("</table>")
-    summary = simvalidate.table(pairs).strip().splitlines()[-2:]
-    lines.append("<p>" + "<br>".join(e(s) for s in summary if s) + "</p>")
+    lines.append("<p>" + "<br>".join(e(s) for s in simvalidate.summary(pairs)) + "</p>")
     return "\n".join(lines)
 
 

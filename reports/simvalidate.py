@@ -65,6 +65,27 @@ def compare(predicted: list[dict], measured: list[dict]) -> list[dict]:
     return out
 
 
+def summary(pairs: list[dict]) -> list[str]:
+    """The lines under the table: the median and worst absolute error against the goal and, where
+    points were repeated, the measured spread and how many predictions fall inside it."""
+    lines = []
+    errs = [abs(x["error"]) for x in pairs]
+    lines.append(
+        f"{len(pairs)} points: median absolute error {100 * statistics.median(errs):.1f}%, "
+        f"worst {100 * max(errs):.1f}% (goal: median <= 5%, worst <= 12%)"
+    )
+    repeated = [x for x in pairs if x["repeats"] > 1]
+    if repeated:
+        inside = sum(1 for x in repeated if abs(x["error"]) <= x["spread"])
+        spreads = [x["spread"] for x in repeated]
+        lines.append(
+            f"measured spread over repeats (max - min over the median): median "
+            f"{100 * statistics.median(spreads):.1f}%, worst {100 * max(spreads):.1f}%; "
+            f"{inside} of {len(repeated)} repeated points predicted within their spread"
+        )
+    return lines
+
+
 def table(pairs: list[dict]) -> str:
     # The parameter server's push pacing, where some point sets it.
     paced = any(x.get("ps_pacing") for x in pairs)
@@ -82,21 +103,8 @@ def table(pairs: list[dict]) -> str:
             f"| {x['measured']:.1f} | {x['repeats']} | {spread} | {x['predicted']:.1f} "
             f"| {100 * x['error']:+.1f}% |"
         )
-    errs = [abs(x["error"]) for x in pairs]
     lines.append("")
-    lines.append(
-        f"{len(pairs)} points: median absolute error {100 * statistics.median(errs):.1f}%, "
-        f"worst {100 * max(errs):.1f}% (goal: median <= 5%, worst <= 12%)"
-    )
-    repeated = [x for x in pairs if x["repeats"] > 1]
-    if repeated:
-        inside = sum(1 for x in repeated if abs(x["error"]) <= x["spread"])
-        spreads = [x["spread"] for x in repeated]
-        lines.append(
-            f"measured spread over repeats (max - min over the median): median "
-            f"{100 * statistics.median(spreads):.1f}%, worst {100 * max(spreads):.1f}%; "
-            f"{inside} of {len(repeated)} repeated points predicted within their spread"
-        )
+    lines += summary(pairs)
     return "\n".join(lines) + "\n"
 
 
@@ -133,11 +141,9 @@ def figure(pairs: list[dict], title: str = "kolo-sim: predicted beside measured"
     for ax in flat[len(models) :]:
         ax.set_visible(False)
     fig.suptitle(title, fontsize=12, fontweight="bold")
-    errs = [abs(p["error"]) for p in pairs]
     note = (
-        f"solid: measured (median of repeats, bar: their range); dashed, hollow: predicted. "
-        f"{len(pairs)} points: median absolute error {100 * statistics.median(errs):.1f}%, "
-        f"worst {100 * max(errs):.1f}%"
+        "solid: measured (median of repeats, bar: their range); dashed, hollow: predicted. "
+        + summary(pairs)[0]
     )
     if any(p.get("measured_compute") == "replay" for p in pairs):
         note += "\nmeasured with " + plots.REPLAY_NOTE

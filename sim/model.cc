@@ -565,14 +565,14 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
     return InvalidArgument("step_jitter {} is not allowed; allowed: 0 to {}", jitter,
                            kMaxStepJitter);
   }
-  // The slowest rank's compute, which every rank's step waits for; the breakdown's forward and
-  // backward stay the mean rank's, the wait for the slowest shows as exposed communication.
-  const double slowest = 1 + jitter * ExpectedMaxOfNormals(point.ranks);
+  // Every step waits for the slowest rank's compute, which sets the times below; the breakdown's
+  // phases stay the mean rank's, the wait for the slowest shows as exposed communication.
+  const double slowest_scale = scale * (1 + jitter * ExpectedMaxOfNormals(point.ranks));
 
   Prediction out;
   out.single_gpu_images_per_sec = profile_rate / scale;
-  const double fwd_s = fwd / 1e3 * scale * slowest, bwd_s = bwd / 1e3 * scale * slowest;
-  const double update_s = profile.update_ms / 1e3 * scale * slowest;
+  const double fwd_s = fwd / 1e3 * slowest_scale, bwd_s = bwd / 1e3 * slowest_scale;
+  const double update_s = profile.update_ms / 1e3 * slowest_scale;
 
   // Gradients in the order backward produces them, with the time each is submitted.
   std::vector<Tensor> tensors;
@@ -581,7 +581,7 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
     double t = micro * fwd_s + (micro - 1) * bwd_s;
     std::vector<double> layer_end(graph.layers().size(), 0);
     for (size_t i = graph.layers().size(); i-- > 0;) {
-      t += profile.layers[i].backward_ms / 1e3 * scale * slowest;
+      t += profile.layers[i].backward_ms / 1e3 * slowest_scale;
       layer_end[i] = t;
     }
     for (int id : graph.BackpropOrder()) {
@@ -596,8 +596,8 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
     }
   }
   const double backward_end = micro * (fwd_s + bwd_s);
-  out.forward_ms = micro * fwd_s / slowest * 1e3;
-  out.backward_ms = micro * bwd_s / slowest * 1e3;
+  out.forward_ms = micro * fwd * scale;
+  out.backward_ms = micro * bwd * scale;
   out.hosts = std::max(1, point.ranks / point.ranks_per_host);
 
   Costs costs;
@@ -617,7 +617,7 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
     double t = backward_end;
     for (const Tensor& tensor : tensors) t = std::max(t, tensor.done_s) + tensor.update_s;
     out.step_ms = t * 1e3;
-    out.update_ms = update_s / slowest * 1e3;
+    out.update_ms = profile.update_ms * scale;
     out.exposed_comm_ms =
         std::max(0.0, out.step_ms - out.forward_ms - out.backward_ms - out.update_ms);
     out.comm_ms = comm_s * 1e3;

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,6 +35,15 @@ namespace kolo::bench {
 
 class Control;
 
+// The buffer a row reduces in place: host memory (device -1), or memory on CUDA device `device`
+// (--device cuda), which only the rows that RunsOnDevice are given.
+struct BenchBuffer {
+  uint8_t* data = nullptr;
+  size_t size = 0;  // bytes
+  int device = -1;
+  bool on_device() const { return device >= 0; }
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -50,7 +60,7 @@ class Backend {
   // False for `link`, which moves the bytes without reducing them: its output is not checked.
   virtual bool reduces() const { return true; }
 
-  virtual Status Bind(HostBuffer& buf, size_t count) = 0;
+  virtual Status Bind(const BenchBuffer& buf, size_t count) = 0;
   virtual Status RunOnce() = 0;
   virtual void Unbind() {}
 };
@@ -78,6 +88,22 @@ Status CheckBackendAvailable(BackendKind kind, const Options& options);
 // and mpi-direct (the engine's mpi backend expects MPI initialised; mpirun's rendezvous does it,
 // a single rank without mpirun needs it done here). Collective under mpirun.
 Status PrepareBackend(BackendKind kind, const Options& options);
+
+// A buffer of `bytes` in CUDA device memory for --device cuda, on device `local_rank` modulo the
+// devices visible. Fails naming the reason when this build has no CUDA or no device is present.
+class DeviceBuffer {
+ public:
+  virtual ~DeviceBuffer() = default;
+  virtual BenchBuffer view() const = 0;
+  // Synchronous copies of the whole buffer (untimed: around the iterations).
+  [[nodiscard]] virtual Status CopyFromHost(const void* src) = 0;
+  [[nodiscard]] virtual Status CopyToHost(void* dst) = 0;
+};
+StatusOr<std::unique_ptr<DeviceBuffer>> AllocateDeviceBuffer(size_t bytes, int local_rank);
+
+// OK when buffers of `place` can be had here: always for host memory; for cuda, a build with CUDA
+// and a device visible; otherwise FailedPrecondition naming why.
+Status CheckPlaceAvailable(BufferPlace place);
 
 // True if `kind` needs the rendezvous store / the benchmark's kolo devices in BackendEnv.
 bool NeedsStore(BackendKind kind);

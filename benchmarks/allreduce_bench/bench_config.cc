@@ -13,10 +13,11 @@
 namespace kolo::bench {
 namespace {
 
-constexpr BackendKind kAllBackends[] = {BackendKind::kRing, BackendKind::kRingHier,
-                                        BackendKind::kMpi,  BackendKind::kMpiDirect,
-                                        BackendKind::kGloo, BackendKind::kLink};
-constexpr const char* kBackendList = "ring, ring-hier, mpi, mpi-direct, gloo, link";
+constexpr BackendKind kAllBackends[] = {
+    BackendKind::kRing, BackendKind::kRingHier, BackendKind::kMpi,  BackendKind::kMpiDirect,
+    BackendKind::kGloo, BackendKind::kLink,     BackendKind::kNccl, BackendKind::kNcclDirect};
+constexpr const char* kBackendList =
+    "ring, ring-hier, mpi, mpi-direct, gloo, link, nccl, nccl-direct";
 
 StatusOr<std::vector<BackendKind>> ParseBackends(const std::string& list) {
   std::vector<BackendKind> out;
@@ -47,6 +48,7 @@ StatusOr<std::vector<BackendKind>> ParseBackends(const std::string& list) {
 struct RawFlags {
   std::string minbytes = "8", maxbytes = "256M", stepfactor = "2", dtype = "float32", op = "sum";
   std::string iters = "20", warmup = "5", backend = "ring", check = "1", fusion = "both";
+  std::string device = "host";
   std::string fusion_threshold_mb, cycle_time_ms, json, tensors, transport;
   bool gloo_all = false;
 };
@@ -106,6 +108,33 @@ Status Convert(const RawFlags& raw, BenchConfig* c) {
   }
   c->json_path = raw.json;
   c->tensors = raw.tensors;
+  if (raw.device == "host") {
+    c->place = BufferPlace::kHost;
+  } else if (raw.device == "cuda") {
+    c->place = BufferPlace::kCuda;
+  } else {
+    return InvalidArgument("--device '{}' is unknown: allowed are host, cuda", raw.device);
+  }
+  for (BackendKind k : c->backends) {
+    if (c->place == BufferPlace::kCuda && !RunsOnDevice(k)) {
+      return InvalidArgument(
+          "--backend '{}' reduces host memory only: with --device cuda allowed are ring, "
+          "ring-hier, nccl, nccl-direct",
+          BackendKindName(k));
+    }
+    if (c->place == BufferPlace::kHost && NeedsCudaBuffers(k)) {
+      return InvalidArgument(
+          "--backend '{}' reduces CUDA device memory: pass --device cuda (with --device host "
+          "allowed are ring, ring-hier, mpi, mpi-direct, gloo, link)",
+          BackendKindName(k));
+    }
+  }
+  if (c->place == BufferPlace::kCuda && !c->tensors.empty()) {
+    return InvalidArgument(
+        "--tensors '{}' with --device cuda: the step mode measures host gradients; allowed is "
+        "--device host with --tensors, or --device cuda with the size sweep",
+        c->tensors);
+  }
 
   if (c->min_bytes < 1) return InvalidArgument("--minbytes={} must be at least 1", c->min_bytes);
   const int64_t elem = static_cast<int64_t>(DataTypeSize(c->dtype));
@@ -166,12 +195,26 @@ const char* BackendKindName(BackendKind kind) {
       return "gloo";
     case BackendKind::kLink:
       return "link";
+    case BackendKind::kNccl:
+      return "nccl";
+    case BackendKind::kNcclDirect:
+      return "nccl-direct";
   }
   return "unknown";
 }
 
 bool IsEngineBackend(BackendKind kind) {
-  return kind == BackendKind::kRing || kind == BackendKind::kRingHier || kind == BackendKind::kMpi;
+  return kind == BackendKind::kRing || kind == BackendKind::kRingHier ||
+         kind == BackendKind::kMpi || kind == BackendKind::kNccl;
+}
+
+bool RunsOnDevice(BackendKind kind) {
+  return kind == BackendKind::kRing || kind == BackendKind::kRingHier ||
+         kind == BackendKind::kNccl || kind == BackendKind::kNcclDirect;
+}
+
+bool NeedsCudaBuffers(BackendKind kind) {
+  return kind == BackendKind::kNccl || kind == BackendKind::kNcclDirect;
 }
 
 StatusOr<ParsedFlags> ParseBenchFlags(int argc, char** argv) {
@@ -211,6 +254,10 @@ StatusOr<ParsedFlags> ParseBenchFlags(int argc, char** argv) {
       "--tensors", raw.tensors,
       std::string("one step's gradients of a model instead of the sweep: ") + TensorSetNames());
   app.add_option("--fusion", raw.fusion, "with --tensors: on, off or both")->capture_default_str();
+  app.add_option("--device", raw.device,
+                 "where the buffer lives: host, or cuda (GPU KOLO_LOCAL_RANK modulo the GPUs "
+                 "visible; rows ring, ring-hier, nccl, nccl-direct)")
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {

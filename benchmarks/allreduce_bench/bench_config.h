@@ -20,11 +20,21 @@ enum class BackendKind {
   kMpiDirect,  // peer: plain MPI_Allreduce on a buffer allocated once
   kGloo,       // peer: gloo::AllreduceRing and gloo::AllreduceRingChunked over Gloo's TCP
   kLink,       // ceiling: collectives::RingExchangeNoReduce on a kolo Device (--transport)
+  kNccl,       // kolo Engine, NCCL backend on device buffers (--device cuda)
+  kNcclDirect,  // peer: plain ncclAllReduce on the same device buffer, nccl-tests style
 };
-// "ring", "ring-hier", "mpi", "mpi-direct", "gloo", "link".
+// "ring", "ring-hier", "mpi", "mpi-direct", "gloo", "link", "nccl", "nccl-direct".
 const char* BackendKindName(BackendKind kind);
-// True for the backends that run through kolo::Engine (ring, ring-hier, mpi).
+// True for the backends that run through kolo::Engine (ring, ring-hier, mpi, nccl).
 bool IsEngineBackend(BackendKind kind);
+// True for the backends that can reduce a buffer in CUDA device memory (--device cuda): the
+// engine's ring (staged through pinned host buffers) and hierarchical ring, and the NCCL rows.
+bool RunsOnDevice(BackendKind kind);
+// True for the backends that need --device cuda (nccl, nccl-direct).
+bool NeedsCudaBuffers(BackendKind kind);
+
+// Where the reduced buffer lives.
+enum class BufferPlace { kHost, kCuda };
 
 enum class FusionMode { kOn, kOff, kBoth };
 
@@ -53,6 +63,9 @@ struct BenchConfig {
   // Step mode instead of the size sweep: one step's gradients of this model (tensor_sets.h).
   std::string tensors;
   FusionMode fusion = FusionMode::kBoth;
+  // --device: host memory, or CUDA device memory (device KOLO_LOCAL_RANK modulo the GPUs visible)
+  // for the rows that reduce device buffers (RunsOnDevice).
+  BufferPlace place = BufferPlace::kHost;
   // The command line as given, for the report.
   std::vector<std::string> argv;
 };

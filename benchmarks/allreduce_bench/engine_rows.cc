@@ -25,14 +25,17 @@ class EngineRow final : public Backend {
 
   std::string name() const override { return label_; }
   BackendKind kind() const override { return kind_; }
-  // The mpi backend moves the payload through MPI; the engine's transport only negotiates.
-  std::string transport() const override { return kind_ == BackendKind::kRing ? transport_ : ""; }
-  std::string pairs() const override { return kind_ == BackendKind::kRing ? pairs_ : ""; }
+  // The mpi and nccl backends move the payload themselves; the engine's transport only
+  // negotiates.
+  std::string transport() const override { return MovesOverTransport() ? transport_ : ""; }
+  std::string pairs() const override { return MovesOverTransport() ? pairs_ : ""; }
 
-  Status Bind(HostBuffer& buf, size_t count) override {
+  Status Bind(const BenchBuffer& buf, size_t count) override {
     KOLO_ASSIGN_OR_RETURN(started_, StartEngine(env_, kind_, std::nullopt, transport_));
     pairs_ = started_.engine->stats().transport_pairs;
-    buf_ = buf.data();
+    buf_ = buf.data;
+    place_ = TensorPlace{};
+    place_.device = buf.device;
     count_ = count;
     tensor_ = fmt::format("bench/allreduce/{}", count);
     return Status::OK();
@@ -40,8 +43,9 @@ class EngineRow final : public Backend {
 
   Status RunOnce() override {
     KOLO_ASSIGN_OR_RETURN(
-        Handle h, started_.engine->AllreduceAsync(tensor_, buf_, buf_, env_.config->dtype,
-                                                  {static_cast<int64_t>(count_)}, env_.config->op));
+        Handle h,
+        started_.engine->AllreduceAsync(tensor_, buf_, buf_, env_.config->dtype,
+                                        {static_cast<int64_t>(count_)}, env_.config->op, place_));
     return started_.engine->Wait(h, WaitTimeout(env_.options));
   }
 
@@ -51,12 +55,17 @@ class EngineRow final : public Backend {
   }
 
  private:
+  bool MovesOverTransport() const {
+    return kind_ == BackendKind::kRing || kind_ == BackendKind::kRingHier;
+  }
+
   BackendKind kind_;
   BackendEnv& env_;
   const std::string transport_;
   const std::string label_;
   std::string pairs_;
   StartedEngine started_;
+  TensorPlace place_;  // host, or the CUDA device of --device cuda
   void* buf_ = nullptr;
   size_t count_ = 0;
   std::string tensor_;
@@ -87,8 +96,8 @@ class LinkRow final : public Backend {
   std::string transport() const override { return device_.name(); }
   std::string pairs() const override { return transport::PairTransports(device_); }
 
-  Status Bind(HostBuffer& buf, size_t count) override {
-    KOLO_ASSIGN_OR_RETURN(region_, device_.Register(buf.data(), buf.size()));
+  Status Bind(const BenchBuffer& buf, size_t count) override {
+    KOLO_ASSIGN_OR_RETURN(region_, device_.Register(buf.data, buf.size));
     count_ = count;
     return Status::OK();
   }
@@ -122,7 +131,7 @@ StatusOr<StartedEngine> StartEngine(BackendEnv& env, BackendKind kind,
                                     std::optional<int64_t> fusion_threshold_bytes,
                                     const std::string& transport) {
   Options o = env.options;
-  o.backend = kind == BackendKind::kMpi ? "mpi" : "ring";
+  o.backend = kind == BackendKind::kMpi ? "mpi" : (kind == BackendKind::kNccl ? "nccl" : "ring");
   o.hierarchical_allreduce = kind == BackendKind::kRingHier;
   if (!transport.empty()) o.transport = transport;
   if (fusion_threshold_bytes) o.fusion_threshold_bytes = *fusion_threshold_bytes;

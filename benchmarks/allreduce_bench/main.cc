@@ -58,6 +58,7 @@ Status Configure(const BenchConfig& config, Options* options) {
     if (!s.ok()) return s.WithContext("--transport");
   }
   KOLO_RETURN_IF_ERROR(transport::CheckTransport(options->transport));
+  KOLO_RETURN_IF_ERROR(CheckPlaceAvailable(config.place));
   const int64_t max_count = config.max_bytes / static_cast<int64_t>(DataTypeSize(config.dtype));
   for (BackendKind kind : config.backends) {
     KOLO_RETURN_IF_ERROR(CheckBackendAvailable(kind, *options));
@@ -161,9 +162,10 @@ Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
     }
     Print(rank0, FormatHeader(info) + FormatSweepColumns());
     KOLO_ASSIGN_OR_RETURN(
-        sweep, RunSweep(config, rows, *control, [&](const std::vector<SweepRow>& at_size) {
-          Print(rank0, FormatSweepRows(at_size));
-        }));
+        sweep, RunSweep(config, rows, *control, options.local_rank,
+                        [&](const std::vector<SweepRow>& at_size) {
+                          Print(rank0, FormatSweepRows(at_size));
+                        }));
     ratios = ComputeRatios(sweep);
     Print(rank0, FormatRatios(ratios));
   }

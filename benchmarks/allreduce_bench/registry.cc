@@ -1,5 +1,5 @@
-// The one file that knows which optional peers this build has (KOLO_HAVE_MPI, KOLO_HAVE_GLOO);
-// everything else asks it.
+// The one file that knows which optional peers this build has (KOLO_HAVE_MPI, KOLO_HAVE_GLOO,
+// KOLO_HAVE_CUDA, KOLO_HAVE_NCCL); everything else asks it.
 #include <fmt/format.h>
 
 #include <chrono>
@@ -17,6 +17,13 @@
 #if KOLO_HAVE_GLOO
 #include "benchmarks/allreduce_bench/gloo/gloo_peer.h"
 #endif
+#if KOLO_HAVE_CUDA
+#include "benchmarks/allreduce_bench/cuda/device_buffer.h"
+#endif
+#if KOLO_HAVE_NCCL
+#include "benchmarks/allreduce_bench/nccl/nccl_peer.h"
+#endif
+#include "engine/cuda/device_context.h"
 
 namespace kolo::bench {
 namespace {
@@ -57,6 +64,15 @@ Status CheckBackendAvailable(BackendKind kind, const Options& options) {
             name, KOLO_HAVE_GLOO ? ", gloo" : "");
       }
       return Status::OK();
+    case BackendKind::kNccl:
+    case BackendKind::kNcclDirect:
+      if (!KOLO_HAVE_NCCL) {
+        return FailedPrecondition(
+            "--backend {}: this build has no NCCL (build with the CUDA toolkit and NCCL found); "
+            "with --device cuda available here: ring, ring-hier",
+            name);
+      }
+      return Status::OK();
     case BackendKind::kGloo:
       if (!KOLO_HAVE_GLOO) {
         return FailedPrecondition(
@@ -77,9 +93,32 @@ Status PrepareBackend(BackendKind kind, const Options& options) {
   return Status::OK();
 }
 
-bool NeedsStore(BackendKind kind) {
-  return kind == BackendKind::kRing || kind == BackendKind::kRingHier ||
-         kind == BackendKind::kMpi || kind == BackendKind::kGloo || kind == BackendKind::kLink;
+bool NeedsStore(BackendKind kind) { return kind != BackendKind::kMpiDirect; }
+
+Status CheckPlaceAvailable(BufferPlace place) {
+  if (place == BufferPlace::kHost) return Status::OK();
+  if (!KOLO_HAVE_CUDA) {
+    return FailedPrecondition(
+        "--device cuda: this build has no CUDA (build with the CUDA toolkit found); allowed here: "
+        "--device host");
+  }
+  std::string why;
+  if (kolo::cuda::DeviceCount(&why) == 0) {
+    return FailedPrecondition("--device cuda: no CUDA device on this host ({}); allowed here: "
+                              "--device host",
+                              why);
+  }
+  return Status::OK();
+}
+
+StatusOr<std::unique_ptr<DeviceBuffer>> AllocateDeviceBuffer(size_t bytes, int local_rank) {
+#if KOLO_HAVE_CUDA
+  return cuda::AllocateDeviceBuffer(bytes, local_rank);
+#else
+  (void)bytes;
+  (void)local_rank;
+  return FailedPrecondition("--device cuda: this build has no CUDA");
+#endif
 }
 
 bool NeedsDevice(BackendKind kind) { return kind == BackendKind::kLink; }
@@ -131,9 +170,10 @@ StatusOr<std::vector<std::unique_ptr<Backend>>> MakeBackends(BackendKind kind, B
     case BackendKind::kRing:
     case BackendKind::kRingHier:
     case BackendKind::kMpi:
+    case BackendKind::kNccl:
       if (env.store == nullptr || env.transports.empty())
         return Internal("backend {} needs the rendezvous store", BackendKindName(kind));
-      if (kind == BackendKind::kMpi) {
+      if (kind == BackendKind::kMpi || kind == BackendKind::kNccl) {
         rows.push_back(MakeEngineRow(kind, env, env.transports.front(), BackendKindName(kind)));
         return rows;
       }
@@ -154,6 +194,22 @@ StatusOr<std::vector<std::unique_ptr<Backend>>> MakeBackends(BackendKind kind, B
 #if KOLO_HAVE_MPI
       KOLO_RETURN_IF_ERROR(StartMpi(env.options));  // idempotent
       KOLO_ASSIGN_OR_RETURN(auto peer, mpi::MakeMpiDirect(*env.config));
+      rows.push_back(std::move(peer));
+      return rows;
+#else
+      break;
+#endif
+    }
+    case BackendKind::kNcclDirect: {
+#if KOLO_HAVE_NCCL
+      if (env.store == nullptr) return Internal("backend nccl-direct needs the rendezvous store");
+      nccl::NcclSetup setup;
+      setup.rank = env.options.rank;
+      setup.size = env.options.size;
+      setup.local_rank = env.options.local_rank;
+      setup.timeout = PeerTimeout(env.options);
+      bootstrap::PrefixStore store("bench/", *env.store);
+      KOLO_ASSIGN_OR_RETURN(auto peer, nccl::MakeNcclDirect(*env.config, store, setup));
       rows.push_back(std::move(peer));
       return rows;
 #else

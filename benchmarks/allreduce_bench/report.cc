@@ -60,6 +60,8 @@ std::vector<RatioRow> ComputeRatios(const std::vector<SweepRow>& rows) {
         break;
       case BackendKind::kMpi:
       case BackendKind::kRingHier:
+      case BackendKind::kNccl:
+      case BackendKind::kNcclDirect:
         break;
     }
   }
@@ -103,9 +105,10 @@ std::string FormatHeader(const RunInfo& info) {
   s += fmt::format("# kolo-allreduce-bench: {} ranks on {} host(s) ({}), launcher {}, control {}\n",
                    info.hosts.size(), hosts.size(), fmt::join(hosts, ", "), info.launcher,
                    info.control);
-  s += fmt::format("# dtype {}, op {}, iters {}, warmup {}, check {}\n", DataTypeName(c.dtype),
-                   c.op == ReduceOp::kSum ? "sum" : "avg", c.iters, c.warmup,
-                   c.check ? "on" : "off");
+  s += fmt::format("# dtype {}, op {}, iters {}, warmup {}, check {}, buffers in {} memory\n",
+                   DataTypeName(c.dtype), c.op == ReduceOp::kSum ? "sum" : "avg", c.iters,
+                   c.warmup, c.check ? "on" : "off",
+                   c.place == BufferPlace::kCuda ? "CUDA device" : "host");
   if (c.tensors.empty()) {
     s += fmt::format("# sizes {} .. {}, step factor {}; rows: {}\n", Bytes(c.min_bytes),
                      Bytes(c.max_bytes), c.step_factor, fmt::join(info.rows, ", "));
@@ -218,6 +221,7 @@ nlohmann::json ToJson(const RunInfo& info, const std::vector<SweepRow>& sweep,
       {"row_labels", info.rows},
       {"check", c.check},
       {"tensors", c.tensors},
+      {"device", c.place == BufferPlace::kCuda ? "cuda" : "host"},
       {"fusion",
        c.fusion == FusionMode::kBoth ? "both" : (c.fusion == FusionMode::kOn ? "on" : "off")},
       {"fusion_threshold_bytes", o.fusion_threshold_bytes},

@@ -29,16 +29,20 @@ double Median(std::vector<double> v) {
 
 // Measures every row at one size, iteration by iteration in turn (round i runs row 0, row 1, ...),
 // so that drifting machine load falls on every row alike and their ratios compare like with like.
+// With --device cuda, `device` holds the working buffer the rows reduce; `buf` receives each row's
+// last result for the check.
 StatusOr<std::vector<SweepRow>> MeasureSize(const BenchConfig& config,
                                             std::vector<std::unique_ptr<Backend>>& rows,
-                                            HostBuffer& in, HostBuffer& buf, int64_t bytes,
-                                            Control& control) {
+                                            HostBuffer& in, HostBuffer& buf, DeviceBuffer* device,
+                                            int64_t bytes, Control& control) {
   const size_t count = static_cast<size_t>(bytes) / DataTypeSize(config.dtype);
+  const BenchBuffer work =
+      device != nullptr ? device->view() : BenchBuffer{buf.data(), buf.size(), -1};
   auto where = [&](const Backend& b) { return fmt::format("{} at {} bytes", b.name(), bytes); };
   size_t bound = 0;  // rows [0, bound) hold per-size state
   Status s;
   while (s.ok() && bound < rows.size()) {
-    s = rows[bound]->Bind(buf, count);
+    s = rows[bound]->Bind(work, count);
     if (s.ok()) {
       ++bound;
     } else {
@@ -57,8 +61,12 @@ StatusOr<std::vector<SweepRow>> MeasureSize(const BenchConfig& config,
       // Untimed: every iteration starts from this rank's input (rows reduce in place). A row that
       // reduced nothing would leave the input, which differs from the sum at more than one rank.
       // The barrier keeps one rank's clock from running while another is still restoring.
-      std::memcpy(buf.data(), in.data(), static_cast<size_t>(bytes));
-      s = control.Barrier();
+      if (device != nullptr) {
+        s = device->CopyFromHost(in.data());
+      } else {
+        std::memcpy(buf.data(), in.data(), static_cast<size_t>(bytes));
+      }
+      if (s.ok()) s = control.Barrier();
       if (!s.ok()) break;
       const double c0 = ProcessCpuUs();
       const auto t0 = Clock::now();
@@ -78,6 +86,8 @@ StatusOr<std::vector<SweepRow>> MeasureSize(const BenchConfig& config,
       }
       // The last round's result of each row is checked before the next row overwrites it.
       if (i == rounds - 1 && config.check && rows[r]->reduces()) {
+        if (device != nullptr) s = device->CopyToHost(buf.data());
+        if (!s.ok()) break;
         checks[r] = CheckOutput(config.dtype, buf.data(), count, control.size(), config.op);
       }
     }
@@ -162,16 +172,21 @@ double BusBandwidth(double algbw, int ranks) { return algbw * 2.0 * (ranks - 1) 
 
 StatusOr<std::vector<SweepRow>> RunSweep(
     const BenchConfig& config, std::vector<std::unique_ptr<Backend>>& rows, Control& control,
-    const std::function<void(const std::vector<SweepRow>&)>& on_size) {
+    int local_rank, const std::function<void(const std::vector<SweepRow>&)>& on_size) {
   std::vector<SweepRow> all;
   for (int64_t bytes : SweepSizes(config)) {
     // Both buffers are allocated once per size and pre-faulted; every row reuses them.
     KOLO_ASSIGN_OR_RETURN(HostBuffer in, HostBuffer::Allocate(static_cast<size_t>(bytes)));
     KOLO_ASSIGN_OR_RETURN(HostBuffer buf, HostBuffer::Allocate(static_cast<size_t>(bytes)));
+    std::unique_ptr<DeviceBuffer> device;
+    if (config.place == BufferPlace::kCuda) {
+      KOLO_ASSIGN_OR_RETURN(device,
+                            AllocateDeviceBuffer(static_cast<size_t>(bytes), local_rank));
+    }
     FillInput(config.dtype, in.data(), static_cast<size_t>(bytes) / DataTypeSize(config.dtype),
               control.rank());
     KOLO_ASSIGN_OR_RETURN(std::vector<SweepRow> size_rows,
-                          MeasureSize(config, rows, in, buf, bytes, control));
+                          MeasureSize(config, rows, in, buf, device.get(), bytes, control));
     MarkBest(size_rows);
     on_size(size_rows);
     all.insert(all.end(), size_rows.begin(), size_rows.end());

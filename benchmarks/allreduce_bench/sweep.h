@@ -56,11 +56,13 @@ double BusBandwidth(double algbw, int ranks);
 
 // Runs the sweep of `config` over `rows`. Collective. `on_size` is called on every rank after each
 // size with that size's rows (rank 0 prints them). Allocates this rank's input and the working
-// buffer once per size (pre-faulted). At each size every row is bound, then the rows take turns
+// buffer once per size (pre-faulted; with --device cuda the working buffer is on CUDA device
+// `local_rank` modulo the devices, restored from the host input by a synchronous copy, and each
+// row's last result is copied back to be checked). At each size every row is bound, then the rows take turns
 // iteration by iteration; each reduces the working buffer in place, restored from the input and
 // followed by a barrier before every iteration (untimed), and each row's last result is checked.
 StatusOr<std::vector<SweepRow>> RunSweep(
     const BenchConfig& config, std::vector<std::unique_ptr<Backend>>& rows, Control& control,
-    const std::function<void(const std::vector<SweepRow>&)>& on_size);
+    int local_rank, const std::function<void(const std::vector<SweepRow>&)>& on_size);
 
 }  // namespace kolo::bench

@@ -11,9 +11,11 @@
 // and then calls Update(p). Between Backward(l) and the completion of that allreduce the trainer
 // calls nothing that touches the gradient of p.
 //
-// Thread-safety: one backend is used by one thread (the trainer's).
+// Thread-safety: one backend is used by one thread (the trainer's), except GradientCopy::Wait
+// (see below).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -76,6 +78,20 @@ struct GradientView {
   void* ready_event = nullptr;  // device buffers: cudaEvent_t recorded after the write
 };
 
+// A gradient copy to host memory started by ComputeBackend::StartGradientCopy.
+//
+// Thread-safety: Wait may be called from a thread other than the backend's while that thread
+// keeps using the backend; one thread at a time per copy.
+class GradientCopy {
+ public:
+  virtual ~GradientCopy() = default;
+  // Blocks until the copy has landed in its host memory (OK), failed (its error), or `timeout`
+  // passed (DeadlineExceeded; the copy goes on and Wait may be called again). Destroying a copy
+  // that has not completed does not stop it: its host memory may still be written until the next
+  // copy of the same parameter completes or the backend is destroyed.
+  [[nodiscard]] virtual Status Wait(std::chrono::milliseconds timeout) = 0;
+};
+
 class ComputeBackend {
  public:
   virtual ~ComputeBackend() = default;
@@ -117,6 +133,26 @@ class ComputeBackend {
 
   // Where parameter `param`'s gradient lives (stable from Prepare on).
   virtual GradientView Gradient(int param) = 0;
+
+  // --- Optional capability: copying gradients to host while the device computes on (parameter
+  // servers take host float32). The defaults are safe for every backend: no staging memory of
+  // the backend's own, and a synchronous GetGradient.
+
+  // Host memory that StartGradientCopy of `param` fills fastest (pinned memory on a GPU):
+  // numel float32 values owned by the backend, the same span on every call, valid until the
+  // backend is destroyed. Empty (the default): the backend has none; any host memory serves.
+  // Errors: allocation failure, a parameter that does not exist.
+  virtual StatusOr<std::span<float>> HostStagingBuffer(int /*param*/) { return std::span<float>(); }
+
+  // Starts copying the gradient of `param`, as float32, into `out` (numel values of host memory
+  // that must stay valid until the copy completes). Call it right after Backward of the
+  // parameter's layer: the copy reads the gradient as that backward leaves it, after whatever was
+  // queued before, and the host thread returns without waiting for the device. The gradient must
+  // not be written again before the copy completes. REQUIRES: the previous copy of `param` has
+  // completed. The default copies synchronously (GetGradient) and returns a completed copy.
+  // Errors: those of GetGradient, or a copy that could not be started.
+  virtual StatusOr<std::unique_ptr<GradientCopy>> StartGradientCopy(int param,
+                                                                    std::span<float> out);
 
   // One SGD step of parameter `param` from its gradient buffer (see SgdConfig).
   [[nodiscard]] virtual Status Update(int param, const SgdConfig& sgd, double grad_scale) = 0;

@@ -42,7 +42,8 @@ std::string RunRecordToJson(const RunRecord& r) {
                    {"nodes", s.nodes},
                    {"ps_servers", s.ps_servers},
                    {"ps_placement", s.ps_placement},
-                   {"ps_pacing", s.ps_pacing}};
+                   {"ps_pacing", s.ps_pacing},
+                   {"ps_staging", s.ps_staging}};
   if (r.results) {
     const RunResults& x = *r.results;
     const Engine::Stats& e = x.engine_stats;

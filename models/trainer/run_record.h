@@ -7,7 +7,7 @@
 //                 "profile", "dilation", "backend", "transport", "hierarchical_allreduce",
 //                 "precision", "fusion_threshold_mb", "cycle_time_ms", "backward_passes_per_step",
 //                 "image_size", "num_classes", "ranks", "nodes", "ps_servers", "ps_placement",
-//                 "ps_pacing"},
+//                 "ps_pacing", "ps_staging"},
 //    "results": {"total_images_per_sec", "images_per_sec_per_rank", "images_per_sec_stddev",
 //                "step_time_ms_median", "exposed_wait_ms_median", <the time breakdown>,
 //                "final_loss", "kernel_share", "engine_stats": {..., "transport_pairs"}},
@@ -58,6 +58,9 @@ struct RunSettings {
   int ps_servers = 0;
   std::string ps_placement;
   std::string ps_pacing;  // "125mbit", "off"; empty for other backends
+  // "sync", "overlap" (--ps-staging; what applies to gradients that are not host float32, i.e.
+  // on a GPU); empty for other backends
+  std::string ps_staging;
 };
 
 // Where a step's time went, per rank and step, mean over the timed steps and the ranks.

@@ -22,7 +22,10 @@ bool Contains(const std::vector<std::string>& v, const std::string& s) {
 }
 
 // Checks that need more than one flag, or the model zoo, after parsing.
-Status Validate(TrainOptions& o, const std::optional<std::string>& precision_flag) {
+Status Validate(TrainOptions& o, const std::optional<std::string>& precision_flag,
+                const std::string& ps_staging) {
+  // Before the model: a bad value is named whatever else is missing.
+  KOLO_ASSIGN_OR_RETURN(o.ps_staging, ParsePsStaging(ps_staging));
   const auto models = zoo::ModelNames();
   if (!Contains(models, o.model)) {
     return InvalidArgument("--model '{}' is not a model kolo knows; allowed: {}", o.model,
@@ -87,6 +90,16 @@ Status Validate(TrainOptions& o, const std::optional<std::string>& precision_fla
     o.precision = *p;
   } else if (o.compute == "cudnn") {
     o.precision = compute::Precision::kTf32;
+  }
+  // fp16's dynamic loss scaling skips a step whose reduced gradients overflowed, on every rank
+  // alike, and backs the scale off; parameter servers apply every push, so an overflowing step
+  // would write inf/NaN into their float32 masters (measured on an H100: tiny-cnn's weights all
+  // NaN after 4 steps) and the scale would never back off.
+  if (o.engine.backend == "ps" && o.precision == compute::Precision::kFp16) {
+    return InvalidArgument(
+        "--precision fp16 with --backend ps: the parameter servers cannot skip the steps whose "
+        "gradients overflow under fp16's loss scaling; allowed with ps: fp32, tf32, bf16 (no loss "
+        "scaling), or fp16 with an allreduce backend");
   }
   if (o.compute == "onednn" && o.precision != compute::Precision::kFp32) {
     return InvalidArgument("--precision {} with --compute onednn: oneDNN computes in fp32 only",
@@ -164,6 +177,12 @@ ParsedFlags ParseTrainFlags(int argc, char** argv) {
   app.add_flag("--json-stdout", o.json_stdout,
                "also print the run record on stdout as one line 'kolo-record: {...}' (rank 0), for "
                "launchers on another host");
+  std::string ps_staging = PsStagingName(o.ps_staging);
+  app.add_option("--ps-staging", ps_staging,
+                 "sync | overlap, with --backend ps: how gradients on a GPU reach the servers; "
+                 "overlap copies each to pinned host memory on a side stream and pushes it from a "
+                 "staging thread while backward goes on, sync copies it on the training thread")
+      ->capture_default_str();
   app.add_option("--display-every", o.display_every, "print a line every N steps")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 30));
@@ -215,7 +234,7 @@ ParsedFlags ParseTrainFlags(int argc, char** argv) {
     return out;
   }
   if (s.ok() && o.model.empty()) s = InvalidArgument("--model is required");
-  if (s.ok()) s = Validate(o, precision);
+  if (s.ok()) s = Validate(o, precision, ps_staging);
   if (!s.ok()) {
     std::fprintf(stderr, "kolo-train: %s\n", s.message().c_str());
     out.exit_code = 2;

@@ -7,6 +7,7 @@
 
 #include "engine/common/options.h"
 #include "models/compute/backend.h"
+#include "models/trainer/trainer.h"
 
 namespace kolo::models::trainer {
 
@@ -37,6 +38,10 @@ struct TrainOptions {
   bool json_stdout = false;
   int display_every = 10;
   uint64_t seed = 1;
+  // --ps-staging (backend ps): how gradients that are not host float32 (on a GPU) reach the
+  // servers: `overlap` copies them on a side stream while backward goes on, `sync` one blocking
+  // copy per parameter on the training thread (TrainerConfig::ps_staging).
+  PsStaging ps_staging = PsStaging::kOverlap;
   Options engine;  // KOLO_* from the environment, then the engine flags
 };
 

@@ -53,6 +53,7 @@ RunSettings SettingsFrom(const TrainOptions& o) {
                        : static_cast<int>(o.engine.ps_server_ranks.size());
     s.ps_placement = o.engine.ps_placement;
     s.ps_pacing = FormatBitRate(o.engine.ps_pacing_bits_per_s);
+    s.ps_staging = PsStagingName(o.ps_staging);
     s.ranks = o.engine.size - s.ps_servers;
   }
   return s;
@@ -278,6 +279,7 @@ Status Run::Train() {
         0.1 * static_cast<double>(o_.batch_size * o_.backward_passes_per_step * size()) / 256.0;
   }
   tc.record_layer_times = !o_.record_profile.empty();
+  tc.ps_staging = o_.ps_staging;
   Trainer trainer =
       distributed() ? Trainer(*graph_, *backend_, *engine_, tc) : Trainer(*graph_, *backend_, tc);
   if (rank_ == 0) {

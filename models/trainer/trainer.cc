@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <string>
+#include <utility>
 
 namespace kolo::models::trainer {
 namespace {
@@ -14,6 +15,23 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 }
 
 }  // namespace
+
+const char* PsStagingName(PsStaging s) {
+  switch (s) {
+    case PsStaging::kSync:
+      return "sync";
+    case PsStaging::kOverlap:
+      return "overlap";
+  }
+  return "unknown";
+}
+
+StatusOr<PsStaging> ParsePsStaging(const std::string& name) {
+  for (PsStaging s : {PsStaging::kSync, PsStaging::kOverlap}) {
+    if (name == PsStagingName(s)) return s;
+  }
+  return InvalidArgument("--ps-staging '{}' is not one of sync, overlap", name);
+}
 
 Trainer::Trainer(const Graph& graph, compute::ComputeBackend& backend, Engine& engine,
                  TrainerConfig config)
@@ -128,7 +146,7 @@ Status Trainer::RunMicroBatch(int m, bool last, StepStats* stats) {
       }
       if (engine_ == nullptr) continue;  // updated after backward, from its own gradient
       if (on_servers_) {
-        KOLO_ASSIGN_OR_RETURN(pending_[static_cast<size_t>(p)], PushPull(p, g));
+        KOLO_RETURN_IF_ERROR(PushPull(p, g));
         continue;
       }
       TensorPlace place;
@@ -158,6 +176,16 @@ StatusOr<StepStats> Trainer::Step() {
   const int passes = config_.backward_passes_per_step;
   for (int m = 0; m < passes; ++m) {
     Status s = RunMicroBatch(m, m == passes - 1, &stats);
+    if (!s.ok()) {
+      Drain();
+      return s;
+    }
+  }
+  if (stager_ != nullptr) {
+    // Every push must have been submitted before its handle is waited on.
+    const auto t0 = Clock::now();
+    Status s = CollectStaged();
+    stats.wait_seconds += Seconds(t0, Clock::now());
     if (!s.ok()) {
       Drain();
       return s;
@@ -197,26 +225,46 @@ StatusOr<StepStats> Trainer::Step() {
   return stats;
 }
 
-StatusOr<Handle> Trainer::PushPull(int p, const compute::GradientView& g) {
+Status Trainer::PushPull(int p, const compute::GradientView& g) {
   const Parameter& param = graph_.params()[static_cast<size_t>(p)];
   if (pulled_.size() != graph_.params().size()) {
     return FailedPrecondition("trainer: BroadcastParameters must run before the first step");
   }
-  // Parameter servers keep float32 master values in host memory. A gradient elsewhere (on a GPU,
-  // or in another type) is staged: the backend copies it, as float32, into a host buffer of this
-  // parameter's, which stays untouched until the push completes (the step waits for it). The
-  // copy waits for this layer's backward pass, so on a GPU the next layer's backward starts
-  // after it; the pulled weights go back through SetParameter (which also refreshes the half
-  // copies of mixed precision).
-  const void* grad = g.data;
-  if (g.device >= 0 || g.dtype != DataType::kFloat32) {
+  Handle& pending = pending_[static_cast<size_t>(p)];
+  if (g.device < 0 && g.dtype == DataType::kFloat32) {
+    KOLO_ASSIGN_OR_RETURN(pending, SubmitPushPull(p, g.data));
+    return Status::OK();
+  }
+  // Parameter servers keep float32 master values in host memory: a gradient elsewhere (on a GPU,
+  // or in another type) is staged into a host float32 buffer of this parameter's, which stays
+  // untouched until the push completes (the step waits for it). The pulled weights go back
+  // through SetParameter (which also refreshes the half copies of mixed precision).
+  const std::string what =
+      fmt::format("staging the gradient of '{}' for the parameter servers", param.name);
+  if (config_.ps_staging == PsStaging::kSync) {
+    // The copy waits for this layer's backward on the device, so the next layer's backward is
+    // launched only after it.
     if (staged_.size() != graph_.params().size()) staged_.resize(graph_.params().size());
     std::vector<float>& host = staged_[static_cast<size_t>(p)];
     host.resize(static_cast<size_t>(param.numel));
-    KOLO_RETURN_IF_ERROR(backend_.GetGradient(p, host).WithContext(
-        fmt::format("staging the gradient of '{}' for the parameter servers", param.name)));
-    grad = host.data();
+    KOLO_RETURN_IF_ERROR(backend_.GetGradient(p, host).WithContext(what));
+    KOLO_ASSIGN_OR_RETURN(pending, SubmitPushPull(p, host.data()));
+    return Status::OK();
   }
+  auto buffer = StagingBuffer(p);
+  if (!buffer.ok()) return buffer.status().WithContext(what);
+  auto copy = backend_.StartGradientCopy(p, *buffer);
+  if (!copy.ok()) return copy.status().WithContext(what);
+  if (stager_ == nullptr) {
+    stager_ = std::make_unique<GradientStager>(
+        [this](int q, const float* host) { return SubmitPushPull(q, host); }, config_.wait_timeout);
+  }
+  stager_->Add(p, &param.name, std::move(copy).value(), buffer->data());
+  return Status::OK();
+}
+
+StatusOr<Handle> Trainer::SubmitPushPull(int p, const void* grad) {
+  const Parameter& param = graph_.params()[static_cast<size_t>(p)];
   SgdSettings sgd;
   sgd.learning_rate = config_.sgd.learning_rate;
   sgd.momentum = config_.sgd.momentum;
@@ -226,8 +274,33 @@ StatusOr<Handle> Trainer::PushPull(int p, const compute::GradientView& g) {
                                 DataType::kFloat32, param.shape, sgd);
 }
 
+StatusOr<std::span<float>> Trainer::StagingBuffer(int p) {
+  const size_t n = graph_.params().size();
+  if (staging_buffers_.size() != n) staging_buffers_.resize(n);
+  std::span<float>& buffer = staging_buffers_[static_cast<size_t>(p)];
+  const auto numel = static_cast<size_t>(graph_.params()[static_cast<size_t>(p)].numel);
+  if (buffer.size() == numel) return buffer;
+  // The backend's own memory (pinned on a GPU) also outlives a copy left running by a failed step.
+  KOLO_ASSIGN_OR_RETURN(buffer, backend_.HostStagingBuffer(p));
+  if (buffer.size() != numel) {
+    if (staged_.size() != n) staged_.resize(n);
+    staged_[static_cast<size_t>(p)].resize(numel);
+    buffer = staged_[static_cast<size_t>(p)];
+  }
+  return buffer;
+}
+
+Status Trainer::CollectStaged() {
+  if (stager_ == nullptr) return Status::OK();
+  std::vector<GradientStager::Submitted> submitted;
+  Status s = stager_->Finish(&submitted);
+  for (const auto& x : submitted) pending_[static_cast<size_t>(x.param)] = x.handle;
+  return s;
+}
+
 void Trainer::Drain() {
   if (engine_ == nullptr) return;
+  CollectStaged().IgnoreError();
   for (Handle& h : pending_) {
     if (h.id < 0) continue;
     engine_->Wait(h, config_.wait_timeout).IgnoreError();

@@ -17,24 +17,36 @@
 // With a parameter-server engine (Engine::updates_on_servers()), each gradient is pushed with
 // Engine::PushPullAsync right after its layer's backward instead of allreduced, the servers apply
 // SGD, and "update" means copying the pulled weights into the backend (SetParameter) once that
-// parameter's PushPull has completed. The backend's own Update is then not used.
+// parameter's PushPull has completed. The backend's own Update is then not used. The servers
+// take host float32 gradients; a gradient elsewhere (on a GPU, or of another type) is staged to
+// host first, as TrainerConfig::ps_staging says: `sync` copies it on the training thread
+// (GetGradient, which waits for the layer's backward to finish on the device), `overlap` starts
+// the copy (StartGradientCopy, into the backend's HostStagingBuffer where it has one) and hands
+// it to a staging thread (gradient_stager.h) that pushes each gradient once its copy has landed,
+// in backprop order, while the training thread launches the next layers' backward. Step waits for
+// the staging thread to have submitted every push before it waits on them; the host buffers stay
+// untouched until then.
 //
 // Without an engine (the single-rank baseline, kolo-train --backend none) nothing is submitted:
 // every parameter is updated from its own gradient after backward, with no distributed
 // communication at all.
 //
-// Thread-safety: a Trainer is used by one thread. The backend and engine must outlive it; the
-// engine must be shut down before the backend is destroyed if a step failed.
+// Thread-safety: a Trainer is used by one thread (it runs a staging thread of its own under
+// parameter servers with `overlap`). The backend and engine must outlive it; the engine must be
+// shut down before the backend is destroyed if a step failed.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "engine/engine.h"
 #include "models/compute/backend.h"
 #include "models/graph/graph.h"
+#include "models/trainer/gradient_stager.h"
 
 namespace kolo::models::trainer {
 
@@ -43,6 +55,12 @@ struct Batch {
   std::vector<float> images;
   std::vector<int32_t> labels;
 };
+
+// How gradients that are not host float32 reach the parameter servers (see the file comment).
+enum class PsStaging : uint8_t { kSync, kOverlap };
+const char* PsStagingName(PsStaging s);  // "sync", "overlap"
+// Errors: a name that is neither, InvalidArgument naming it and the allowed ones.
+StatusOr<PsStaging> ParsePsStaging(const std::string& name);
 
 struct TrainerConfig {
   // Micro-batches accumulated locally per step (local gradient aggregation); >= 1.
@@ -53,7 +71,10 @@ struct TrainerConfig {
   bool record_layer_times = false;
   // Longest wait for one collective. The engine fails a collective whose peer is gone after its
   // own peer timeout; this bounds the trainer's wait even so.
+  // Also bounds each wait for a staged gradient copy.
   std::chrono::milliseconds wait_timeout{std::chrono::minutes(10)};
+  // Parameter servers only: staging of gradients that are not host float32.
+  PsStaging ps_staging = PsStaging::kOverlap;
 };
 
 // What one step measured.
@@ -61,7 +82,9 @@ struct StepStats {
   double seconds = 0;         // wall time of the whole step
   double loss = 0;            // mean over the micro-batches of the backend's Loss()
   double kernel_seconds = 0;  // inside the backend's kernels (ComputeBackend::TakeKernelSeconds)
-  double wait_seconds = 0;    // blocked in Wait after backward (communication not hidden)
+  // Blocked in Wait after backward (communication not hidden); with ps_staging `overlap`, also
+  // waiting for the staging thread to submit the last pushes.
+  double wait_seconds = 0;
   // The step's consecutive phases, as the host's clock sees them (on a GPU, kernels queued in one
   // phase may run in the next): input and forward of every micro-batch; backward of every layer
   // with the gradients' submission and the loss; then wait_seconds; then the updates. With
@@ -84,6 +107,9 @@ class Trainer {
           TrainerConfig config);
   // A single rank without distribution: no engine, no collective (see the file comment).
   Trainer(const Graph& graph, compute::ComputeBackend& backend, TrainerConfig config);
+  // Not movable: the staging thread calls back into it.
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   // Copies rank 0's parameters (as the backend holds them) to every rank (nothing to do without
   // an engine): each parameter is
@@ -105,10 +131,20 @@ class Trainer {
   const TrainerConfig& config() const { return config_; }
 
  private:
-  // Waits for every handle still pending in pending_, dropping their statuses.
+  // Collects the staging thread's pushes (Finish) and waits for every handle still pending in
+  // pending_, dropping their statuses.
   void Drain();
   [[nodiscard]] Status RunMicroBatch(int m, bool last, StepStats* stats);
-  StatusOr<Handle> PushPull(int param, const compute::GradientView& g);
+  // Parameter servers: pushes gradient `g` of `param` (its handle into pending_ at once, or, when
+  // staged with `overlap`, once CollectStaged has run).
+  [[nodiscard]] Status PushPull(int param, const compute::GradientView& g);
+  // Starts the PushPull of `param` from host float32 `grad` (the staging thread calls it too).
+  StatusOr<Handle> SubmitPushPull(int param, const void* grad);
+  // Host memory `overlap` stages `param`'s gradient into: the backend's, or staged_.
+  StatusOr<std::span<float>> StagingBuffer(int param);
+  // Waits for the staging thread to have submitted (or dropped) every push and moves their
+  // handles into pending_. Returns its first failure.
+  [[nodiscard]] Status CollectStaged();
 
   const Graph& graph_;
   compute::ComputeBackend& backend_;
@@ -124,8 +160,14 @@ class Trainer {
   bool on_servers_ = false;
   bool registered_ = false;
   std::vector<std::vector<float>> pulled_;
-  // Parameter servers: host float32 copies of gradients that are not float32 host memory.
+  // Parameter servers: host float32 copies of gradients that are not float32 host memory
+  // (`sync`, and `overlap` with a backend without HostStagingBuffer).
   std::vector<std::vector<float>> staged_;
+  // `overlap`: per parameter, where its gradient is staged (empty until first used).
+  std::vector<std::span<float>> staging_buffers_;
+  // `overlap`: started with the first staged gradient; declared last so that it stops (and no
+  // longer calls SubmitPushPull) before the fields above go.
+  std::unique_ptr<GradientStager> stager_;
 };
 
 }  // namespace kolo::models::trainer

@@ -1,6 +1,7 @@
 // Training the same batch split different ways, for tests that compare the weights: ranks as
 // threads over the real engine, each on its slice of one shared synthetic batch, on any compute
-// backend (trainer_equivalence_test: oneDNN; cudnn_ps_test: cuDNN).
+// backend (trainer_equivalence_test: oneDNN; cudnn_ps_test: cuDNN; trainer_ps_staging_test:
+// oneDNN behind a stand-in for device gradients).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -47,11 +48,11 @@ inline Batch Slice(const Batch& all, int64_t image_size, int64_t first, int64_t 
 
 // Trains `ranks` ranks, each on `passes` micro-batches of `batch` images cut in rank order from
 // one shared batch of ranks * passes * batch images, for kSteps steps. Returns rank 0's
-// parameters (every rank's must agree, which is checked).
+// parameters (every rank's must agree, which is checked). `staging` applies with ps_servers > 0.
 inline std::vector<std::vector<float>> Train(
     const Graph& graph, int ranks, int passes, int64_t batch, int ps_servers = 0,
-    const MakeBackend& make = MakeOneDnn,
-    compute::Precision precision = compute::Precision::kFp32) {
+    const MakeBackend& make = MakeOneDnn, compute::Precision precision = compute::Precision::kFp32,
+    PsStaging staging = PsStaging::kOverlap) {
   const int64_t image = graph.input_shape().size();
   const Batch all =
       MakeSyntheticBatches(graph.input_shape(), ranks * passes * batch, 1, kClasses, 7, 0)[0];
@@ -86,6 +87,7 @@ inline std::vector<std::vector<float>> Train(
     TrainerConfig tc;
     tc.backward_passes_per_step = passes;
     tc.sgd = {.learning_rate = 0.1, .momentum = 0.9, .weight_decay = 1e-3};
+    tc.ps_staging = staging;
     Trainer trainer(graph, backend, engine, tc);
     ASSERT_TRUE(trainer.BroadcastParameters().ok());
     std::vector<Batch> micro;

@@ -110,8 +110,22 @@ expect_error() {
   grep -q -- "$pattern" "$WORK/$name.out" || fail "$name: message lacks '$pattern'"
 }
 expect_error bad_flag "bogus" "$BENCH" --bogus
-expect_error bad_backend "allowed are a comma list of ring, ring-hier, mpi, mpi-direct, gloo, link" \
-  "$BENCH" --backend ring,nccl
+expect_error bad_backend \
+  "allowed are a comma list of ring, ring-hier, mpi, mpi-direct, gloo, link, nccl, nccl-direct" \
+  "$BENCH" --backend ring,nvlink
+# Device buffers: the flag's values, the rows that can and cannot reduce them, and (on a host
+# without a GPU or a build without CUDA) the refusal naming why.
+expect_error bad_device "'gpu' is unknown: allowed are host, cuda" "$BENCH" --device gpu
+expect_error nccl_on_host "pass --device cuda" "$BENCH" --backend ring,nccl
+expect_error gloo_on_device "with --device cuda allowed are ring, ring-hier, nccl, nccl-direct" \
+  "$BENCH" --device cuda --backend ring,gloo
+expect_error tensors_on_device "the step mode measures host gradients" \
+  "$BENCH" --device cuda --tensors resnet101
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+  expect_error cuda_without_gpu "--device cuda: " "$BENCH" --device cuda -e 64
+  grep -q "allowed here: --device host" "$WORK/cuda_without_gpu.out" ||
+    fail "cuda_without_gpu: the refusal does not say what is allowed"
+fi
 expect_error bad_dtype "float8" "$BENCH" --dtype float8
 expect_error bad_size "maxbytes" "$BENCH" -b 1M -e 1K
 expect_error odd_size "is not a whole number of float32 elements" "$BENCH" -b 3 -e 64

@@ -93,12 +93,12 @@ class GlooRow final : public Backend {
   }
   BackendKind kind() const override { return BackendKind::kGloo; }
 
-  Status Bind(HostBuffer& buf, size_t count) override {
+  Status Bind(const BenchBuffer& buf, size_t count) override {
     if (count > static_cast<size_t>(INT_MAX)) {
       return InvalidArgument("{}: {} elements exceed Gloo's int count (at most {})", name(), count,
                              INT_MAX);
     }
-    buf_ = buf.data();
+    buf_ = buf.data;
     count_ = count;
     return Guard("set-up", [&] {
       std::vector<T*> ptrs = {reinterpret_cast<T*>(buf_)};

@@ -96,12 +96,12 @@ class MpiDirect final : public Backend {
   std::string name() const override { return "mpi-direct"; }
   BackendKind kind() const override { return BackendKind::kMpiDirect; }
 
-  Status Bind(HostBuffer& buf, size_t count) override {
+  Status Bind(const BenchBuffer& buf, size_t count) override {
     if (count > static_cast<size_t>(INT_MAX)) {
       return InvalidArgument("mpi-direct: {} elements exceed MPI's int count (at most {})", count,
                              INT_MAX);
     }
-    buf_ = buf.data();
+    buf_ = buf.data;
     count_ = count;
     return Status::OK();
   }

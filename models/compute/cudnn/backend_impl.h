@@ -1,5 +1,6 @@
 // The cudnn backend's class, shared by its source files: cudnn_backend.cc (set-up, parameters,
-// input, loss, optimizer, timing), layer_ops.cc (each layer kind's forward and backward) and
+// input, loss, optimizer, timing), layer_ops.cc (each layer kind's forward and backward),
+// gradient_staging.cc (gradient copies to pinned host memory on a side stream) and
 // mixed_precision.cc (fp16/bf16: working copies, gradient conversion, loss scaling, the gated
 // optimizer step). Internal to this folder; users go through cudnn_backend.h.
 //
@@ -15,6 +16,7 @@
 #include <cudnn.h>
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -96,6 +98,9 @@ class CudnnBackend final : public ComputeBackend {
   StatusOr<double> Loss() override;
   Status Backward(int layer, bool accumulate) override;
   GradientView Gradient(int param) override;
+  StatusOr<std::span<float>> HostStagingBuffer(int param) override;
+  StatusOr<std::unique_ptr<GradientCopy>> StartGradientCopy(int param,
+                                                            std::span<float> out) override;
   Status Update(int param, const SgdConfig& sgd, double grad_scale) override;
   Status Synchronize() override;
   double TakeKernelSeconds() override;
@@ -199,6 +204,15 @@ class CudnnBackend final : public ComputeBackend {
   size_t num_checked_ = 0;
   SgdConfig step_sgd_;
   double step_grad_scale_ = 1.0;
+
+  // Gradient staging (gradient_staging.cc), set up on first use: copies wait on the copy stream
+  // for their layer's grads_ready, so the compute stream never waits for them.
+  Stream copy_stream_;
+  struct ParamStaging {
+    PinnedPtr host;  // numel floats: HostStagingBuffer
+    Event copied;    // recorded on copy_stream_ after the parameter's latest copy
+  };
+  std::vector<ParamStaging> staging_;  // per parameter
 
   // Timing: one event pair per forward/backward pass since the last TakeKernelSeconds.
   struct PassEvents {

@@ -26,8 +26,9 @@ StatusOr<LossScaleState> ReadLossScale(ComputeBackend& backend) {
 }
 
 CudnnBackend::~CudnnBackend() {
-  // Nothing may still be running on buffers about to be freed.
+  // Nothing may still be running on buffers about to be freed (pinned host ones included).
   if (stream_) cudaStreamSynchronize(stream_.get());
+  if (copy_stream_) cudaStreamSynchronize(copy_stream_.get());
 }
 
 Status CudnnBackend::CheckReady(const char* what) const {

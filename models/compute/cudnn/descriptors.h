@@ -47,5 +47,6 @@ using CudnnHandle = Owned<cudnnHandle_t, cudnnDestroy>;
 using Stream = Owned<cudaStream_t, cudaStreamDestroy>;
 using Event = Owned<cudaEvent_t, cudaEventDestroy>;
 using DevicePtr = Owned<void*, cudaFree>;
+using PinnedPtr = Owned<void*, cudaFreeHost>;  // cudaHostAlloc'd host memory
 
 }  // namespace kolo::models::compute::cudnn

@@ -11,6 +11,7 @@ by size, staged against overlapped parameter servers, the multi-process runs —
 beside every timing, and writes every record to RESULTS_JSON. A record that cannot be read is
 named, never fatal: the summary is rewritten after every step of a run that may be cut short.
 """
+
 import argparse
 import glob
 import json
@@ -47,7 +48,7 @@ def train_table(recs, gpu):
     for name in sorted(recs):
         if not name.startswith("kolo-") or "-np" in name or name.startswith("kolo-ps-"):
             continue
-        key = name[len("kolo-"):]
+        key = name[len("kolo-") :]
         model, _, rest = key.rpartition("-b")
         batch, _, prec = rest.partition("-")
         if not model or not batch.isdigit():
@@ -105,7 +106,7 @@ def ps_table(recs, gpu):
     rates = {}
     for name, rec in recs.items():
         if name.startswith("kolo-ps-"):
-            staging = name[len("kolo-ps-"):].split("-")[0]
+            staging = name[len("kolo-ps-") :].split("-")[0]
             rates[staging] = (kolo_rate(rec), rec)
     if not rates:
         return []

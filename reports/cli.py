@@ -105,18 +105,16 @@ def _sweep(args) -> int:
         args.bin_dir or os.environ.get("KOLO_BIN_DIR") or os.path.join(ROOT, "build", "bin")
     )
     args.out = os.path.abspath(args.out)
-    fallback_note = None
-    if sweep.launcher.kind == "cluster":
-        sweep, fallback_note, problems = _network_here(sweep)
-        if problems and not args.dry_run:
-            print(f"sweep: {len(problems)} problem(s) in {sweep.path}:", file=sys.stderr)
-            for problem in problems:
-                print(f"  {problem}", file=sys.stderr)
-            return 2
-        for problem in problems:  # a dry run lists the points all the same
-            print(f"sweep {sweep.name}: here it would stop (exit 2): {problem}", file=sys.stderr)
-        if fallback_note:
-            print(f"sweep {sweep.name}: {fallback_note}", file=sys.stderr)
+    sweep, fallback_note, problems = _network_here(sweep)
+    if problems and not args.dry_run:
+        print(f"sweep: {len(problems)} problem(s) in {sweep.path}:", file=sys.stderr)
+        for problem in problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 2
+    for problem in problems:  # a dry run lists the points all the same
+        print(f"sweep {sweep.name}: here it would stop (exit 2): {problem}", file=sys.stderr)
+    if fallback_note:
+        print(f"sweep {sweep.name}: {fallback_note}", file=sys.stderr)
     if args.dry_run:
         _dry_run(sweep, args.out, bin_dir)
         return 0
@@ -166,47 +164,14 @@ def _sweep(args) -> int:
     return status
 
 
-# What a cluster sweep's fallback means for its comparison, said on screen and in the report.
-LOOPBACK_MEANING = (
-    "every rank on this host, so the ranks share its {cores} core(s), and this host's CPU, not a "
-    "network, limits the multi-rank points"
-)
-
-
 def _network_here(
     sweep: sweepfile.Sweep, found: cluster.Check | None = None
 ) -> tuple[sweepfile.Sweep, str | None, list[str]]:
-    """For a sweep of kind "cluster": (the sweep to run here, the fallback note or None, the
-    problems that stop it). Where scripts/cluster check fails (`found`: its answer, asked here
-    when None) the sweep runs over loopback with [launcher] fallback = "mpirun"
-    (sweepfile.on_loopback), else that is a problem; a delay where the kernel cannot emulate one
-    is a problem too."""
-    found = found or cluster.check()
-    if not found.ok:
-        if sweep.launcher.fallback == "mpirun":
-            note = (
-                f"no emulated network here ({found.text}); running over loopback instead "
-                f"([launcher] fallback): " + LOOPBACK_MEANING.format(cores=os.cpu_count() or "?")
-            )
-            return sweepfile.on_loopback(sweep), note, []
-        return (
-            sweep,
-            None,
-            [
-                f'[launcher] kind = "cluster": this machine cannot host an emulated network: '
-                f'{found.text} (scripts/cluster check; set [launcher] fallback = "mpirun" to run '
-                "over loopback instead)"
-            ],
-        )
-    problems = []
-    if not found.netem:
-        delays = sorted({p["delay_us"] for p in sweep.points if p.get("delay_us")})
-        if delays:
-            problems.append(
-                f"delay_us = {', '.join(map(str, delays))}: this kernel cannot emulate a delay "
-                f"({found.text}); allowed here: 0 (leave delay_us out)"
-            )
-    return sweep, None, problems
+    """(the sweep to run on this machine, a note on how it differs or None, the problems that
+    stop it), as its launcher says (launcher.ready_here): a cluster sweep runs over loopback where
+    no emulated network can be made (`found`: scripts/cluster check's answer, asked when None) and
+    its [launcher] fallback allows it."""
+    return sweep.launcher.ready_here(sweep, found)
 
 
 def _note_fallback(out_dir: str, note: str | None) -> None:
@@ -226,8 +191,8 @@ def _dry_run(sweep: sweepfile.Sweep, out_dir: str, bin_dir: str) -> None:
     down at the end."""
     print(f"sweep {sweep.name}: {len(sweep.points)} point(s), timeout {sweep.timeout_s:g} s each")
     program = sweep.launcher.program or os.path.join(bin_dir, "kolo-train")
-    name = cluster.new_name() if sweep.launcher.kind == "cluster" else None
-    shapes = cluster.plan(sweep.points) if name else [None] * len(sweep.points)
+    shapes = sweep.launcher.shapes(sweep.points)
+    name = cluster.new_name() if any(s is not None for s in shapes) else None
     current = None
     for point, shape in zip(sweep.points, shapes, strict=True):
         profile = sweepfile.profile_path(point, ROOT) if "profile" in point else None

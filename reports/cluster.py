@@ -20,10 +20,12 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from reports import launch, sweepfile
+from reports import launch, settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "cluster")
+# Most hosts scripts/cluster makes (its MAX_HOSTS).
+MAX_HOSTS = 16
 CHECK_TIMEOUT_S = 60.0
 UP_TIMEOUT_S = 180.0
 DOWN_TIMEOUT_S = 120.0
@@ -61,10 +63,18 @@ class Shape:
         return f"{self.hosts} host(s) x {self.ranks_per_host} rank(s), {self.link} links{delay}"
 
 
+def cluster_hosts(point: dict) -> int:
+    """Emulated hosts a cluster point needs: its workers' hosts, then for backend ps the hosts of
+    its servers (ranks_per_host each), which mpirun fills after the workers'."""
+    rph = point.get("ranks_per_host", 1)
+    servers = settings.process_count(point) - point["ranks"]
+    return point.get("hosts", point["ranks"] // rph) + -(-servers // rph)
+
+
 def needed(point: dict) -> Shape:
-    """The smallest cluster `point` runs on (sweepfile.cluster_hosts: its workers' hosts and,
-    for backend ps, its servers')."""
-    hosts = sweepfile.cluster_hosts(point)
+    """The smallest cluster `point` runs on (cluster_hosts: its workers' hosts and, for backend
+    ps, its servers')."""
+    hosts = cluster_hosts(point)
     return Shape(hosts, point.get("ranks_per_host", 1), point["link"], point.get("delay_us", 0))
 
 

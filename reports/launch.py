@@ -9,30 +9,12 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from reports import placement, settings, sweepfile
-from reports.sweepfile import Launcher
+if TYPE_CHECKING:
+    from reports.launchers import Launcher
 
-# mpirun flags for ranks on this host over loopback TCP (the same as scripts/lib.sh's).
-LOOPBACK_MPIRUN_ARGS = (
-    "--oversubscribe",
-    "--allow-run-as-root",
-    "--mca",
-    "btl",
-    "self,tcp",
-    "--mca",
-    "btl_tcp_if_include",
-    "lo",
-    "--mca",
-    "oob_tcp_if_include",
-    "lo",
-    "--bind-to",
-    "none",
-)
-# mpirun flags for ranks on an emulated cluster (scripts/cluster mpirun adds its own for the
-# cluster's subnet): no binding, since every emulated host's daemon would bind its ranks to the
-# same first cores of this machine.
-CLUSTER_MPIRUN_ARGS = ("--bind-to", "none")
 # Every process of a point inherits this variable with the point's own token, so that processes
 # which left the process group (or were orphaned) are still found and stopped. (On an emulated
 # cluster mpirun passes it on to the ranks with -x; the other hosts' daemons start with a clean
@@ -40,6 +22,21 @@ CLUSTER_MPIRUN_ARGS = ("--bind-to", "none")
 TOKEN_VAR = "KOLOSWEEP_POINT"
 TERM_GRACE_S = 5.0
 REAP_BOUND_S = 10.0
+
+
+@dataclass(frozen=True)
+class Job:
+    """What starting one point takes besides the point and its launcher: the program (kolo-train;
+    kind "sim": kolo-sim), kolo-run, where the record goes, the point's timeout, the replay profile
+    (absolute, or None) and, on an emulated cluster, its name and scripts/cluster."""
+
+    program: str
+    kolo_run: str
+    json_path: str
+    timeout_s: float
+    profile: str | None
+    cluster_name: str | None = None
+    cluster_script: str | None = None
 
 
 def command(
@@ -53,127 +50,24 @@ def command(
     cluster_name: str | None = None,
     cluster_script: str | None = None,
 ) -> list[str]:
-    """The argv that runs `point`: mpirun, kolo-run, srun, or scripts/cluster mpirun on the
-    emulated cluster `cluster_name` (kind "cluster"), around `program` (kolo-train). Where rank 0
-    may run on another host (mpirun across hosts, srun) kolo-train also prints its record on
-    stdout, so that the runner needs no shared filesystem."""
-    args = settings.trainer_args(point)
-    if profile is not None:
-        i = args.index("--profile")
-        args[i + 1] = profile
-    train = [program, *args, "--json", json_path]
-    if launcher.kind == "srun" or (launcher.kind == "mpirun" and not launcher.is_local()):
-        # Rank 0 may run on another host: the record comes back with the output as well.
-        train.append("--json-stdout")
-    where = placement_of(point, launcher)
-    if where is not None:
-        train += ["--ps-server-ranks", ",".join(map(str, where.server_ranks))]
-    np_ = str(settings.process_count(point))
-    if launcher.kind == "srun":
-        processes = settings.process_count(point)
-        argv = [launcher.srun, "--ntasks", np_, "--nodes", str(launcher.nodes_for(processes))]
-        argv += ["--ntasks-per-node", str(min(launcher.tasks_per_node or processes, processes))]
-        argv += ["--distribution", "block", "--kill-on-bad-exit=1", "--export", "ALL"]
-        if launcher.partition:
-            argv += ["--partition", launcher.partition]
-        if launcher.gpus_per_node:
-            argv += ["--gpus-per-node", str(launcher.gpus_per_node)]
-        if launcher.time_limit:
-            argv += ["--time", launcher.time_limit]
-        return argv + launcher.args + train
-    if launcher.kind == "local":
-        argv = [kolo_run, "-np", np_, "--timeout-s", str(int(timeout_s) + 1)]
-        if launcher.bind_to:
-            argv += ["--bind-to", launcher.bind_to]
-        return argv + ["--", *train]
-    if launcher.kind == "sim":
-        return sim_command(point, program, args, json_path)
-    if launcher.kind == "cluster":
-        if cluster_name is None or cluster_script is None:
-            raise ValueError('kind "cluster" needs the cluster\'s name and scripts/cluster')
-        argv = [cluster_script, "mpirun", "--name", cluster_name]
-        argv += ["--ranks-per-host", str(point.get("ranks_per_host", 1)), "--", "-np", np_]
-        argv += [*CLUSTER_MPIRUN_ARGS, "-x", TOKEN_VAR]
-        for name, value in launcher.env.items():
-            argv += ["-x", f"{name}={value}"]
-        return argv + launcher.args + train
-    argv = [launcher.mpirun, "-np", np_]
-    if launcher.is_local():
-        argv += list(LOOPBACK_MPIRUN_ARGS)
-    if where is not None:
-        argv += ["-H", where.host_arg()]
-        if "--map-by" not in launcher.args:
-            argv += ["--map-by", "slot"]
-    elif launcher.hosts:
-        argv += ["-H", ",".join(h if s is None else f"{h}:{s}" for h, s in launcher.hosts)]
-    elif launcher.hostfile:
-        argv += ["--hostfile", launcher.hostfile]
-    for name, value in launcher.env.items():
-        argv += ["-x", f"{name}={value}"]
-    return argv + launcher.args + train
+    """The argv that runs `point` under `launcher` (reports/launchers/), around `program`
+    (kolo-train; kind "sim": kolo-sim); `cluster_name` and `cluster_script` name the emulated
+    cluster of kind "cluster"."""
+    job = Job(program, kolo_run, json_path, timeout_s, profile, cluster_name, cluster_script)
+    return launcher.command(point, job)
 
 
-def check_command(launcher: Launcher, program: str, transport: str, processes: int) -> list[str]:
+def check_command(launcher: Launcher, program: str, transport: str, processes: int) -> list[str] | None:
     """The argv that runs `kolo-train --check-transport` once on every host a point of up to
-    `processes` processes may use (exit 0: every host can use `transport`)."""
-    check = [program, "--check-transport", "--transport", transport]
-    if launcher.kind == "srun":
-        nodes = str(launcher.nodes_for(processes))
-        return [
-            launcher.srun,
-            "--nodes",
-            nodes,
-            "--ntasks",
-            nodes,
-            "--ntasks-per-node",
-            "1",
-            "--kill-on-bad-exit=0",
-            "--export",
-            "ALL",
-            *launcher.args,
-            *check,
-        ]
-    if launcher.kind == "local" or launcher.is_local():
-        return check
-    hosts = sweepfile.read_hostfile(launcher.hostfile) if launcher.hostfile else launcher.hosts
-    argv = [launcher.mpirun, "-np", str(len(hosts)), "-H", ",".join(f"{h}:1" for h, _ in hosts)]
-    for name, value in launcher.env.items():
-        argv += ["-x", f"{name}={value}"]
-    return argv + launcher.args + check
+    `processes` processes may use (exit 0: every host can use `transport`); None where the
+    launcher's hosts are not checked."""
+    return launcher.check_command(program, transport, processes)
 
 
-def placement_of(point: dict, launcher: Launcher) -> placement.Placement | None:
-    """Where the point's processes go when it places its parameter servers (ps_hosts) under
-    mpirun across hosts; None otherwise (mpirun's own order, servers last)."""
-    if "ps_hosts" not in point or launcher.kind != "mpirun" or launcher.is_local():
-        return None
-    hosts = sweepfile.read_hostfile(launcher.hostfile) if launcher.hostfile else launcher.hosts
-    where, why = placement.plan(point, hosts)
-    if where is None:
-        raise ValueError(f"ps_hosts: {why}")  # the sweep file's validation refuses this first
-    return where
-
-
-def sim_command(point: dict, program: str, trainer_args: list[str], json_path: str) -> list[str]:
-    """kolo-sim predict with kolo-train's arguments for `point` and the prediction's own settings
-    (calibration taken from the repository root when relative)."""
-    argv = [program, "predict", *trainer_args, "--ranks", str(point["ranks"])]
-    argv += ["--ranks-per-host", str(point.get("ranks_per_host", 1))]
-    if "link" in point:
-        argv += ["--link", point["link"]]
-    if "calibration" in point:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        cal = point["calibration"]
-        argv += ["--calibration", cal if os.path.isabs(cal) else os.path.join(root, cal)]
-    if "gpu_rate" in point:
-        argv += ["--gpu-rate", f"{point['gpu_rate']:g}"]
-    if "step_jitter" in point:
-        argv += ["--step-jitter", f"{point['step_jitter']:g}"]
-    if "allreduce" in point:
-        argv += ["--allreduce", point["allreduce"]]
-    if "ps_hosts" in point:
-        argv += ["--ps-hosts", point["ps_hosts"]]
-    return argv + ["--json", json_path]
+def placement_of(point: dict, launcher: Launcher):
+    """Where the point's processes go (reports.placement.Placement) when it places its parameter
+    servers (ps_hosts) under mpirun across hosts; None otherwise (the launcher's own order)."""
+    return launcher.placement(point)
 
 
 _libc = None

@@ -231,17 +231,36 @@ def _environment(rows: list[dict]) -> str:
     networks = Counter(_network_words(r) for r in rows)
     if networks:
         items.append("<li>network: " + "; ".join(e(v) for v in networks) + "</li>")
-    for column, title in (
-        ("kolo_commit", "kolo commit"),
-        ("hosts", "hosts"),
-        ("cpu_model", "CPU"),
-        ("gpu_model", "GPU"),
-        ("run_id", "runs"),
-    ):
+    for column, title in (("kolo_commit", "kolo commit"), ("hosts", "hosts")):
         values = Counter(r[column] for r in rows if r[column])
         if values:
             items.append(f"<li>{title}: " + ", ".join(e(v) for v in values) + "</li>")
+    hardware = Counter(_hardware(r) for r in rows)
+    hardware.pop("", None)
+    if hardware:
+        items.append("<li>host hardware: " + "; ".join(e(v) for v in hardware) + "</li>")
+    recorded = Counter(r["gpu_model"] for r in rows if r.get("compute") == "replay" and r["gpu_model"])
+    if recorded:
+        items.append("<li>replayed profile recorded on: " + ", ".join(e(v) for v in recorded) + "</li>")
+    runs = Counter(r["run_id"] for r in rows if r["run_id"])
+    if runs:
+        items.append("<li>runs: " + ", ".join(e(v) for v in runs) + "</li>")
     return "<ul>" + "".join(items) + "</ul>" if items else ""
+
+
+def _hardware(row: dict) -> str:
+    """What the row's ranks ran on: rank 0's CPU and cores, and the GPU only where they computed
+    on one. Under replay the record's gpu_model is the device the profile was recorded on, and a
+    prediction ran on nothing."""
+    parts = []
+    cores = row.get("cpu_cores")
+    if row.get("cpu_model"):
+        parts.append(f"CPU {row['cpu_model']}" + (f" ({cores} cores)" if cores else ""))
+    elif cores:
+        parts.append(f"{cores} CPU cores")
+    if row.get("gpu_model") and row.get("compute") not in ("replay", "simulated"):
+        parts.append(f"GPU {row['gpu_model']}")
+    return ", ".join(parts)
 
 
 def _network_words(row: dict) -> str:

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from reports import cluster, efficiency, hostload, launch, schema, settings, sweepfile
+from reports.launchers import base
 from reports.sweepfile import Sweep
 
 RESULTS = "results.csv"
@@ -139,23 +140,12 @@ def _run_locked(sweep: Sweep, out_dir: str, bin_dir: str, retry_failed: bool, st
         print(f"sweep {sweep.name}: {csv_path} rewritten in today's columns (reports/SCHEMA.md)", file=stream)
     shutil.copyfile(sweep.path, os.path.join(out_dir, "sweep.toml"))
 
-    sim = sweep.launcher.kind == "sim"
-    program = sweep.launcher.program or os.path.join(bin_dir, "kolo-sim" if sim else "kolo-train")
+    launcher = sweep.launcher
+    program = launcher.program_path(bin_dir)
     kolo_run = os.path.join(bin_dir, "kolo-run")
-    _require_executable(
-        program, 'the simulator (kolo-sim, [launcher] kind = "sim")' if sim else "the trainer (kolo-train)"
-    )
-    if sim:
-        pass
-    elif sweep.launcher.kind == "local":
-        _require_executable(kolo_run, 'kolo-run ([launcher] kind = "local")')
-    elif sweep.launcher.kind == "cluster":
-        _require_executable(cluster.SCRIPT, 'scripts/cluster ([launcher] kind = "cluster")')
-    elif shutil.which(sweep.launcher.mpirun) is None:
-        raise FileNotFoundError(f"mpirun not found: {sweep.launcher.mpirun!r} ([launcher] mpirun)")
-
-    if not sim and sweep.launcher.kind != "cluster":
-        _check_transports(sweep, program, stream)
+    base.require_executable(program, launcher.PROGRAM_WHAT)
+    launcher.require_tools(kolo_run)
+    _check_transports(sweep, program, stream)
 
     todo = []
     outcome = Outcome()
@@ -172,10 +162,9 @@ def _run_locked(sweep: Sweep, out_dir: str, bin_dir: str, retry_failed: bool, st
         print(f"sweep {sweep.name}: {outcome.skipped} point(s) already in {csv_path}, skipped", file=stream)
     run_id = new_run_id()
     session = None
-    shapes: list[cluster.Shape | None] = [None] * len(todo)
-    if sweep.launcher.kind == "cluster" and todo:
+    shapes = sweep.launcher.shapes(todo)
+    if any(s is not None for s in shapes):
         session = cluster.Session(os.path.join(out_dir, "cluster.log"))
-        shapes = cluster.plan(todo)
         print(
             f"sweep {sweep.name}: emulated cluster {session.name} (scripts/cluster; "
             f"log: {session.log_path}): " + "; ".join(dict.fromkeys(s.describe() for s in shapes)),
@@ -224,11 +213,6 @@ def _run_points(sweep, todo, shapes, session, run, progress, outcome) -> None:
             session.down()
 
 
-def _require_executable(path: str, what: str) -> None:
-    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        raise FileNotFoundError(f"{what} not found or not executable: {path} (build it, or pass --bin-dir)")
-
-
 def _run_point(
     point: dict,
     sweep: Sweep,
@@ -250,12 +234,9 @@ def _run_point(
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     profile = sweepfile.profile_path(point, root) if "profile" in point else None
     open(log_path, "w").close()
-    nodes = sweep.launcher.nodes_for(settings.process_count(point))
-    if sweep.launcher.kind == "sim":
-        nodes = point["ranks"] // point.get("ranks_per_host", 1)
+    nodes = sweep.launcher.nodes(point)
     cluster_name = None
     if session is not None and shape is not None:
-        nodes = point["hosts"]
         started = time.monotonic()
         why = session.ensure(shape, log_path)
         if why is not None:
@@ -284,11 +265,7 @@ def _run_point(
     )
     with open(log_path, "a") as log:
         log.write("$ " + " ".join(_quote(a) for a in argv) + "\n")
-    env = dict(os.environ)
-    env.update(sweep.launcher.env)
-    if sweep.launcher.kind == "srun" and "KOLO_JOB_SECRET" not in env:
-        # srun passes the environment on; rank 0 serves the rendezvous store with it.
-        env["KOLO_JOB_SECRET"] = secrets.token_hex(16)
+    env = sweep.launcher.point_env(dict(os.environ))
     token = f"{run_id}-{pid}"
     # Stops the point's processes if this process is killed outright while it runs (started before
     # the point's clock, which it is not part of).
@@ -366,10 +343,11 @@ def _run_point(
         duration_s=round(duration, 2),
         # A prediction does not depend on what else the host ran: no load to report or judge.
         host_other_cores=None
-        if other_cores is None or sweep.launcher.kind == "sim"
+        if other_cores is None or sweep.launcher.network() == "simulated"
         else round(other_cores, 2),
         log=rel_log,
         network=sweep.launcher.network(),
+        cpu_cores=os.cpu_count() if sweep.launcher.ranks_on_this_host() else None,
     )
     if not row["timestamp"]:
         row["timestamp"] = _now()
@@ -406,8 +384,9 @@ def _check_transports(sweep: Sweep, program: str, stream) -> None:
     processes = max((settings.process_count(p) for p in sweep.points), default=1)
     for transport in wanted:
         argv = launch.check_command(sweep.launcher, program, transport, processes)
-        env = dict(os.environ)
-        env.update(sweep.launcher.env)
+        if argv is None:
+            continue  # the launcher's hosts are not checked (an emulated cluster, a prediction)
+        env = {**os.environ, **sweep.launcher.env}
         print(f"sweep {sweep.name}: checking that every host can use transport {transport}", file=stream)
         try:
             done = subprocess.run(

@@ -12,7 +12,17 @@ from reports import settings
 
 # Run metadata, then the settings (reports.settings order, ranks and nodes next to each other),
 # then the results. Order is part of the schema.
-META = ("run_id", "point_id", "repeat", "timestamp", "kolo_commit", "hosts", "cpu_model", "gpu_model")
+META = (
+    "run_id",
+    "point_id",
+    "repeat",
+    "timestamp",
+    "kolo_commit",
+    "hosts",
+    "cpu_model",
+    "cpu_cores",
+    "gpu_model",
+)
 SETTING_COLUMNS = (
     "model",
     "batch_size",
@@ -103,6 +113,7 @@ NETWORK_COLUMNS = ("ranks_per_host", "network", "link", "link_represented", "del
 SIM_COLUMNS = settings.SIM_SETTINGS
 NUMERIC = (
     "repeat",
+    "cpu_cores",
     "batch_size",
     "ranks",
     "nodes",
@@ -176,10 +187,12 @@ def make_row(
     host_other_cores: float | None = None,
     log: str = "",
     network: str = "loopback",
+    cpu_cores: int | None = None,
 ) -> dict:
     """A CSV row for a finished point. Settings come from kolo-train's record where it has them
     (what actually ran) and from the point otherwise; results only from the record. `network` is
-    one of NETWORKS; an emulated one takes its link, delay and ranks per host from the point."""
+    one of NETWORKS; an emulated one takes its link, delay and ranks per host from the point.
+    `cpu_cores`: the cores of the machine the ranks ran on, None where that is not this one."""
     if status not in STATUSES:
         raise ValueError(f"status {status!r}; allowed: {STATUSES}")
     if network not in NETWORKS:
@@ -196,6 +209,7 @@ def make_row(
         kolo_commit=record.get("kolo_commit", ""),
         hosts=record.get("hosts", []),
         cpu_model=record.get("cpu_model", ""),
+        cpu_cores=cpu_cores,
         gpu_model=record.get("gpu_model", ""),
     )
     merged = {k: v for k, v in rec_settings.items() if v is not None}
@@ -275,10 +289,11 @@ def _older_defaults(row: dict, header: tuple[str, ...]) -> dict:
 # Columns every kolo results file has had; a file with them, in COLUMNS' order and nothing else,
 # was written by an earlier kolo (before the time breakdown or the network columns, for one) and
 # reads with the missing columns empty (the network columns: _older_defaults).
-# Settings added after the network columns: ps_hosts, ps_pacing.
+# Settings added after the network columns: ps_hosts, ps_pacing; run metadata added later still.
 _LATER_SETTINGS = ("ps_hosts", "ps_pacing")
+_LATER_META = ("cpu_cores",)
 _ALWAYS = (
-    META
+    tuple(c for c in META if c not in _LATER_META)
     + tuple(c for c in SETTING_COLUMNS if c not in NETWORK_COLUMNS + SIM_COLUMNS + _LATER_SETTINGS)
     + ("total_images_per_sec", "status", "error", "log")
 )

@@ -7,6 +7,8 @@ and as a CSV column.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -302,6 +304,13 @@ def normalize(point: dict) -> dict:
         for name in NAMES
         if name in point and (BY_NAME[name].applies is None or BY_NAME[name].applies(point))
     }
+
+
+def point_id(point: dict) -> str:
+    """A stable id of a point: a hash of its normalized settings and repeat index."""
+    key = {k: v for k, v in point.items() if k not in ("point_id",)}
+    text = json.dumps(key, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def process_count(point: dict) -> int:

@@ -1,55 +1,26 @@
 """Sweep files: loading, validation of the whole file, and expansion of the matrix into points.
 
-The format is documented in sweeps/README.md. validate_* functions collect every problem they
-find (as SweepError's list) instead of stopping at the first, so one run names them all.
+The format is documented in sweeps/README.md. This module reads [sweep], [fixed], [matrix] and
+[exclude]; the [launcher] table goes to its kind's module (reports.launchers), which also checks
+what of each point it can run. Problems are collected (as SweepError's list) instead of stopping
+at the first, so one run names them all.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
 import json
 import os
-import re
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from reports import placement, settings
+from reports import launchers, settings
 
 TABLES = ("sweep", "launcher", "fixed", "matrix", "exclude")
 SWEEP_KEYS = ("name", "description", "timeout_s", "repeats")
-LAUNCHER_KEYS = (
-    "kind",
-    "mpirun",
-    "args",
-    "hosts",
-    "hostfile",
-    "env",
-    "program",
-    "fallback",
-    "bind_to",
-    "srun",
-    "partition",
-    "tasks_per_node",
-    "gpus_per_node",
-    "time_limit",
-)
-LAUNCHER_KINDS = ("mpirun", "local", "cluster", "srun", "sim")
-# kind = "local": kolo-run's --bind-to (mpirun takes its own --bind-to in args).
-BIND_TO = ("none", "core", "hwthread")
-# kind = "srun" only, and the keys only it takes.
-SRUN_KEYS = ("srun", "partition", "tasks_per_node", "gpus_per_node", "time_limit")
-_TIME_RE = re.compile(r"^([0-9]+-)?[0-9]+(:[0-9]{2}){0,2}$")
-# kind = "cluster": what may stand in where scripts/cluster check fails.
-FALLBACKS = ("mpirun",)
-# Most hosts scripts/cluster makes (its MAX_HOSTS).
-CLUSTER_MAX_HOSTS = 16
 DEFAULT_TIMEOUT_S = 600.0
-_HOST_RE = re.compile(r"^[A-Za-z0-9_.\-]+(:[1-9][0-9]*)?$")
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
 class SweepError(Exception):
@@ -62,78 +33,13 @@ class SweepError(Exception):
 
 
 @dataclass
-class Launcher:
-    kind: str = "mpirun"
-    mpirun: str = "mpirun"
-    args: list[str] = field(default_factory=list)
-    hosts: list[tuple[str, int | None]] = field(default_factory=list)  # (host, slots or None)
-    hostfile: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    program: str | None = None  # the trainer (kind "sim": kolo-sim); None = <bin dir>/kolo-train
-    # kind = "cluster": "mpirun" to run over loopback on this host where no emulated network can
-    # be made (scripts/cluster check fails), without the network's settings; None to refuse.
-    fallback: str | None = None
-    # kind = "local": what kolo-run binds each rank to (BIND_TO); None leaves kolo-run's default.
-    bind_to: str | None = None
-    # kind = "srun": the command, partition, ranks per node (the GPUs each node trains on), GPUs
-    # to ask per node, and the step's time limit (Slurm's format, e.g. "30:00").
-    srun: str = "srun"
-    partition: str | None = None
-    tasks_per_node: int | None = None
-    gpus_per_node: int | None = None
-    time_limit: str | None = None
-
-    def is_local(self) -> bool:
-        """True when every rank runs on this host over loopback (then the loopback flags are
-        added). An emulated cluster's ranks are on this machine but not on loopback."""
-        if self.kind in ("cluster", "srun", "sim"):
-            return False
-        if self.kind == "local":
-            return True
-        if self.hostfile:
-            return False
-        own = {os.uname().nodename, *LOCAL_HOSTS}
-        return all(h in own for h, _ in self.hosts)
-
-    def slots(self) -> list[int | None]:
-        """Slots per host in order, from `hosts` or the hostfile; empty for this host alone."""
-        if self.hostfile:
-            return [slots for _, slots in read_hostfile(self.hostfile)]
-        return [slots for _, slots in self.hosts]
-
-    def network(self) -> str:
-        """The CSV's network column for the rows of this launcher (schema.NETWORKS)."""
-        if self.kind == "cluster":
-            return "emulated"
-        if self.kind == "sim":
-            return "simulated"
-        return "loopback" if self.is_local() else "physical"
-
-    def nodes_for(self, processes: int) -> int:
-        """Hosts that `processes` ranks occupy when mpirun fills each host's slots in order (under
-        srun: the nodes it asks for)."""
-        if self.kind == "srun" and self.tasks_per_node:
-            return max(1, -(-processes // self.tasks_per_node))
-        slots = self.slots()
-        if not slots or any(s is None for s in slots):
-            return max(1, min(len(slots), processes)) if slots else 1
-        used, nodes = 0, 0
-        for s in slots:
-            if used >= processes:
-                break
-            used += s
-            nodes += 1
-        return max(nodes, 1)
-
-
-@dataclass
 class Sweep:
     path: str
     name: str
     description: str
     timeout_s: float
     repeats: int
-    launcher: Launcher
+    launcher: launchers.Launcher
     points: list[dict]  # normalized settings, each with "repeat" and "point_id"
     axes: list[str] = field(default_factory=list)  # the [matrix] settings, ranks first
     # What the loader added on its own (the single-rank baselines), one line each, for the runner
@@ -148,22 +54,6 @@ class Sweep:
                 text += " backend=none"
             text += " (single-rank baseline, no distribution)"
         return text
-
-
-def read_hostfile(path: str) -> list[tuple[str, int | None]]:
-    """Open MPI hostfile lines "host [slots=N]"; comments and blank lines skipped."""
-    hosts = []
-    for line in Path(path).read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        words = line.split()
-        slots = None
-        for w in words[1:]:
-            if w.startswith("slots="):
-                slots = int(w.split("=", 1)[1])
-        hosts.append((words[0], slots))
-    return hosts
 
 
 def only(sweep: Sweep, filters: list[str]) -> Sweep:
@@ -203,7 +93,7 @@ def only(sweep: Sweep, filters: list[str]) -> Sweep:
     # The baselines the remaining points need stay (a filter on backend or ranks would drop them).
     keys = {baseline_key(p) for p in points}
     explicit = [p for p in sweep.points if is_baseline(p) and baseline_key(p) in keys]
-    points, added = add_baselines(explicit + points, sweep.repeats, sweep.launcher.kind)
+    points, added = add_baselines(explicit + points, sweep.repeats, sweep.launcher)
     return replace(sweep, points=points, added=added)
 
 
@@ -219,12 +109,13 @@ def baseline_key(point: dict) -> tuple:
     return tuple(point.get(k) for k in BASELINE_SETTINGS)
 
 
-def add_baselines(points: list[dict], repeats: int, kind: str = "mpirun") -> tuple[list[dict], list[str]]:
+def add_baselines(
+    points: list[dict], repeats: int, launcher: launchers.Launcher | None = None
+) -> tuple[list[dict], list[str]]:
     """`points` with, first, a single-rank point without distributed communication (backend
     "none") for every model, batch, compute, precision, dilation and micro-batching among them
-    that has none: scaling efficiency's denominator. Under kind "cluster" it runs on one emulated
-    host with the link of the point it was made for (it sends nothing over it). Returns the points
-    and one line per baseline added."""
+    that has none: scaling efficiency's denominator, with what `launcher` keeps of the point it
+    was made for (launcher.baseline_settings). Returns the points and one line per baseline added."""
     have = {baseline_key(p) for p in points if is_baseline(p)}
     added: list[dict] = []
     notes: list[str] = []
@@ -235,10 +126,8 @@ def add_baselines(points: list[dict], repeats: int, kind: str = "mpirun") -> tup
         have.add(key)
         raw = {k: p[k] for k in (*BASELINE_SETTINGS, "num_warmup_batches", "num_batches") if k in p}
         raw.update(ranks=1, backend="none")
-        if kind == "cluster":
-            raw.update({k: p[k] for k in ("link", "delay_us") if k in p}, hosts=1, ranks_per_host=1)
-        if kind == "sim":
-            raw.update({k: p[k] for k in ("link", "calibration") if k in p}, ranks_per_host=1)
+        if launcher is not None:
+            raw.update(launcher.baseline_settings(p))
         base = settings.normalize(raw)
         for r in range(repeats):
             point = dict(base, repeat=r)
@@ -251,11 +140,7 @@ def add_baselines(points: list[dict], repeats: int, kind: str = "mpirun") -> tup
     return added + points, notes
 
 
-def point_id(point: dict) -> str:
-    """A stable id of a point: a hash of its normalized settings and repeat index."""
-    key = {k: v for k, v in point.items() if k not in ("point_id",)}
-    text = json.dumps(key, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+point_id = settings.point_id
 
 
 def load(path: str, root: str, hosts: str | None = None, hostfile: str | None = None) -> Sweep:
@@ -276,13 +161,13 @@ def load(path: str, root: str, hosts: str | None = None, hostfile: str | None = 
         table = doc.get("launcher", {})
         if not isinstance(table, dict):
             raise SweepError(path, ["launcher must be a table ([launcher])"])
-        kind = table.get("kind", "mpirun")
-        if kind != "mpirun":
+        kind = table.get("kind", launchers.DEFAULT_KIND)
+        cls = launchers.KINDS.get(kind) if isinstance(kind, str) else None
+        if cls is None or not cls.TAKES_HOST_LIST:
             flag = "--hosts" if hosts is not None else "--hostfile"
-            raise SweepError(
-                path,
-                [f'{flag} replaces the hosts of [launcher] kind = "mpirun"; this file\'s kind is {kind!r}'],
-            )
+            takes = " or ".join(f'"{k}"' for k, c in launchers.KINDS.items() if c.TAKES_HOST_LIST)
+            why = f"{flag} replaces the hosts of [launcher] kind = {takes}; this file's kind is {kind!r}"
+            raise SweepError(path, [why])
         table = {k: v for k, v in table.items() if k not in ("hosts", "hostfile")}
         if hosts is not None:
             table["hosts"] = hosts
@@ -307,7 +192,7 @@ def parse(doc: dict, path: str, root: str) -> Sweep:
         raise SweepError(path, problems)
 
     name, description, timeout_s, repeats = _parse_sweep(doc.get("sweep", {}), path, problems)
-    launcher = _parse_launcher(doc.get("launcher", {}), root, problems)
+    launcher = launchers.parse(doc.get("launcher", {}), root, problems)
     fixed = _parse_fixed(doc.get("fixed", {}), problems)
     matrix = _parse_matrix(doc.get("matrix", {}), fixed, problems)
     excludes = _parse_excludes(doc.get("exclude", []), problems)
@@ -320,15 +205,14 @@ def parse(doc: dict, path: str, root: str) -> Sweep:
     points = expand(fixed, matrix, excludes, repeats)
     if not points:
         problems.append("[[exclude]] leaves no point to run")
-    if launcher.kind == "cluster":
-        points = [_cluster_shape(p, problems) for p in points]
+    points = [_shaped(launcher, p, problems) for p in points]
     for point in points:
         _check_point(point, launcher, root, problems)
     if problems:
         raise SweepError(path, _dedupe(problems))
     axes = sorted(matrix, key=lambda k: k != "ranks")
     given = len(points)
-    points, added = add_baselines(points, repeats, launcher.kind)
+    points, added = add_baselines(points, repeats, launcher)
     for point in points[: len(points) - given]:  # the added baselines, checked as the others were
         _check_point(point, launcher, root, problems)
     if problems:
@@ -368,65 +252,13 @@ def expand(fixed: dict, matrix: dict, excludes: list[dict], repeats: int) -> lis
     return points
 
 
-def _cluster_shape(point: dict, problems: list[str]) -> dict:
-    """A point of kind "cluster" with its emulated network spelled out: ranks_per_host (default 1),
-    hosts (default ranks / ranks_per_host; given, hosts x ranks_per_host must be ranks) and
-    delay_us (default 0); link must be given. Problems name the keys and values."""
-    label = describe(point)
-    out = dict(point)
-    rph = out.setdefault("ranks_per_host", 1)
-    ranks = out.get("ranks", 0)
-    if "link" not in out:
-        problems.append(
-            f'point {label}: [launcher] kind = "cluster" needs link, the rate of every emulated '
-            'host\'s link (e.g. link = "1gbit" in [fixed] or [matrix])'
-        )
-    if "hosts" in out:
-        if out["hosts"] * rph != ranks:
-            problems.append(
-                f"point {label}: hosts = {out['hosts']} x ranks_per_host = {rph} is "
-                f"{out['hosts'] * rph} workers, but ranks = {ranks}; hosts x ranks_per_host must "
-                "be ranks (leave hosts out to have it worked out)"
-            )
-    elif ranks % rph:
-        problems.append(
-            f"point {label}: ranks = {ranks} is not a multiple of ranks_per_host = {rph}; allowed: "
-            "ranks that fill whole hosts"
-        )
-    else:
-        out["hosts"] = ranks // rph
-    out.setdefault("delay_us", 0)
-    out = dict(settings.normalize(out), repeat=point["repeat"])
-    out["point_id"] = point_id(out)
-    return out
-
-
-def cluster_hosts(point: dict) -> int:
-    """Emulated hosts a cluster point needs: its workers' hosts, then for backend ps the hosts of
-    its servers (ranks_per_host each), which mpirun fills after the workers'."""
-    rph = point.get("ranks_per_host", 1)
-    servers = settings.process_count(point) - point["ranks"]
-    return point.get("hosts", point["ranks"] // rph) + -(-servers // rph)
-
-
-def on_loopback(sweep: Sweep) -> Sweep:
-    """A cluster sweep as [launcher] fallback = "mpirun" runs it where no emulated network can be
-    made: every rank on this host over loopback, without the network's settings (hosts,
-    ranks_per_host, link, delay_us) or time dilation, which without a slowed network would make
-    the communication look faster than it is. Points that become the same are merged."""
-    drop = (*settings.CLUSTER_SETTINGS, "dilation")
-    launcher = replace(sweep.launcher, kind="mpirun", fallback=None)
-    seen: set[str] = set()
-    points = []
-    for p in sweep.points:
-        base = settings.normalize({k: v for k, v in p.items() if k not in drop})
-        point = dict(base, repeat=p["repeat"])
-        point["point_id"] = point_id(point)
-        if point["point_id"] not in seen:
-            seen.add(point["point_id"])
-            points.append(point)
-    axes = [a for a in sweep.axes if a not in drop]
-    return replace(sweep, launcher=launcher, points=points, axes=axes)
+def _shaped(launcher: launchers.Launcher, point: dict, problems: list[str]) -> dict:
+    """The point as the launcher runs it, with the id of its settings as shaped."""
+    shaped = launcher.shape_point(point, describe(point), problems)
+    if shaped is point:
+        return point
+    shaped["point_id"] = point_id(shaped)
+    return shaped
 
 
 def fill_profile(point: dict) -> str:
@@ -479,147 +311,6 @@ def _parse_sweep(table: dict, path: str, problems: list[str]):
             else:
                 repeats = value
     return name, description, timeout_s, repeats
-
-
-def _parse_launcher(table: dict, root: str, problems: list[str]) -> Launcher:
-    launcher = Launcher()
-    for key, value in table.items():
-        where = f"[launcher] {key}"
-        if key not in LAUNCHER_KEYS:
-            problems.append(f"unknown key {where}; allowed: {_names(LAUNCHER_KEYS)}")
-        elif key == "kind":
-            if value not in LAUNCHER_KINDS:
-                kinds = ", ".join(f'"{k}"' for k in LAUNCHER_KINDS)
-                problems.append(f"{where} = {value!r} is not allowed; allowed: {kinds}")
-            else:
-                launcher.kind = value
-        elif key == "bind_to":
-            if value not in BIND_TO:
-                problems.append(
-                    f"{where} = {value!r} is not allowed; allowed: " + ", ".join(f'"{b}"' for b in BIND_TO)
-                )
-            else:
-                launcher.bind_to = value
-        elif key == "fallback":
-            if value not in FALLBACKS:
-                problems.append(
-                    f"{where} = {value!r} is not allowed; allowed: "
-                    + ", ".join(f'"{k}"' for k in FALLBACKS)
-                    + " (run over loopback where no emulated network can be made)"
-                )
-            else:
-                launcher.fallback = value
-        elif key in ("mpirun", "program"):
-            if not isinstance(value, str) or not value:
-                problems.append(f"{where} must be a non-empty string (a command or a path)")
-            else:
-                setattr(launcher, key, value)
-        elif key == "args":
-            if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
-                problems.append(f"{where} must be an array of strings (extra mpirun arguments)")
-            else:
-                launcher.args = list(value)
-        elif key == "hosts":
-            launcher.hosts = _parse_hosts(value, where, problems)
-        elif key == "hostfile":
-            if not isinstance(value, str) or not value:
-                problems.append(f"{where} must be a path (a string)")
-                continue
-            full = value if os.path.isabs(value) else os.path.join(root, value)
-            try:
-                read_hostfile(full)
-                launcher.hostfile = full
-            except (OSError, ValueError) as e:
-                problems.append(f"{where} = {value!r} cannot be read: {e}")
-        elif key in ("srun", "partition", "time_limit"):
-            if not isinstance(value, str) or not value:
-                problems.append(f"{where} must be a non-empty string")
-            elif key == "time_limit" and not _TIME_RE.match(value):
-                problems.append(
-                    f"{where} = {value!r} is not allowed; allowed: Slurm's time format, "
-                    'e.g. "30", "30:00", "2:00:00" or "1-00:00:00"'
-                )
-            else:
-                setattr(launcher, key, value)
-        elif key in ("tasks_per_node", "gpus_per_node"):
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1024:
-                problems.append(f"{where} = {value!r} is not allowed; allowed: an integer in [1, 1024]")
-            else:
-                setattr(launcher, key, value)
-        elif key == "env":
-            if not isinstance(value, dict):
-                problems.append(f'{where} must be a table of NAME = "value"')
-                continue
-            for k, v in value.items():
-                if not _ENV_RE.match(k) or not isinstance(v, str):
-                    problems.append(
-                        f"{where}.{k} = {v!r} is not allowed; allowed: a variable name and a string value"
-                    )
-            launcher.env = {k: v for k, v in value.items() if isinstance(v, str)}
-    if launcher.hosts and launcher.hostfile:
-        problems.append("[launcher] hosts and hostfile are both set; give one")
-    if launcher.kind != "srun":
-        for key in SRUN_KEYS:
-            if key in table:
-                problems.append(
-                    f'[launcher] {key} is allowed only with kind = "srun" (kind is "{launcher.kind}")'
-                )
-    else:
-        for key in ("mpirun", "hosts", "hostfile"):
-            if key in table:
-                problems.append(
-                    f'[launcher] {key} is not allowed with kind = "srun" (Slurm chooses the nodes; '
-                    "give partition, tasks_per_node and gpus_per_node)"
-                )
-        if launcher.tasks_per_node is None:
-            problems.append('[launcher] kind = "srun" needs tasks_per_node (ranks per node, e.g. 8)')
-    if launcher.kind == "local":
-        for key in ("mpirun", "args", "hosts", "hostfile"):
-            if key in table:
-                problems.append(
-                    f'[launcher] {key} is not allowed with kind = "local" '
-                    '(kolo-run starts every rank on this host); use kind = "mpirun"'
-                )
-    if launcher.kind == "sim":
-        for key in ("mpirun", "args", "hosts", "hostfile", "env"):
-            if key in table:
-                problems.append(
-                    f'[launcher] {key} is not allowed with kind = "sim" (kolo-sim predicts each '
-                    "point; nothing is launched on hosts)"
-                )
-    if launcher.kind == "cluster":
-        for key in ("mpirun", "hosts", "hostfile"):
-            if key in table:
-                problems.append(
-                    f'[launcher] {key} is not allowed with kind = "cluster" (scripts/cluster '
-                    "runs mpirun inside its first host over its own hosts; give the network as "
-                    "the settings hosts, ranks_per_host, link and delay_us)"
-                )
-    elif "fallback" in table:
-        problems.append(
-            f'[launcher] fallback is allowed only with kind = "cluster" (kind is "{launcher.kind}")'
-        )
-    if "bind_to" in table and launcher.kind != "local":
-        problems.append(
-            f'[launcher] bind_to is allowed only with kind = "local" (kolo-run\'s --bind-to; kind is '
-            f'"{launcher.kind}": mpirun takes --bind-to in args)'
-        )
-    return launcher
-
-
-def _parse_hosts(value, where: str, problems: list[str]) -> list[tuple[str, int | None]]:
-    if not isinstance(value, str) or not value.strip():
-        problems.append(f'{where} must be a string like "host1:8,host2:8"')
-        return []
-    hosts = []
-    for item in value.split(","):
-        item = item.strip()
-        if not _HOST_RE.match(item):
-            problems.append(f"{where}: {item!r} is not allowed; allowed: host or host:slots (slots >= 1)")
-            continue
-        host, _, slots = item.partition(":")
-        hosts.append((host, int(slots) if slots else None))
-    return hosts
 
 
 def _parse_fixed(table: dict, problems: list[str]) -> dict:
@@ -687,9 +378,9 @@ def _parse_excludes(items: list, problems: list[str]) -> list[dict]:
     return excludes
 
 
-def _check_point(point: dict, launcher: Launcher, root: str, problems: list[str]) -> None:
-    """Checks that need a whole point: a replay profile that exists, a backend the launcher can
-    run, enough slots on the hosts."""
+def _check_point(point: dict, launcher: launchers.Launcher, root: str, problems: list[str]) -> None:
+    """Checks that need a whole point: a replay profile that exists, settings that can run
+    together, and what the launcher can run (its check_point)."""
     label = describe(point)
     if point.get("compute") == "replay":
         if "profile" not in point:
@@ -709,68 +400,14 @@ def _check_point(point: dict, launcher: Launcher, root: str, problems: list[str]
             f'point {label}: backend "none" (no distributed communication) runs one rank; '
             f"ranks = {point.get('ranks')} is not allowed, only 1"
         )
-    if launcher.kind in ("local", "srun") and point.get("backend") == "mpi":
-        runs = "kolo-run" if launcher.kind == "local" else "srun (no Open MPI world)"
-        problems.append(
-            f'point {label}: backend "mpi" needs mpirun; [launcher] kind = "{launcher.kind}" runs {runs}'
-        )
     _check_combination(point, label, problems)
-    # ps_hosts under mpirun: the runner builds the point's host list (slots are checked there).
-    placed = "ps_hosts" in point and launcher.kind == "mpirun" and not launcher.is_local()
-    if "ps_hosts" in point and launcher.kind != "sim":
-        if not placed:
-            problems.append(
-                f"point {label}: ps_hosts = {point['ps_hosts']!r} places parameter servers on hosts; "
-                f'it needs [launcher] kind = "mpirun" with hosts of their own, or kind = "sim" (kind '
-                f'is "{launcher.kind}"' + (", every host local)" if launcher.kind == "mpirun" else ")")
-            )
-        else:
-            hosts = read_hostfile(launcher.hostfile) if launcher.hostfile else launcher.hosts
-            _, why = placement.plan(point, hosts)
-            if why is not None:
-                problems.append(f"point {label}: ps_hosts = {point['ps_hosts']!r} {why}")
     dilation = point.get("dilation", 1)
     if dilation != 1 and point.get("compute") != "replay":
         problems.append(
             f"point {label}: dilation = {dilation} stretches replayed layer times; it needs "
             f'compute = "replay" (compute is {point.get("compute", "left to kolo-train")!r})'
         )
-    if launcher.kind == "sim":
-        _check_sim_point(point, label, root, problems)
-    else:
-        for key in settings.SIM_SETTINGS:
-            if key in point:
-                problems.append(
-                    f"point {label}: {key} = {point[key]!r} is a setting of predictions; it needs "
-                    f'[launcher] kind = "sim" (kind is "{launcher.kind}")'
-                )
-    if launcher.kind not in ("cluster", "sim"):
-        for key in settings.CLUSTER_SETTINGS:
-            if key in point:
-                problems.append(
-                    f"point {label}: {key} = {point[key]!r} describes an emulated network; it "
-                    f'needs [launcher] kind = "cluster" (kind is "{launcher.kind}")'
-                )
-    elif "hosts" in point and cluster_hosts(point) > CLUSTER_MAX_HOSTS:
-        problems.append(
-            f"point {label}: needs {cluster_hosts(point)} emulated hosts (hosts = {point['hosts']}"
-            + (" and its parameter servers'" if cluster_hosts(point) > point["hosts"] else "")
-            + f"); scripts/cluster makes at most {CLUSTER_MAX_HOSTS}"
-        )
-    if (
-        launcher.kind == "mpirun"
-        and not launcher.is_local()
-        and not placed
-        and "--oversubscribe" not in launcher.args
-    ):
-        slots = launcher.slots()
-        if slots and all(s is not None for s in slots):
-            need = settings.process_count(point)
-            if need > sum(slots):
-                problems.append(
-                    f"point {label}: needs {need} processes but the hosts give {sum(slots)} slots; "
-                    'add hosts or put "--oversubscribe" in [launcher] args'
-                )
+    launcher.check_point(point, label, root, problems)
 
 
 def _check_combination(point: dict, label: str, problems: list[str]) -> None:
@@ -789,36 +426,6 @@ def _check_combination(point: dict, label: str, problems: list[str]) -> None:
             f'point {label}: backend = "nccl" reduces GPU tensors; it needs compute = "cudnn" '
             f"(compute is {compute!r})"
         )
-
-
-def _check_sim_point(point: dict, label: str, root: str, problems: list[str]) -> None:
-    """A point kolo-sim can predict: replay compute (the profile's layer times), whole hosts, no
-    emulated-only settings, a calibration file that exists."""
-    if point.get("compute") != "replay":
-        problems.append(
-            f'point {label}: [launcher] kind = "sim" predicts from a replay profile; it needs '
-            f'compute = "replay" and a profile (compute is {point.get("compute", "not set")!r})'
-        )
-    for key in ("hosts", "delay_us"):
-        if key in point:
-            problems.append(
-                f'point {label}: {key} is not allowed with kind = "sim" (hosts are ranks / '
-                "ranks_per_host; the simulated links have no added delay)"
-            )
-    rph = point.get("ranks_per_host", 1)
-    if point.get("ranks", 1) % rph:
-        problems.append(
-            f"point {label}: ranks = {point.get('ranks')} is not a multiple of ranks_per_host = "
-            f"{rph}; allowed: ranks that fill whole hosts"
-        )
-    if "calibration" in point:
-        full = (
-            point["calibration"]
-            if os.path.isabs(point["calibration"])
-            else os.path.join(root, point["calibration"])
-        )
-        if not os.path.isfile(full):
-            problems.append(f"point {label}: calibration {full} does not exist")
 
 
 def describe(point: dict) -> str:

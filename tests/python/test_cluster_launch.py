@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from reports import launch, placement, runner, schema, sweepfile
+from reports import launch, launchers, placement, runner, schema, sweepfile
 
 from conftest import FIXTURES, ROOT, run_cli
 
@@ -278,15 +278,15 @@ def test_a_host_without_rdma_stops_the_sweep_before_its_first_point(write_sweep,
 
 
 def test_the_transport_check_runs_once_on_every_host():
-    sweep_hosts = sweepfile.Launcher(
+    sweep_hosts = launchers.make(
         kind="mpirun", hosts=[("n1", 8), ("n2", 8)], env={"KOLO_IB_DEVICE": "mlx5_0"}
     )
     argv = launch.check_command(sweep_hosts, "/opt/kolo-train", "rdma", 16)
     assert argv[:5] == ["mpirun", "-np", "2", "-H", "n1:1,n2:1"]
     assert argv[argv.index("-x") + 1] == "KOLO_IB_DEVICE=mlx5_0"
     assert argv[-4:] == ["/opt/kolo-train", "--check-transport", "--transport", "rdma"]
-    srun = sweepfile.Launcher(kind="srun", tasks_per_node=8)
+    srun = launchers.make(kind="srun", tasks_per_node=8)
     argv = launch.check_command(srun, "/opt/kolo-train", "rdma", 20)
     assert argv[:7] == ["srun", "--nodes", "3", "--ntasks", "3", "--ntasks-per-node", "1"]
-    local = sweepfile.Launcher(kind="local")
+    local = launchers.make(kind="local")
     assert launch.check_command(local, "k", "rdma", 4) == ["k", "--check-transport", "--transport", "rdma"]

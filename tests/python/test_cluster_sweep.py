@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from reports import cli, cluster, launch, schema, sweepfile
+from reports import cli, cluster, launch, launchers, schema, sweepfile
 
 from conftest import FAKE_TRAIN, ROOT, need_mpirun, run_cli
 
@@ -71,7 +71,7 @@ def test_points_spell_out_their_network(write_sweep):
         (4, "ps", 4, 1, "1gbit", 0, 25),
     ]
     # A parameter server runs on a host of its own, after the workers'.
-    assert [sweepfile.cluster_hosts(p) for p in sweep.points] == [1, 1, 2, 2, 3, 4, 5]
+    assert [cluster.cluster_hosts(p) for p in sweep.points] == [1, 1, 2, 2, 3, 4, 5]
     # One cluster, as large as the largest point, serves every point.
     assert set(cluster.plan(sweep.points)) == {cluster.Shape(5, 1, "1gbit", 0)}
 
@@ -170,7 +170,7 @@ def test_on_loopback_drops_the_network_and_the_dilation(write_sweep):
         .replace("dilation = 25\n", "")
     )
     plain = load(write_sweep, plain_text)
-    fallback = sweepfile.on_loopback(sweep)
+    fallback = launchers.cluster.on_loopback(sweep)
     assert fallback.launcher.kind == "mpirun" and fallback.launcher.is_local()
     assert [p["point_id"] for p in fallback.points] == [p["point_id"] for p in plain.points]
     for p in fallback.points:

@@ -1,7 +1,7 @@
 """Matrix expansion, point ids and the command lines a point runs with."""
 
 import pytest
-from reports import launch, settings, sweepfile
+from reports import launch, launchers, settings, sweepfile
 
 from conftest import ROOT
 
@@ -149,9 +149,7 @@ def test_trainer_args_use_kolo_train_flags():
 
 def test_local_mpirun_command_has_the_loopback_flags():
     point = {"model": "vgg16", "ranks": 2, "backend": "ring", "point_id": "x", "repeat": 0}
-    argv = launch.command(
-        point, sweepfile.Launcher(env={"A": "1"}), "/bin/kt", "/bin/kr", "/o/r.json", 60, None
-    )
+    argv = launch.command(point, launchers.make(env={"A": "1"}), "/bin/kt", "/bin/kr", "/o/r.json", 60, None)
     assert argv[:3] == ["mpirun", "-np", "2"]
     joined = " ".join(argv)
     for flag in (
@@ -167,7 +165,7 @@ def test_local_mpirun_command_has_the_loopback_flags():
 
 
 def test_cluster_mpirun_command_names_hosts_and_no_loopback():
-    launcher = sweepfile.Launcher(hosts=[("node1", 8), ("node2", 8)], args=["--map-by", "slot"])
+    launcher = launchers.make(hosts=[("node1", 8), ("node2", 8)], args=["--map-by", "slot"])
     point = {"model": "vgg16", "ranks": 16, "point_id": "x", "repeat": 0}
     argv = launch.command(point, launcher, "kolo-train", "kolo-run", "r.json", 60, None)
     assert argv[:5] == ["mpirun", "-np", "16", "-H", "node1:8,node2:8"]
@@ -177,7 +175,7 @@ def test_cluster_mpirun_command_names_hosts_and_no_loopback():
 
 def test_local_launcher_uses_kolo_run():
     point = {"model": "vgg16", "ranks": 3, "point_id": "x", "repeat": 0}
-    argv = launch.command(point, sweepfile.Launcher(kind="local"), "kt", "/b/kolo-run", "r.json", 60, None)
+    argv = launch.command(point, launchers.make(kind="local"), "kt", "/b/kolo-run", "r.json", 60, None)
     assert argv[:6] == ["/b/kolo-run", "-np", "3", "--timeout-s", "61", "--"]
     assert argv[6] == "kt"
 

@@ -97,7 +97,7 @@ fi
 # Bad arguments: a clear error, not a run.
 expect_error() {
   local name=$1 pattern=$2; shift 2
-  timeout 60 "$@" >"$WORK/$name.out" 2>&1
+  timeout 300 "$@" >"$WORK/$name.out" 2>&1
   local rc=$?
   [[ $rc -ne 0 && $rc -ne 124 ]] || fail "$name: exit $rc, expected an error"
   grep -q -- "$pattern" "$WORK/$name.out" || { cat "$WORK/$name.out"; fail "$name: message lacks '$pattern'"; }

@@ -169,15 +169,15 @@ int Engine::local_rank() const { return impl_->options.local_rank; }
 int Engine::local_size() const { return impl_->options.local_size; }
 const Options& Engine::options() const { return impl_->options; }
 
-StatusOr<Handle> Engine::Impl::Submit(TensorEntry entry) {
-  entry.submitted = SteadyClock::now();
-  const std::string name = entry.request.name;
-  const char* type = coordinator::CollectiveTypeName(entry.request.type);
+StatusOr<Handle> Engine::Impl::Submit(execution::Operation op) {
+  op.submitted = SteadyClock::now();
+  const std::string name = op.request.name;
+  const char* type = coordinator::CollectiveTypeName(op.request.type);
   if (name.empty()) return InvalidArgument("{}: the tensor name is empty", type);
-  for (int64_t d : entry.request.shape) {
+  for (int64_t d : op.request.shape) {
     if (d < 0) {
       return InvalidArgument("{} '{}': shape {} has a negative dimension", type, name,
-                             ShapeToString(entry.request.shape));
+                             ShapeToString(op.request.shape));
     }
   }
   if (role == Role::kServer) {
@@ -185,27 +185,14 @@ StatusOr<Handle> Engine::Impl::Submit(TensorEntry entry) {
         "{} '{}': this rank is parameter server {}; collectives run among the workers only", type,
         name, options.rank);
   }
-  MutexLock lock(mu);
-  if (!fatal.ok()) return fatal;
-  if (shutdown_requested || stopped) {
-    return FailedPrecondition("{} '{}': the engine has shut down", type, name);
-  }
-  if (!in_flight.insert(name).second) {
-    return InvalidArgument(
-        "{} '{}': a collective with this name is already in flight on rank {}; "
-        "wait for it before submitting the name again",
-        type, name, options.rank);
-  }
-  entry.handle.id = next_handle++;
-  handles.emplace(entry.handle.id, HandleState{});
-  const Handle h = entry.handle;
-  queue.push_back(std::move(entry));
-  if (timeline) timeline->Begin(name, "QUEUE");
-  if (idle) {
-    idle = false;
-    device->Wake();  // the background thread waits in the device, with nothing to do
-  }
-  return h;
+  bool was_idle = false;
+  KOLO_ASSIGN_OR_RETURN(const int64_t id,
+                        ops.Submit(std::move(op), &was_idle, [this](const std::string& n) {
+                          if (timeline) timeline->Begin(n, "QUEUE");
+                        }));
+  // The background thread waits in the device with nothing to do: wake it.
+  if (was_idle) device->Wake();
+  return Handle{id};
 }
 
 Status Engine::Impl::PrepareDevice(const char* type, const std::string& name,
@@ -241,7 +228,7 @@ Status Engine::Impl::PrepareDevice(const char* type, const std::string& name,
 StatusOr<Handle> Engine::AllreduceAsync(const std::string& name, const void* in, void* out,
                                         DataType dtype, const Shape& shape, ReduceOp op,
                                         const TensorPlace& place) {
-  TensorEntry e;
+  execution::Operation e;
   e.request = {name, CollectiveType::kAllreduce, dtype, static_cast<uint8_t>(op), 0, shape};
   e.request.on_device = place.on_device();
   e.in = in;
@@ -259,7 +246,7 @@ StatusOr<Handle> Engine::BroadcastAsync(const std::string& name, void* data, Dat
   if (root < 0 || root >= size()) {
     return InvalidArgument("broadcast '{}': root {} is outside [0, {})", name, root, size());
   }
-  TensorEntry e;
+  execution::Operation e;
   e.request = {name, CollectiveType::kBroadcast, dtype, 0, root, shape};
   e.request.on_device = place.on_device();
   e.out = data;
@@ -279,7 +266,7 @@ StatusOr<Handle> Engine::AllgatherAsync(const std::string& name, const void* in,
         "pass shape [1]",
         name);
   }
-  TensorEntry e;
+  execution::Operation e;
   e.request = {name, CollectiveType::kAllgather, dtype, 0, 0, shape};
   e.in = in;
   if (NumElements(shape) > 0 && in == nullptr) {
@@ -288,46 +275,16 @@ StatusOr<Handle> Engine::AllgatherAsync(const std::string& name, const void* in,
   return impl_->Submit(std::move(e));
 }
 
-StatusOr<HandleState> Engine::Impl::WaitState(Handle handle, std::chrono::milliseconds timeout) {
-  MutexLock lock(mu);
-  auto it = handles.find(handle.id);
-  if (it == handles.end()) {
-    return InvalidArgument("handle {} is unknown (never issued, or already waited on)", handle.id);
-  }
-  // Another thread waiting on the same handle may take it first: then this one is told so.
-  if (!done_cv.WaitFor(mu, timeout, [&]() KOLO_REQUIRES(mu) {
-        const auto h = handles.find(handle.id);
-        return h == handles.end() || h->second.done;
-      })) {
-    return DeadlineExceeded("handle {} did not complete within {} ms", handle.id, timeout.count());
-  }
-  it = handles.find(handle.id);
-  if (it == handles.end()) {
-    return InvalidArgument(
-        "handle {} was taken by another thread waiting on it (wait on a handle from one thread)",
-        handle.id);
-  }
-  HandleState state = std::move(it->second);
-  handles.erase(it);
-  return state;
-}
-
 Status Engine::Wait(Handle handle, std::chrono::milliseconds timeout) {
-  KOLO_ASSIGN_OR_RETURN(HandleState state, impl_->WaitState(handle, timeout));
+  KOLO_ASSIGN_OR_RETURN(execution::HandleState state, impl_->ops.Wait(handle.id, timeout));
   return state.status;
 }
 
-StatusOr<bool> Engine::Poll(Handle handle) {
-  MutexLock lock(impl_->mu);
-  auto it = impl_->handles.find(handle.id);
-  if (it == impl_->handles.end()) {
-    return InvalidArgument("handle {} is unknown (never issued, or already waited on)", handle.id);
-  }
-  return it->second.done;
-}
+StatusOr<bool> Engine::Poll(Handle handle) { return impl_->ops.Poll(handle.id); }
 
 StatusOr<GatheredTensor> Engine::TakeGathered(Handle handle) {
-  KOLO_ASSIGN_OR_RETURN(HandleState state, impl_->WaitState(handle, std::chrono::hours(24)));
+  KOLO_ASSIGN_OR_RETURN(execution::HandleState state,
+                        impl_->ops.Wait(handle.id, std::chrono::hours(24)));
   KOLO_RETURN_IF_ERROR(state.status);
   if (!state.gathered) return InvalidArgument("handle {} is not an allgather", handle.id);
   return GatheredTensor(std::move(*state.gathered));
@@ -348,25 +305,21 @@ Status Engine::Shutdown() {
   MutexLock once(impl_->shutdown_mu);
   // A parameter-server worker first tells the servers it is done (its errors are in fatal).
   if (impl_->ps_worker) impl_->ps_worker->Shutdown().IgnoreError();
-  {
-    MutexLock lock(impl_->mu);
-    impl_->shutdown_requested = true;
-  }
+  impl_->ops.RequestShutdown();
   if (impl_->device) impl_->device->Wake();
   if (impl_->thread.joinable()) impl_->thread.join();
-  MutexLock lock(impl_->mu);
-  return impl_->fatal;
+  return impl_->ops.fatal();
 }
 
 std::optional<std::chrono::steady_clock::time_point> Engine::failed_at() const {
-  MutexLock lock(impl_->mu);
-  if (impl_->fatal.ok()) return std::nullopt;
-  return impl_->fatal_at;
+  return impl_->ops.failed_at();
 }
 
 Engine::Stats Engine::stats() const {
+  const int64_t tensors = impl_->ops.completed();
   MutexLock lock(impl_->mu);
   Stats s = impl_->stats;
+  s.tensors = tensors;
   s.transport_pairs = impl_->pair_transports;
   impl_->AddParameterServerStats(&s);
   return s;

@@ -3,13 +3,10 @@
 #pragma once
 
 #include <chrono>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
-#include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "engine/backends/backend.h"
@@ -27,6 +24,7 @@
 #include "engine/cuda/device_context.h"
 #include "engine/engine.h"
 #include "engine/execution/executor.h"
+#include "engine/execution/operation_table.h"
 #include "engine/timeline/timeline.h"
 #include "engine/transport/transport.h"
 
@@ -34,24 +32,13 @@ namespace kolo {
 
 using SteadyClock = std::chrono::steady_clock;
 
-// One submitted operation (what execution needs of it), from submission until its handle
-// completes.
-struct TensorEntry : execution::Operation {
-  Handle handle;
-  SteadyClock::time_point submitted;
-};
-
-struct HandleState {
-  bool done = false;
-  Status status;
-  std::unique_ptr<GatheredTensor> gathered;  // allgather results
-};
-
-// The API object's state: it wires the layers together. Its background thread drains the queue
-// into `pending`, lets the controller (coordinator/) agree with the other ranks, and hands the
-// agreed responses to the executor (execution/), which completes them through this object.
-struct Engine::Impl final : execution::Operations {
-  explicit Impl(const Options& o) : options(o) {}
+// The API object's state: it wires the layers together. Submissions go into the operation table
+// (execution/operation_table.h); the background thread drains them, lets the controller
+// (coordinator/) agree with the other ranks, and hands the agreed responses to the executor
+// (execution/), which completes them in the table.
+struct Engine::Impl final {
+  explicit Impl(const Options& o)
+      : options(o), ops(o.rank, [this](const execution::ExecutionStats& d) { Count(d); }) {}
 
   // --- Background thread.
   void Loop() KOLO_EXCLUDES(mu);
@@ -62,32 +49,25 @@ struct Engine::Impl final : execution::Operations {
   Status AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_point last_start)
       KOLO_EXCLUDES(mu);
   // Whether this rank knows something its peers need for agreement: new submissions, a shutdown,
-  // or what the controller has (Controller::HasNews). Sets `idle` when it has none, in the same
-  // critical section that looked at the queue, so that no submission goes unnoticed.
-  bool HasNews(SteadyClock::time_point now) KOLO_EXCLUDES(mu);
+  // or what the controller has (Controller::HasNews); otherwise the table remembers that the
+  // thread is idle, so that the next submission wakes it.
+  bool HasNews(SteadyClock::time_point now);
   // One negotiation-and-execution cycle. Sets *stop when every rank is to stop.
   Status RunCycle(bool* stop) KOLO_EXCLUDES(mu);
-  // Moves the submission queue into `pending` and hands each request to the controller.
-  void DrainQueue() KOLO_EXCLUDES(mu);
+  // Moves the submission queue into the table's pending operations and hands each request to the
+  // controller.
+  void DrainQueue();
   // The controller's agreement for this cycle, with the engine's statistics updated.
   Status Negotiate(std::vector<coordinator::Response>* responses, bool* stop) KOLO_EXCLUDES(mu);
-  // execution::Operations: the executor's view of `pending`, and the statistics it adds.
-  execution::Operation* Find(const std::string& name) override;
-  void Complete(const std::string& name, const Status& status,
-                std::unique_ptr<GatheredTensor> gathered) override KOLO_EXCLUDES(mu);
-  void Count(const execution::ExecutionStats& delta) override KOLO_EXCLUDES(mu);
-  // Completes every pending and queued operation with `status`; a fatal one also becomes the
-  // sticky error that later submissions and Shutdown return.
-  void FailEverything(const Status& status, bool fatal_error) KOLO_EXCLUDES(mu);
+  // The statistics the executor adds (through the table).
+  void Count(const execution::ExecutionStats& delta) KOLO_EXCLUDES(mu);
 
   // --- Submission side.
   // Checks that this rank can move a device tensor `name` at `place` and sets up the CUDA context
   // (and the staged ring) on first use. Errors name the tensor and what is allowed.
   Status PrepareDevice(const char* type, const std::string& name, const TensorPlace& place)
       KOLO_EXCLUDES(gpu_mu);
-  StatusOr<Handle> Submit(TensorEntry entry) KOLO_EXCLUDES(mu);
-  StatusOr<HandleState> WaitState(Handle handle, std::chrono::milliseconds timeout)
-      KOLO_EXCLUDES(mu);
+  StatusOr<Handle> Submit(execution::Operation op);
 
   const Options options;
   bootstrap::Rendezvous rendezvous;
@@ -112,21 +92,14 @@ struct Engine::Impl final : execution::Operations {
   std::unique_ptr<cuda::DeviceContext> gpu;
   std::unique_ptr<backends::DeviceCollectives> device_collectives;
 
-  // Lock order: gpu_mu, then mu (the only other lock); mu is never held across communication.
+  // Every operation from submission to its handle's wait, the sticky fatal error and the shutdown
+  // request. Its lock nests under none of the engine's.
+  execution::OperationTable ops;
+
+  // Lock order: gpu_mu, then mu; mu is never held across communication nor while calling into
+  // the table.
   Mutex mu;
-  CondVar done_cv;
-  std::deque<TensorEntry> queue KOLO_GUARDED_BY(mu);
-  std::unordered_set<std::string> in_flight KOLO_GUARDED_BY(mu);
-  std::unordered_map<int64_t, HandleState> handles KOLO_GUARDED_BY(mu);
-  int64_t next_handle KOLO_GUARDED_BY(mu) = 0;
   int64_t barrier_seq KOLO_GUARDED_BY(mu) = 0;
-  Status fatal KOLO_GUARDED_BY(mu);                                    // sticky
-  std::chrono::steady_clock::time_point fatal_at KOLO_GUARDED_BY(mu);  // when fatal was set
-  bool shutdown_requested KOLO_GUARDED_BY(mu) = false;
-  bool stopped KOLO_GUARDED_BY(mu) = false;
-  // The background thread is about to wait with nothing new to do: the next submission wakes it
-  // (and clears this), later ones need not (it starts the exchange at its tick anyway).
-  bool idle KOLO_GUARDED_BY(mu) = false;
   Stats stats KOLO_GUARDED_BY(mu);
   // Started at the end of Create, joined by Shutdown; not guarded by mu (Shutdown joins it with
   // mu released, so that the background thread can finish). Shutdown holds shutdown_mu throughout
@@ -143,11 +116,10 @@ struct Engine::Impl final : execution::Operations {
   // gpu_mu before the first device tensor is queued (Submit's mu then orders it before the
   // background thread's first use of the device).
   std::unique_ptr<execution::Executor> executor;
-  std::unordered_map<std::string, TensorEntry> pending;  // drained, awaiting a response
   collectives::Scratch message_scratch;  // comm.messages: negotiation's message staging
 
   // Parameter-server jobs (engine_ps.cc). Set once at creation: a worker has ps_worker (its
-  // thread reports completions under mu), a server has ps_server and no engine thread. Declared
+  // thread completes handles in the table), a server has ps_server and no engine thread. Declared
   // last so that they stop before everything they refer to is destroyed.
   Role role = Role::kWorker;
   void AddParameterServerStats(Stats* stats) const;

@@ -63,11 +63,11 @@ void Engine::Impl::Loop() {
       s = Status(s.code(), hosts.NameHosts(s.message()));
       KOLO_LOG(kError, "engine failed: {}", s.ToString());
       device->Abort(s);
-      FailEverything(s, /*fatal_error=*/true);
+      ops.FailAll(s, /*fatal_error=*/true);
       return;
     }
     if (stop) {
-      FailEverything(FailedPrecondition("the engine has shut down"), /*fatal_error=*/false);
+      ops.FailAll(FailedPrecondition("the engine has shut down"), /*fatal_error=*/false);
       return;
     }
   }
@@ -75,9 +75,7 @@ void Engine::Impl::Loop() {
 
 bool Engine::Impl::HasNews(SteadyClock::time_point now) {
   if (controller->HasNews(now)) return true;
-  MutexLock lock(mu);
-  idle = queue.empty() && !shutdown_requested;
-  return !idle;
+  return !ops.RequestIdle();
 }
 
 Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_point last_start) {
@@ -123,49 +121,13 @@ Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_p
   }
 }
 
-void Engine::Impl::FailEverything(const Status& status, bool fatal_error) {
-  MutexLock lock(mu);
-  if (fatal_error && fatal.ok()) {
-    fatal = status;
-    fatal_at = std::chrono::steady_clock::now();
-  }
-  stopped = true;
-  for (auto& [name, entry] : pending) {
-    auto it = handles.find(entry.handle.id);
-    if (it != handles.end()) {
-      it->second.done = true;
-      it->second.status = status.WithContext(
-          fmt::format("{} '{}'", coordinator::CollectiveTypeName(entry.request.type), name));
-    }
-  }
-  for (TensorEntry& entry : queue) {
-    auto it = handles.find(entry.handle.id);
-    if (it != handles.end()) {
-      it->second.done = true;
-      it->second.status = status.WithContext(fmt::format(
-          "{} '{}'", coordinator::CollectiveTypeName(entry.request.type), entry.request.name));
-    }
-  }
-  pending.clear();
-  queue.clear();
-  in_flight.clear();
-  done_cv.notify_all();
-}
-
 void Engine::Impl::DrainQueue() {
-  std::deque<TensorEntry> drained;
-  {
-    MutexLock lock(mu);
-    drained.swap(queue);
-  }
-  for (TensorEntry& entry : drained) {
-    const std::string name = entry.request.name;
+  for (const execution::Operation* op : ops.Drain()) {
     if (timeline) {
-      timeline->End(name, "QUEUE");
-      timeline->Begin(name, "NEGOTIATE_" + UpperType(entry.request.type));
+      timeline->End(op->request.name, "QUEUE");
+      timeline->Begin(op->request.name, "NEGOTIATE_" + UpperType(op->request.type));
     }
-    controller->Add(entry.request, entry.submitted);
-    pending.emplace(name, std::move(entry));
+    controller->Add(op->request, op->submitted);
   }
 }
 
@@ -176,12 +138,12 @@ Status Engine::Impl::RunCycle(bool* stop) {
   if (timeline) {
     // The negotiation DrainQueue began ends for every agreed tensor this rank has.
     for (const Response& r : responses) {
-      if (pending.count(r.request.name) != 0) {
+      if (ops.Find(r.request.name) != nullptr) {
         timeline->End(r.request.name, "NEGOTIATE_" + UpperType(r.request.type));
       }
     }
   }
-  KOLO_RETURN_IF_ERROR(executor->Execute(responses, *this));
+  KOLO_RETURN_IF_ERROR(executor->Execute(responses, ops));
   MutexLock lock(mu);
   ++stats.cycles;
   return Status::OK();
@@ -189,11 +151,7 @@ Status Engine::Impl::RunCycle(bool* stop) {
 
 Status Engine::Impl::Negotiate(std::vector<Response>* responses, bool* stop) {
   const auto start = SteadyClock::now();
-  bool shutdown;
-  {
-    MutexLock lock(mu);
-    shutdown = shutdown_requested;
-  }
+  const bool shutdown = ops.shutdown_requested();
   coordinator::NegotiationStats agreed;
   KOLO_RETURN_IF_ERROR(controller->Negotiate(shutdown, responses, stop, &agreed));
   const double us = std::chrono::duration<double, std::micro>(SteadyClock::now() - start).count();
@@ -204,11 +162,6 @@ Status Engine::Impl::Negotiate(std::vector<Response>* responses, bool* stop) {
   // A single rank agrees with nobody: its cycles cost no coordination.
   if (!responses->empty() && options.size > 1) stats.coordination_us += us;
   return Status::OK();
-}
-
-execution::Operation* Engine::Impl::Find(const std::string& name) {
-  auto it = pending.find(name);
-  return it == pending.end() ? nullptr : &it->second;
 }
 
 void Engine::Impl::Count(const execution::ExecutionStats& delta) {
@@ -224,24 +177,6 @@ void Engine::Impl::Count(const execution::ExecutionStats& delta) {
     stats.transport_bytes_sent = static_cast<int64_t>(comm.device->bytes_sent());
     stats.transport_bytes_received = static_cast<int64_t>(comm.device->bytes_received());
   }
-}
-
-void Engine::Impl::Complete(const std::string& name, const Status& status,
-                            std::unique_ptr<GatheredTensor> gathered) {
-  auto it = pending.find(name);
-  if (it == pending.end()) return;
-  const int64_t id = it->second.handle.id;
-  pending.erase(it);
-  MutexLock lock(mu);
-  in_flight.erase(name);
-  auto h = handles.find(id);
-  if (h != handles.end()) {
-    h->second.done = true;
-    h->second.status = status;
-    h->second.gathered = std::move(gathered);
-  }
-  ++stats.tensors;
-  done_cv.notify_all();
 }
 
 }  // namespace kolo

@@ -15,24 +15,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateParameterServerRank(const Option
     KOLO_ASSIGN_OR_RETURN(auto engine, CreateRank(worker_options, nullptr, &job));
     Impl& e = *engine->impl_;
     e.ps_worker = std::make_unique<backends::ps::Worker>(
-        std::move(job),
-        [&e](int64_t id, const Status& status) {
-          MutexLock lock(e.mu);
-          auto it = e.handles.find(id);
-          if (it == e.handles.end()) return;
-          it->second.done = true;
-          it->second.status = status;
-          ++e.stats.tensors;
-          e.done_cv.notify_all();
-        },
-        [&e](const Status& status) {
-          MutexLock lock(e.mu);
-          if (e.fatal.ok()) {
-            e.fatal = status;
-            e.fatal_at = std::chrono::steady_clock::now();
-          }
-        },
-        e.timeline.get());
+        std::move(job), [&e](int64_t id, const Status& status) { e.ops.CompleteHandle(id, status); },
+        [&e](const Status& status) { e.ops.SetFatal(status); }, e.timeline.get());
     return engine;
   }
 
@@ -92,26 +76,16 @@ StatusOr<Handle> Engine::PushPullAsync(const std::string& name, const void* grad
         "backend '{}', {})",
         name, e.options.backend, e.role == Role::kServer ? "a server" : "a worker");
   }
-  Handle h;
-  {
-    MutexLock lock(e.mu);
-    if (!e.fatal.ok()) return e.fatal;
-    // Only this rank's own Shutdown stops its pushes. The workers' engine (their collectives
-    // among themselves) also stops when another worker shuts down, but pushes and pulls go to the
-    // servers, which name a worker that left in the step's error.
-    if (e.shutdown_requested) {
-      return FailedPrecondition("pushpull '{}': the engine has shut down", name);
-    }
-    h.id = e.next_handle++;
-    e.handles.emplace(h.id, HandleState{});
-  }
-  Status s = e.ps_worker->PushPull(h.id, name, grad, weights, dtype, shape, sgd);
+  // Only this rank's own Shutdown stops its pushes. The workers' engine (their collectives among
+  // themselves) also stops when another worker shuts down, but pushes and pulls go to the
+  // servers, which name a worker that left in the step's error.
+  KOLO_ASSIGN_OR_RETURN(const int64_t id, e.ops.Issue(fmt::format("pushpull '{}'", name)));
+  Status s = e.ps_worker->PushPull(id, name, grad, weights, dtype, shape, sgd);
   if (!s.ok()) {
-    MutexLock lock(e.mu);
-    e.handles.erase(h.id);
+    e.ops.Forget(id);
     return s;
   }
-  return h;
+  return Handle{id};
 }
 
 void Engine::Impl::AddParameterServerStats(Stats* s) const {

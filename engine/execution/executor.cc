@@ -44,11 +44,6 @@ void Executor::SetDevice(cuda::DeviceContext* context, backends::DeviceCollectiv
   device_collectives_ = collectives;
 }
 
-Operation& Executor::Get(Operations& ops, const std::string& name) {
-  // Execute checked that every collective response names an operation of this rank.
-  return *ops.Find(name);
-}
-
 void Executor::Begin(const std::string& name, const std::string& activity,
                      const std::string& args) {
   if (timeline_ != nullptr) timeline_->Begin(name, activity, args);
@@ -61,31 +56,43 @@ void Executor::End(const std::string& name, const std::string& activity) {
 Status Executor::Execute(const std::vector<Response>& responses, Operations& ops) {
   // Every collective response must name a tensor this rank submitted; errors may name tensors
   // this rank never submitted (a stall it caused), which it simply has nothing to complete for.
-  for (const Response& r : responses) {
-    if (!r.is_error() && ops.Find(r.request.name) == nullptr) {
-      return Internal("response for '{}', which rank {} has not submitted", r.request.name,
-                      settings_.rank);
+  std::vector<Operation*> op_of(responses.size(), nullptr);
+  for (size_t i = 0; i < responses.size(); ++i) {
+    op_of[i] = ops.Find(responses[i].request.name);
+    if (!responses[i].is_error() && op_of[i] == nullptr) {
+      return Internal("response for '{}', which rank {} has not submitted",
+                      responses[i].request.name, settings_.rank);
     }
   }
   for (const fusion::Group& g :
        fusion::PlanFusion(responses, static_cast<size_t>(settings_.fusion_threshold_bytes))) {
     const Response& first = responses[g.members[0]];
+    Operation* first_op = op_of[g.members[0]];
     if (first.is_error()) {
-      if (ops.Find(first.request.name) != nullptr) {
-        ops.Complete(first.request.name, Status(StatusCode::kInvalidArgument, first.error),
-                     nullptr);
+      if (first_op != nullptr) {
+        ops.Complete(first_op, Status(StatusCode::kInvalidArgument, first.error), nullptr);
       }
       continue;
     }
     switch (first.request.type) {
-      case CollectiveType::kAllreduce:
-        KOLO_RETURN_IF_ERROR(Allreduce(responses, g, ops));
+      case CollectiveType::kAllreduce: {
+        GroupOps group;
+        for (size_t i : g.members) group.members.push_back(op_of[i]);
+        group.dtype = first.request.dtype;
+        group.bytes = g.bytes;
+        group.fused = g.fused;
+        // Averaging is decided here, once, and applied where each path writes its results.
+        if (first.request.reduce_op == static_cast<uint8_t>(ReduceOp::kAverage)) {
+          group.scale = 1.0 / settings_.size;
+        }
+        KOLO_RETURN_IF_ERROR(Allreduce(group, ops));
         break;
+      }
       case CollectiveType::kBroadcast:
-        KOLO_RETURN_IF_ERROR(Broadcast(first, ops));
+        KOLO_RETURN_IF_ERROR(Broadcast(first, *first_op, ops));
         break;
       case CollectiveType::kAllgather:
-        KOLO_RETURN_IF_ERROR(Allgather(first, ops));
+        KOLO_RETURN_IF_ERROR(Allgather(first, *first_op, ops));
         break;
     }
   }
@@ -99,29 +106,30 @@ backends::Backend& Executor::BackendFor(const Request& request) {
   return *backends_->back();
 }
 
-Status Executor::RunFused(const std::vector<Response>& responses, const fusion::Group& group,
-                          backends::Backend& backend, const std::string& op_name, double scale,
-                          Operations& ops) {
-  const DataType dtype = responses[group.members[0]].request.dtype;
+Status Executor::RunHost(const GroupOps& group, backends::Backend& backend,
+                         const std::string& op_name, Operations& ops) {
+  const DataType dtype = group.dtype;
+  const size_t elem = DataTypeSize(dtype);
+  auto bytes_of = [&](const Operation* e) {
+    return static_cast<size_t>(NumElements(e->request.shape)) * elem;
+  };
+  // A tensor alone is reduced where it is; in a fused group, large tensors are too when the
+  // backend reduces scattered buffers, and the rest go through the fusion buffer.
   const bool scattered = backend.SupportsScattered();
-  std::vector<Operation*> packed;    // small tensors: into the fusion buffer and back
-  std::vector<Operation*> in_place;  // large tensors: reduced where they are
+  std::vector<Operation*> packed;    // into the fusion buffer and back
+  std::vector<Operation*> in_place;  // reduced in their outputs
   size_t packed_bytes = 0;
-  for (size_t i : group.members) {
-    Operation& e = Get(ops, responses[i].request.name);
-    const size_t n = responses[i].bytes();
-    if (scattered && n >= kInPlaceMinBytes) {
-      if (e.in != e.out) std::memmove(e.out, e.in, n);
-      in_place.push_back(&e);
+  for (Operation* e : group.members) {
+    const size_t n = bytes_of(e);
+    if (!group.fused || (scattered && n >= kInPlaceMinBytes)) {
+      if (n > 0 && e->in != e->out) std::memmove(e->out, e->in, n);
+      in_place.push_back(e);
     } else {
-      packed.push_back(&e);
+      packed.push_back(e);
       packed_bytes += n;
     }
   }
   KOLO_RETURN_IF_ERROR(fusion_buffer_.Reserve(packed_bytes));
-  auto bytes_of = [&](const Operation* e) {
-    return static_cast<size_t>(NumElements(e->request.shape)) * DataTypeSize(dtype);
-  };
   // Copies between each packed tensor and its slot; `into` picks the direction.
   auto copies = [&](bool into) {
     std::vector<fusion::CopyEntry> out;
@@ -138,47 +146,49 @@ Status Executor::RunFused(const std::vector<Response>& responses, const fusion::
   if (packed_bytes > 0) pieces.push_back({fusion_buffer_.data(), packed_bytes});
   for (Operation* e : in_place) pieces.push_back({e->out, bytes_of(e)});
 
-  for (const auto& n : group_names_) Begin(n, "MEMCPY_IN_FUSION_BUFFER");
-  const std::vector<fusion::CopyEntry> in_copies = copies(/*into=*/true);
-  fusion::PackEntries(in_copies.data(), in_copies.size());
-  for (const auto& n : group_names_) End(n, "MEMCPY_IN_FUSION_BUFFER");
+  if (group.fused) {
+    for (const auto& n : group_names_) Begin(n, "MEMCPY_IN_FUSION_BUFFER");
+    const std::vector<fusion::CopyEntry> in_copies = copies(/*into=*/true);
+    fusion::PackEntries(in_copies.data(), in_copies.size());
+    for (const auto& n : group_names_) End(n, "MEMCPY_IN_FUSION_BUFFER");
+  }
 
   for (const auto& n : group_names_) Begin(n, op_name);
-  Status status =
-      pieces.size() == 1
-          ? backend.Allreduce(pieces[0].data, pieces[0].bytes / DataTypeSize(dtype), dtype)
-          : backend.AllreduceScattered(pieces, dtype);
+  Status status;
+  if (pieces.size() == 1) {
+    status = backend.Allreduce(pieces[0].data, pieces[0].bytes / elem, dtype);
+  } else {
+    status = backend.AllreduceScattered(pieces, dtype);
+  }
   for (const auto& n : group_names_) End(n, op_name);
   KOLO_RETURN_IF_ERROR(status);
 
-  // Back out of the fusion buffer, scaling on the way for an average.
-  const std::vector<fusion::CopyEntry> out_copies = copies(/*into=*/false);
-  for (const auto& n : group_names_) Begin(n, "MEMCPY_OUT_FUSION_BUFFER");
-  fusion::UnpackEntries(out_copies.data(), out_copies.size(), dtype, scale);
-  if (scale != 1.0) {
-    for (Operation* e : in_place) {
-      kernels::Scale(dtype, e->out, bytes_of(e) / DataTypeSize(dtype), scale);
-    }
+  // Results out of the fusion buffer, and every result scaled for an average on the way.
+  if (group.fused) {
+    for (const auto& n : group_names_) Begin(n, "MEMCPY_OUT_FUSION_BUFFER");
   }
-  for (const auto& n : group_names_) End(n, "MEMCPY_OUT_FUSION_BUFFER");
-  ops.Count({0, static_cast<int64_t>(group.bytes), static_cast<int64_t>(packed_bytes)});
+  const std::vector<fusion::CopyEntry> out_copies = copies(/*into=*/false);
+  fusion::UnpackEntries(out_copies.data(), out_copies.size(), dtype, group.scale);
+  if (group.scale != 1.0) {
+    for (Operation* e : in_place) kernels::Scale(dtype, e->out, bytes_of(e) / elem, group.scale);
+  }
+  if (group.fused) {
+    for (const auto& n : group_names_) End(n, "MEMCPY_OUT_FUSION_BUFFER");
+    ops.Count({0, static_cast<int64_t>(group.bytes), static_cast<int64_t>(packed_bytes)});
+  }
   return Status::OK();
 }
 
 // Device work is queued on the context's stream, so the MEMCPY_IN and collective activities time
 // the queueing (and, for the ring, the staged wire); MEMCPY_OUT ends when the results are written.
-Status Executor::RunDevice(const std::vector<Response>& responses, const fusion::Group& group,
-                           const std::string& op_name, double scale, Operations& ops) {
+Status Executor::RunDevice(const GroupOps& group, const std::string& op_name, Operations& ops) {
   cuda::DeviceContext& ctx = *gpu_;
-  const DataType dtype = responses[group.members[0]].request.dtype;
+  const DataType dtype = group.dtype;
   const size_t elem = DataTypeSize(dtype);
+  const double scale = group.scale;
   KOLO_RETURN_IF_ERROR(ctx.Activate());
-  std::vector<Operation*> entries;
-  for (size_t i : group.members) {
-    Operation& e = Get(ops, responses[i].request.name);
-    KOLO_RETURN_IF_ERROR(ctx.WaitEvent(e.place.ready_event));
-    entries.push_back(&e);
-  }
+  const std::vector<Operation*>& entries = group.members;
+  for (Operation* e : entries) KOLO_RETURN_IF_ERROR(ctx.WaitEvent(e->place.ready_event));
   auto bytes_of = [&](const Operation* e) {
     return static_cast<size_t>(NumElements(e->request.shape)) * elem;
   };
@@ -220,25 +230,19 @@ Status Executor::RunDevice(const std::vector<Response>& responses, const fusion:
   return Status::OK();
 }
 
-Status Executor::Allreduce(const std::vector<Response>& responses, const fusion::Group& group,
-                           Operations& ops) {
+Status Executor::Allreduce(const GroupOps& group, Operations& ops) {
   const auto start = std::chrono::steady_clock::now();
-  const coordinator::Request& first = responses[group.members[0]].request;
-  const size_t bytes = group.bytes;
-  const bool fused = group.fused;
-  const DataType dtype = first.dtype;
-  const size_t elem = DataTypeSize(dtype);
-  const bool average = first.reduce_op == static_cast<uint8_t>(ReduceOp::kAverage);
-  const double scale = average ? 1.0 / settings_.size : 1.0;
+  const coordinator::Request& first = group.members[0]->request;
   backends::Backend& backend = BackendFor(first);
   const std::string op_name =
       UpperName(first.on_device ? device_collectives_->name() : backend.name()) + "_ALLREDUCE";
 
   group_names_.clear();
-  for (size_t i : group.members) group_names_.push_back(responses[i].request.name);
+  for (const Operation* e : group.members) group_names_.push_back(e->request.name);
   if (timeline_ != nullptr) {
-    const std::string args = fmt::format("{{\"bytes\":{},\"tensors\":{},\"dtype\":\"{}\"}}", bytes,
-                                         group.members.size(), DataTypeName(dtype));
+    const std::string args =
+        fmt::format("{{\"bytes\":{},\"tensors\":{},\"dtype\":\"{}\"}}", group.bytes,
+                    group.members.size(), DataTypeName(group.dtype));
     for (const auto& n : group_names_) timeline_->Begin(n, "ALLREDUCE", args);
     comm_->on_phase = [this](collectives::Phase phase, bool starting) {
       for (const auto& n : group_names_) {
@@ -251,31 +255,19 @@ Status Executor::Allreduce(const std::vector<Response>& responses, const fusion:
     };
   }
 
-  Status status;
-  if (first.on_device) {
-    status = RunDevice(responses, group, op_name, scale, ops);
-  } else if (fused) {
-    status = RunFused(responses, group, backend, op_name, scale, ops);
-  } else {
-    Operation& e = Get(ops, first.name);
-    if (bytes > 0 && e.in != e.out) std::memmove(e.out, e.in, bytes);
-    Begin(first.name, op_name);
-    status = backend.Allreduce(e.out, bytes / elem, dtype);
-    End(first.name, op_name);
-    if (status.ok() && average) kernels::Scale(dtype, e.out, bytes / elem, scale);
-  }
+  const Status status = first.on_device ? RunDevice(group, op_name, ops)
+                                        : RunHost(group, backend, op_name, ops);
   comm_->on_phase = nullptr;
   for (const auto& n : group_names_) End(n, "ALLREDUCE");
-  ops.Count({1, 0, 0, status.ok() ? static_cast<int64_t>(bytes) : 0, MicrosSince(start)});
+  ops.Count({1, 0, 0, status.ok() ? static_cast<int64_t>(group.bytes) : 0, MicrosSince(start)});
   if (!status.ok()) return status;  // a transport failure is fatal for the job
-  for (const auto& n : group_names_) ops.Complete(n, Status::OK(), nullptr);
+  for (Operation* e : group.members) ops.Complete(e, Status::OK(), nullptr);
   return Status::OK();
 }
 
-Status Executor::Broadcast(const Response& response, Operations& ops) {
+Status Executor::Broadcast(const Response& response, Operation& e, Operations& ops) {
   const auto start = std::chrono::steady_clock::now();
   const std::string& name = response.request.name;
-  Operation& e = Get(ops, name);
   backends::Backend& backend = BackendFor(response.request);
   const bool on_device = response.request.on_device;
   const std::string op_name =
@@ -299,15 +291,14 @@ Status Executor::Broadcast(const Response& response, Operations& ops) {
   End(name, "BROADCAST");
   ops.Count({1, 0, 0, 0, MicrosSince(start)});
   KOLO_RETURN_IF_ERROR(status);
-  ops.Complete(name, Status::OK(), nullptr);
+  ops.Complete(&e, Status::OK(), nullptr);
   return Status::OK();
 }
 
-Status Executor::Allgather(const Response& response, Operations& ops) {
+Status Executor::Allgather(const Response& response, Operation& e, Operations& ops) {
   const auto start = std::chrono::steady_clock::now();
   const coordinator::Request& req = response.request;
   const std::string& name = req.name;
-  Operation& e = Get(ops, name);
   // Bytes of one slice along the first dimension.
   int64_t row = 1;
   for (size_t d = 1; d < req.shape.size(); ++d) row *= req.shape[d];
@@ -337,7 +328,7 @@ Status Executor::Allgather(const Response& response, Operations& ops) {
   End(name, "ALLGATHER");
   ops.Count({1, 0, 0, 0, MicrosSince(start)});
   KOLO_RETURN_IF_ERROR(status);
-  ops.Complete(name, Status::OK(), std::move(out));
+  ops.Complete(&e, Status::OK(), std::move(out));
   return Status::OK();
 }
 

@@ -9,6 +9,7 @@
 // same order.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -33,6 +34,7 @@ struct Operation {
   const void* in = nullptr;  // allreduce input, allgather input
   void* out = nullptr;       // allreduce output, broadcast data
   TensorPlace place;         // host, or a CUDA device with the producer's ready event
+  std::chrono::steady_clock::time_point submitted;  // for the controller's stall accounting
 };
 
 // What execution adds to the engine's statistics.
@@ -44,14 +46,16 @@ struct ExecutionStats {
   double execute_us = 0;        // time executing collectives, fusion copies included
 };
 
-// The engine's side: the operations this rank submitted, and where finished ones go.
+// The engine's side: the operations this rank submitted, and where finished ones go
+// (OperationTable).
 class Operations {
  public:
   virtual ~Operations() = default;
   // The operation `name` this rank submitted and has not seen completed; null when none.
   virtual Operation* Find(const std::string& name) = 0;
-  // `name` finished with `status` (and, for an allgather, its result); it is gone afterwards.
-  virtual void Complete(const std::string& name, const Status& status,
+  // `op` (from Find) finished with `status` (and, for an allgather, its result); it is gone
+  // afterwards.
+  virtual void Complete(Operation* op, const Status& status,
                         std::unique_ptr<GatheredTensor> gathered) = 0;
   // Adds to the statistics. Called on the executor's thread before the counted collective's
   // tensors complete.
@@ -77,30 +81,36 @@ class Executor {
   // queue hands the tensor to the background thread afterwards); both must outlive the executor.
   void SetDevice(cuda::DeviceContext* context, backends::DeviceCollectives* collectives);
 
-  // Runs one negotiation's responses in order. An error response completes its tensor (if this
-  // rank has it) with the error; every other tensor completes OK once its collective is done. A
-  // failed collective returns its error, which is fatal for the job: the tensors of that group
-  // are not completed here (the engine fails everything pending). A collective response naming a
-  // tensor this rank did not submit is an Internal error.
+  // Runs one negotiation's responses in order. Each response's operation is looked up once, here,
+  // and passed down. An error response completes its tensor (if this rank has it) with the
+  // error; every other tensor completes OK once its collective is done. A failed collective
+  // returns its error, which is fatal for the job: the tensors of that group are not completed
+  // here (the engine fails everything pending). A collective response naming a tensor this rank
+  // did not submit is an Internal error.
   Status Execute(const std::vector<coordinator::Response>& responses, Operations& ops);
 
  private:
-  Status Allreduce(const std::vector<coordinator::Response>& responses, const fusion::Group& group,
-                   Operations& ops);
-  // A fused group of host tensors: small ones packed into the fusion buffer, large ones in place
-  // when the backend reduces scattered buffers, all in one collective.
-  Status RunFused(const std::vector<coordinator::Response>& responses, const fusion::Group& group,
-                  backends::Backend& backend, const std::string& op_name, double scale,
-                  Operations& ops);
-  // A group of device tensors: packed into the device fusion buffer (or reduced in place when
-  // alone) after each tensor's ready event, reduced by the device collectives, unpacked and
-  // scaled on the context's stream; returns once the results are in the outputs.
-  Status RunDevice(const std::vector<coordinator::Response>& responses, const fusion::Group& group,
-                   const std::string& op_name, double scale, Operations& ops);
-  Status Broadcast(const coordinator::Response& response, Operations& ops);
-  Status Allgather(const coordinator::Response& response, Operations& ops);
+  // A group's operations, in the group's order, and what they share.
+  struct GroupOps {
+    std::vector<Operation*> members;
+    DataType dtype = DataType::kFloat32;
+    size_t bytes = 0;
+    bool fused = false;
+    double scale = 1.0;  // 1/size for an average, applied where the results are written
+  };
+  Status Allreduce(const GroupOps& group, Operations& ops);
+  // Host tensors: small ones packed into the fusion buffer (a fused group), large ones (and a
+  // tensor alone) in place when the backend reduces scattered buffers or there is one piece, all
+  // in one collective.
+  Status RunHost(const GroupOps& group, backends::Backend& backend, const std::string& op_name,
+                 Operations& ops);
+  // Device tensors: packed into the device fusion buffer (or reduced in place when alone) after
+  // each tensor's ready event, reduced by the device collectives, unpacked and scaled on the
+  // context's stream; returns once the results are in the outputs.
+  Status RunDevice(const GroupOps& group, const std::string& op_name, Operations& ops);
+  Status Broadcast(const coordinator::Response& response, Operation& op, Operations& ops);
+  Status Allgather(const coordinator::Response& response, Operation& op, Operations& ops);
   backends::Backend& BackendFor(const coordinator::Request& request);
-  Operation& Get(Operations& ops, const std::string& name);
   void Begin(const std::string& name, const std::string& activity, const std::string& args = "");
   void End(const std::string& name, const std::string& activity);
 

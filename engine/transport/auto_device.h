@@ -3,12 +3,13 @@
 // a TCP device for the others (registry.cc connects them). pair(p) is the pair of the device that
 // has p; name() is "auto" and pair_transport(p) says which transport carries p.
 //
-// One thread, one sleep: Poll and WaitForArrival sleep in an epoll set of their own that holds each
-// part's wait_fd (an epoll set is itself pollable) and an eventfd for Wake, after every part has
-// arranged to make its wait_fd readable when it can progress (PollableDevice::PrepareToSleep: the
-// shm part asks for doorbells; TCP's sockets need nothing). Between sleeps each part takes its
-// steps without blocking: only the parts whose wait_fd was readable read their events, every part
-// moves bytes and sends its keepalives. A job whose peers are all of one kind has one part, and
+// One thread, one sleep: the device is a PollCore (poll_core.h) whose steps are its parts' steps.
+// Poll and WaitForArrival sleep in an epoll set of their own that holds each part's wait_fd (an
+// epoll set is itself pollable) and an eventfd for Wake, after every part has arranged to make its
+// wait_fd readable when it can progress (PollableDevice::PrepareToSleep: the shm part asks for
+// doorbells; TCP's sockets need nothing). Between sleeps each part takes its steps without
+// blocking: only the parts whose wait_fd was readable read their events, every part moves bytes
+// and sends its keepalives. A job whose peers are all of one kind has one part, and
 // then every call goes straight to it.
 //
 // Errors are sticky across the parts: the first part to fail fails the device. Abort aborts every

@@ -1,7 +1,8 @@
 // Internal to the transports: the steps of a Device's Poll, offered separately so that one thread
 // can drive several devices with one sleep. The auto transport (auto_device.h) drives a TCP
 // device for the peers on other hosts and a shm device for those on this one this way: it sleeps
-// in one epoll set that holds each device's wait_fd, and runs the steps in between.
+// in one epoll set that holds each device's wait_fd, and runs the steps in between. Every device
+// implements these on PollCore (poll_core.h), whose Poll is the same loop over its own steps.
 #pragma once
 
 #include <chrono>

@@ -753,7 +753,7 @@ TEST(TcpTransport, RecvAccumulateSumsIntoPlaceAsBytesArrive) {
     EXPECT_EQ(plain_in[i], 1000 + i);
   }
   // A message of many staging buffers is combined in many runs, not at its end.
-  EXPECT_GE(sums.back().calls, static_cast<int>((8u << 20) / DeviceState::kStagingBytes));
+  EXPECT_GE(sums.back().calls, static_cast<int>((8u << 20) / TcpState::kStagingBytes));
   EXPECT_EQ(d[1]->bytes_received(), d[0]->bytes_sent());
 }
 

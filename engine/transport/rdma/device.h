@@ -58,6 +58,11 @@
 // Shutdown: destroying a Device sends GOODBYE to every peer and waits at most 200 ms for those
 // writes to complete; Abort sends ABORT the same way (at most 1 s). Then QPs, MRs, the CQ, the
 // completion channel, the PD and the context are destroyed in that order, on error paths too.
+//
+// Layout of rdma/: wire_ids.h (control-block layout, immediates, work-request ids), peer_info.h
+// (the set-up records and proofs), registration_cache.h (MRs and Regions), pair.h (one QP and
+// its protocol), pick_device.h (device, port and GID choice), device.cc (the device: set-up,
+// completions, teardown), verbs.h (the verbs table), soft/ (the software verbs device).
 #pragma once
 
 #include <chrono>

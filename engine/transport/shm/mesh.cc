@@ -13,13 +13,13 @@
 
 #include "engine/common/logging.h"
 #include "engine/common/random.h"
+#include "engine/transport/poll_core.h"
 #include "engine/transport/tcp/handshake.h"
 
 namespace kolo::transport::shm {
 namespace {
 
 using tcp::Fd;
-using Clock = std::chrono::steady_clock;
 
 // A garbage or silent connection is dropped after this long.
 constexpr std::chrono::milliseconds kPerConnectionBound{5000};
@@ -32,11 +32,6 @@ constexpr size_t kMaxNameBytes = 100;
 // could not map it, a 2-byte length and its reason.
 constexpr uint8_t kMapped = 0;
 constexpr uint8_t kRefused = 1;
-
-int RemainingMs(Clock::time_point until) {
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count();
-  return static_cast<int>(std::clamp<int64_t>(left, 0, 1 << 30));
-}
 
 std::string Hex(const uint8_t* bytes, size_t n) {
   std::string out;

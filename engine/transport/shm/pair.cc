@@ -16,7 +16,7 @@ constexpr uint64_t kFrameBytes = sizeof(RingFrame);
 
 }  // namespace
 
-ShmPair::ShmPair(ShmState& state, int peer, Fd socket, Segment segment)
+ShmPair::ShmPair(DeviceState& state, int peer, Fd socket, Segment segment)
     : state_(state),
       peer_(peer),
       fd_(std::move(socket)),

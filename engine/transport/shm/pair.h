@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/common/status.h"
+#include "engine/transport/poll_core.h"
 #include "engine/transport/shm/frame.h"
 #include "engine/transport/shm/segment.h"
 #include "engine/transport/tcp/frame.h"
@@ -17,24 +18,7 @@
 
 namespace kolo::transport::shm {
 
-using Clock = std::chrono::steady_clock;
 using tcp::Fd;
-
-// What the pairs of one device share: finished operations not yet returned by Poll, byte counters
-// and the device's first error (sticky). Owned by the device; single-threaded like the device.
-struct ShmState {
-  int rank = 0;
-  std::vector<Completion> completions;
-  uint64_t bytes_sent = 0;
-  uint64_t bytes_received = 0;
-  Status error;
-
-  // Records `s` as the device error if there is none yet; returns the device error.
-  Status Fail(const Status& s) {
-    if (error.ok()) error = s;
-    return error;
-  }
-};
 
 class ShmPair final : public Pair {
  public:
@@ -43,7 +27,7 @@ class ShmPair final : public Pair {
   // cache on the way through.
   static constexpr uint64_t kPieceBytes = 64 << 10;
 
-  ShmPair(ShmState& state, int peer, Fd socket, Segment segment);
+  ShmPair(DeviceState& state, int peer, Fd socket, Segment segment);
   ~ShmPair() override;
 
   int peer() const override { return peer_; }
@@ -63,6 +47,10 @@ class ShmPair final : public Pair {
   Status OnReadable();
   // Whether a message has begun to arrive that no posted receive has taken.
   bool Arrived();
+  Status CheckArrival(bool* arrived) {
+    *arrived = Arrived();
+    return Status::OK();
+  }
 
   // Before the device sleeps: asks the peer for a doorbell when the ring this pair waits on has
   // moved far enough (the incoming ring, for a posted receive or, with `for_arrival`, for any
@@ -122,7 +110,7 @@ class ShmPair final : public Pair {
   // socket closed.
   bool WriteControl(const void* bytes, size_t n);
 
-  ShmState& state_;
+  DeviceState& state_;
   const int peer_;
   Fd fd_;
   Segment segment_;

@@ -11,12 +11,11 @@
 #include <list>
 
 #include "engine/common/logging.h"
+#include "engine/transport/poll_core.h"
 #include "engine/transport/tcp/handshake.h"
 
 namespace kolo::transport::tcp {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // A garbage or silent connection is dropped after this long; it never blocks the real peers,
 // which are served concurrently.
@@ -39,11 +38,6 @@ struct Conn {
   Nonce acceptor_nonce{};
   Hello hello;  // outgoing: what we sent
 };
-
-int RemainingMs(Clock::time_point until) {
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count();
-  return static_cast<int>(std::clamp<int64_t>(left, 0, 1 << 30));
-}
 
 class MeshBuilder {
  public:

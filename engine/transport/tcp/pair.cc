@@ -19,7 +19,7 @@ constexpr size_t kHeaderBytes = sizeof(FrameHeader);
 
 }  // namespace
 
-TcpPair::TcpPair(DeviceState& state, int peer, Fd fd)
+TcpPair::TcpPair(TcpState& state, int peer, Fd fd)
     : state_(state), peer_(peer), fd_(std::move(fd)), sends_(kQueueReserve), recvs_(kQueueReserve) {
   abort_reason_.reserve(kMaxAbortReason);
 }
@@ -59,7 +59,7 @@ Status TcpPair::RecvAccumulate(Region& region, size_t offset, size_t capacity, u
         "bytes (got {})",
         peer_, tag, kMaxAccumulateUnit, acc.unit);
   }
-  if (!state_.staging) state_.staging = std::make_unique<uint8_t[]>(DeviceState::kStagingBytes);
+  if (!state_.staging) state_.staging = std::make_unique<uint8_t[]>(TcpState::kStagingBytes);
   return PostRecv(region, offset, capacity, tag, acc);
 }
 
@@ -191,7 +191,7 @@ Status TcpPair::ProcessRx() {
         size_t want = rx_remaining_;
         if (rx_acc_.active()) {
           size_t room = 0;
-          dst = rx_acc_.Prepare(state_.staging.get(), DeviceState::kStagingBytes, &room);
+          dst = rx_acc_.Prepare(state_.staging.get(), TcpState::kStagingBytes, &room);
           want = std::min(want, room);
         }
         // The payload's remaining bytes and whatever of the next header has arrived, in one call:

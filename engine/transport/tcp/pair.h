@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/common/status.h"
+#include "engine/transport/poll_core.h"
 #include "engine/transport/tcp/accumulation.h"
 #include "engine/transport/tcp/frame.h"
 #include "engine/transport/tcp/socket.h"
@@ -16,35 +17,21 @@
 
 namespace kolo::transport::tcp {
 
-// What the pairs of one device share: finished operations not yet returned by Poll, byte counters
-// and the device's first error (sticky). Owned by the device; single-threaded like the device.
-struct DeviceState {
+// The device state (poll_core.h) with the staging buffer of the accumulating receives.
+struct TcpState : DeviceState {
   // Bytes an accumulating receive reads at a time: small enough to stay in the core's cache
   // between the kernel's copy into it and the combine that reads it (at 4 ranks on 2 cores, 64,
   // 128, 256 and 512 KiB measured alike; all well ahead of message-sized scratch).
   static constexpr size_t kStagingBytes = 128 << 10;
 
-  int rank = 0;
-  std::vector<Completion> completions;
-  uint64_t bytes_sent = 0;
-  uint64_t bytes_received = 0;
-  Status error;
   // Staging for accumulating receives; shared by the pairs (one reads at a time), allocated on
   // first use.
   std::unique_ptr<uint8_t[]> staging;
-
-  // Records `s` as the device error if there is none yet; returns the device error.
-  Status Fail(const Status& s) {
-    if (error.ok()) error = s;
-    return error;
-  }
 };
-
-using Clock = std::chrono::steady_clock;
 
 class TcpPair final : public Pair {
  public:
-  TcpPair(DeviceState& state, int peer, Fd fd);
+  TcpPair(TcpState& state, int peer, Fd fd);
 
   int peer() const override { return peer_; }
   Status Send(const Region& region, size_t offset, size_t nbytes, uint64_t tag) override;
@@ -116,7 +103,7 @@ class TcpPair final : public Pair {
   Status CheckClosed();
   Status Lost(const std::string& why) const;
 
-  DeviceState& state_;
+  TcpState& state_;
   const int peer_;
   Fd fd_;
   bool readable_ = true;  // edge-triggered: true until a read would block

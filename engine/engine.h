@@ -6,7 +6,7 @@
 // one bit-vector exchange), fuses compatible ready tensors into one buffer up to the fusion
 // threshold (Tensor Fusion), runs the collective on the selected backend (ring over TCP, or MPI;
 // tensors in CUDA device memory through NCCL or the ring via pinned host staging), and completes
-// the handles. See ../shared/DESIGN.md for the data flow.
+// the handles. The data flow, layer by layer: engine/docs/layers.md.
 //
 // Usage:
 //   KOLO_ASSIGN_OR_RETURN(auto engine, kolo::Engine::Create(options));

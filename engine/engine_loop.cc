@@ -6,7 +6,6 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
-#include <optional>
 
 #include "engine/common/logging.h"
 #include "engine/engine_impl.h"
@@ -79,7 +78,10 @@ bool Engine::Impl::HasNews(SteadyClock::time_point now) {
 }
 
 Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_point last_start) {
-  std::optional<SteadyClock::time_point> tick;
+  // The tick this rank waits for while it has news; time_point::max() while it has none. (Not a
+  // std::optional: GCC 12 at -Os reports its value as maybe uninitialized, GCC bug 80635.)
+  constexpr auto kNoTick = SteadyClock::time_point::max();
+  SteadyClock::time_point tick = kNoTick;
   // Time spent holding news back for the cycle grid (counted in stats.gather_us).
   SteadyClock::duration held{0};
   const auto count_held = [&] {
@@ -93,17 +95,17 @@ Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_p
     if (HasNews(now)) {
       // The next tick on this rank's grid: submissions gather for up to a cycle, as they would
       // under a fixed cycle, and ranks that last met in an exchange share the grid.
-      if (!tick) {
+      if (tick == kNoTick) {
         const auto ticks = (now - last_start + cycle - SteadyClock::duration(1)) / cycle;
         tick = last_start + std::max<int64_t>(ticks, 1) * cycle;
       }
-      if (*tick <= now) {
+      if (tick <= now) {
         count_held();
         return Status::OK();
       }
-      until = *tick;
+      until = tick;
     } else {
-      tick.reset();
+      tick = kNoTick;
       // Idle: only a submission (Wake), a peer's exchange or what the controller has due (a
       // cache hit's stall time, rank 0's next stall check) ends it.
       until = std::min(now + kIdleWait, controller->NextDue());
@@ -113,7 +115,7 @@ Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_p
         device->WaitForArrival(std::chrono::duration_cast<std::chrono::microseconds>(until - now) +
                                    std::chrono::microseconds(1),
                                &arrived));
-    if (tick) held += SteadyClock::now() - now;
+    if (tick != kNoTick) held += SteadyClock::now() - now;
     if (arrived) {
       count_held();
       return Status::OK();

@@ -21,11 +21,28 @@ bool Contains(const std::vector<std::string>& v, const std::string& s) {
   return std::find(v.begin(), v.end(), s) != v.end();
 }
 
+// fp16's dynamic loss scaling skips a step whose reduced gradients overflowed, on every rank
+// alike, and backs the scale off; parameter servers apply every push, so an overflowing step would
+// write inf/NaN into their float32 masters (measured on an H100: tiny-cnn's weights all NaN after
+// 4 steps) and the scale would never back off.
+Status CheckPsPrecision(const std::string& backend, compute::Precision precision) {
+  if (backend == "ps" && precision == compute::Precision::kFp16) {
+    return InvalidArgument(
+        "--precision fp16 with --backend ps: the parameter servers cannot skip the steps whose "
+        "gradients overflow under fp16's loss scaling; allowed with ps: fp32, tf32, bf16 (no loss "
+        "scaling), or fp16 with an allreduce backend");
+  }
+  return Status::OK();
+}
+
 // Checks that need more than one flag, or the model zoo, after parsing.
 Status Validate(TrainOptions& o, const std::optional<std::string>& precision_flag,
                 const std::string& ps_staging) {
   // Before the model: a bad value is named whatever else is missing.
   KOLO_ASSIGN_OR_RETURN(o.ps_staging, ParsePsStaging(ps_staging));
+  if (precision_flag && *precision_flag == "fp16") {
+    KOLO_RETURN_IF_ERROR(CheckPsPrecision(o.engine.backend, compute::Precision::kFp16));
+  }
   const auto models = zoo::ModelNames();
   if (!Contains(models, o.model)) {
     return InvalidArgument("--model '{}' is not a model kolo knows; allowed: {}", o.model,
@@ -91,16 +108,8 @@ Status Validate(TrainOptions& o, const std::optional<std::string>& precision_fla
   } else if (o.compute == "cudnn") {
     o.precision = compute::Precision::kTf32;
   }
-  // fp16's dynamic loss scaling skips a step whose reduced gradients overflowed, on every rank
-  // alike, and backs the scale off; parameter servers apply every push, so an overflowing step
-  // would write inf/NaN into their float32 masters (measured on an H100: tiny-cnn's weights all
-  // NaN after 4 steps) and the scale would never back off.
-  if (o.engine.backend == "ps" && o.precision == compute::Precision::kFp16) {
-    return InvalidArgument(
-        "--precision fp16 with --backend ps: the parameter servers cannot skip the steps whose "
-        "gradients overflow under fp16's loss scaling; allowed with ps: fp32, tf32, bf16 (no loss "
-        "scaling), or fp16 with an allreduce backend");
-  }
+  // A replay profile recorded in fp16 asks for it too.
+  KOLO_RETURN_IF_ERROR(CheckPsPrecision(o.engine.backend, o.precision));
   if (o.compute == "onednn" && o.precision != compute::Precision::kFp32) {
     return InvalidArgument("--precision {} with --compute onednn: oneDNN computes in fp32 only",
                            compute::PrecisionName(o.precision));

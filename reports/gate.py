@@ -8,7 +8,9 @@ Three kinds of check, from a baseline file (format: reports/README.md):
   points during which other work used at most max_other_cores of the host (the runner measures
   it: host_other_cores); on a busier host it is reported, not judged.
 - engine counters ([[check]] collectives_per_step, cycle_hold_ms): what the engine did, which load
-  hardly moves: the collectives per step (one per fused buffer) and the time each exchange held
+  moves far less than the injected regressions do (the collectives per step spread up to 3-4x their
+  quiet value where ranks' cycles fall differently; Tensor Fusion off is 50x): the collectives per
+  step (one per fused buffer) and the time each exchange held
   work back for the cycle grid (bounded by the cycle time). A check fails when either grows past
   counter_factor times its recorded value (the hold: and past min_hold_limit_ms): Tensor Fusion
   switched off, or a much longer cycle time.

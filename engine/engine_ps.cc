@@ -15,7 +15,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateParameterServerRank(const Option
     KOLO_ASSIGN_OR_RETURN(auto engine, CreateRank(worker_options, nullptr, &job));
     Impl& e = *engine->impl_;
     e.ps_worker = std::make_unique<backends::ps::Worker>(
-        std::move(job), [&e](int64_t id, const Status& status) { e.ops.CompleteHandle(id, status); },
+        std::move(job),
+        [&e](int64_t id, const Status& status) { e.ops.CompleteHandle(id, status); },
         [&e](const Status& status) { e.ops.SetFatal(status); }, e.timeline.get());
     return engine;
   }

@@ -14,13 +14,13 @@ namespace kolo::bench {
 
 // What one `--backend` name measures.
 enum class BackendKind {
-  kRing,       // kolo Engine, ring backend over kolo's transport (--transport)
-  kRingHier,   // the same with hierarchical allreduce (within hosts, across, within)
-  kMpi,        // kolo Engine, MPI backend (MPI_Allreduce on the fusion buffer)
-  kMpiDirect,  // peer: plain MPI_Allreduce on a buffer allocated once
-  kGloo,       // peer: gloo::AllreduceRing and gloo::AllreduceRingChunked over Gloo's TCP
-  kLink,       // ceiling: collectives::RingExchangeNoReduce on a kolo Device (--transport)
-  kNccl,       // kolo Engine, NCCL backend on device buffers (--device cuda)
+  kRing,        // kolo Engine, ring backend over kolo's transport (--transport)
+  kRingHier,    // the same with hierarchical allreduce (within hosts, across, within)
+  kMpi,         // kolo Engine, MPI backend (MPI_Allreduce on the fusion buffer)
+  kMpiDirect,   // peer: plain MPI_Allreduce on a buffer allocated once
+  kGloo,        // peer: gloo::AllreduceRing and gloo::AllreduceRingChunked over Gloo's TCP
+  kLink,        // ceiling: collectives::RingExchangeNoReduce on a kolo Device (--transport)
+  kNccl,        // kolo Engine, NCCL backend on device buffers (--device cuda)
   kNcclDirect,  // peer: plain ncclAllReduce on the same device buffer, nccl-tests style
 };
 // "ring", "ring-hier", "mpi", "mpi-direct", "gloo", "link", "nccl", "nccl-direct".

@@ -42,9 +42,8 @@ class EngineRow final : public Backend {
   }
 
   Status RunOnce() override {
-    KOLO_ASSIGN_OR_RETURN(
-        Handle h,
-        started_.engine->AllreduceAsync(tensor_, buf_, buf_, env_.config->dtype,
+    KOLO_ASSIGN_OR_RETURN(Handle h, started_.engine->AllreduceAsync(
+                                        tensor_, buf_, buf_, env_.config->dtype,
                                         {static_cast<int64_t>(count_)}, env_.config->op, place_));
     return started_.engine->Wait(h, WaitTimeout(env_.options));
   }

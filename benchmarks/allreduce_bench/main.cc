@@ -161,11 +161,10 @@ Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
       }
     }
     Print(rank0, FormatHeader(info) + FormatSweepColumns());
-    KOLO_ASSIGN_OR_RETURN(
-        sweep, RunSweep(config, rows, *control, options.local_rank,
-                        [&](const std::vector<SweepRow>& at_size) {
-                          Print(rank0, FormatSweepRows(at_size));
-                        }));
+    KOLO_ASSIGN_OR_RETURN(sweep, RunSweep(config, rows, *control, options.local_rank,
+                                          [&](const std::vector<SweepRow>& at_size) {
+                                            Print(rank0, FormatSweepRows(at_size));
+                                          }));
     ratios = ComputeRatios(sweep);
     Print(rank0, FormatRatios(ratios));
   }

@@ -104,9 +104,10 @@ Status CheckPlaceAvailable(BufferPlace place) {
   }
   std::string why;
   if (kolo::cuda::DeviceCount(&why) == 0) {
-    return FailedPrecondition("--device cuda: no CUDA device on this host ({}); allowed here: "
-                              "--device host",
-                              why);
+    return FailedPrecondition(
+        "--device cuda: no CUDA device on this host ({}); allowed here: "
+        "--device host",
+        why);
   }
   return Status::OK();
 }

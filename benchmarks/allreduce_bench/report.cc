@@ -106,9 +106,8 @@ std::string FormatHeader(const RunInfo& info) {
                    info.hosts.size(), hosts.size(), fmt::join(hosts, ", "), info.launcher,
                    info.control);
   s += fmt::format("# dtype {}, op {}, iters {}, warmup {}, check {}, buffers in {} memory\n",
-                   DataTypeName(c.dtype), c.op == ReduceOp::kSum ? "sum" : "avg", c.iters,
-                   c.warmup, c.check ? "on" : "off",
-                   c.place == BufferPlace::kCuda ? "CUDA device" : "host");
+                   DataTypeName(c.dtype), c.op == ReduceOp::kSum ? "sum" : "avg", c.iters, c.warmup,
+                   c.check ? "on" : "off", c.place == BufferPlace::kCuda ? "CUDA device" : "host");
   if (c.tensors.empty()) {
     s += fmt::format("# sizes {} .. {}, step factor {}; rows: {}\n", Bytes(c.min_bytes),
                      Bytes(c.max_bytes), c.step_factor, fmt::join(info.rows, ", "));

@@ -180,8 +180,7 @@ StatusOr<std::vector<SweepRow>> RunSweep(
     KOLO_ASSIGN_OR_RETURN(HostBuffer buf, HostBuffer::Allocate(static_cast<size_t>(bytes)));
     std::unique_ptr<DeviceBuffer> device;
     if (config.place == BufferPlace::kCuda) {
-      KOLO_ASSIGN_OR_RETURN(device,
-                            AllocateDeviceBuffer(static_cast<size_t>(bytes), local_rank));
+      KOLO_ASSIGN_OR_RETURN(device, AllocateDeviceBuffer(static_cast<size_t>(bytes), local_rank));
     }
     FillInput(config.dtype, in.data(), static_cast<size_t>(bytes) / DataTypeSize(config.dtype),
               control.rank());

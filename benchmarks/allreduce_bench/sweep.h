@@ -58,9 +58,10 @@ double BusBandwidth(double algbw, int ranks);
 // size with that size's rows (rank 0 prints them). Allocates this rank's input and the working
 // buffer once per size (pre-faulted; with --device cuda the working buffer is on CUDA device
 // `local_rank` modulo the devices, restored from the host input by a synchronous copy, and each
-// row's last result is copied back to be checked). At each size every row is bound, then the rows take turns
-// iteration by iteration; each reduces the working buffer in place, restored from the input and
-// followed by a barrier before every iteration (untimed), and each row's last result is checked.
+// row's last result is copied back to be checked). At each size every row is bound, then the rows
+// take turns iteration by iteration; each reduces the working buffer in place, restored from the
+// input and followed by a barrier before every iteration (untimed), and each row's last result is
+// checked.
 StatusOr<std::vector<SweepRow>> RunSweep(
     const BenchConfig& config, std::vector<std::unique_ptr<Backend>>& rows, Control& control,
     int local_rank, const std::function<void(const std::vector<SweepRow>&)>& on_size);

@@ -255,8 +255,8 @@ Status Executor::Allreduce(const GroupOps& group, Operations& ops) {
     };
   }
 
-  const Status status = first.on_device ? RunDevice(group, op_name, ops)
-                                        : RunHost(group, backend, op_name, ops);
+  const Status status =
+      first.on_device ? RunDevice(group, op_name, ops) : RunHost(group, backend, op_name, ops);
   comm_->on_phase = nullptr;
   for (const auto& n : group_names_) End(n, "ALLREDUCE");
   ops.Count({1, 0, 0, status.ok() ? static_cast<int64_t>(group.bytes) : 0, MicrosSince(start)});

@@ -11,8 +11,8 @@ std::string Describe(const Operation& op) {
 
 }  // namespace
 
-StatusOr<int64_t> OperationTable::Submit(
-    Operation op, bool* was_idle, const std::function<void(const std::string&)>& on_queued) {
+StatusOr<int64_t> OperationTable::Submit(Operation op, bool* was_idle,
+                                         const std::function<void(const std::string&)>& on_queued) {
   MutexLock lock(mu_);
   if (!fatal_.ok()) return fatal_;
   if (shutdown_requested_ || stopped_) {
@@ -146,12 +146,11 @@ void OperationTable::Complete(Operation* op, const Status& status,
                               std::unique_ptr<GatheredTensor> gathered) {
   auto it = pending_.find(op->request.name);
   if (it == pending_.end()) return;
-  const int64_t id = it->second.handle;
-  const std::string name = it->first;
-  pending_.erase(it);
+  // The node keeps the name alive for the in-flight set without a copy.
+  const auto node = pending_.extract(it);
   MutexLock lock(mu_);
-  in_flight_.erase(name);
-  Finish(id, status, std::move(gathered));
+  in_flight_.erase(node.key());
+  Finish(node.mapped().handle, status, std::move(gathered));
 }
 
 void OperationTable::CompleteHandle(int64_t id, const Status& status) {

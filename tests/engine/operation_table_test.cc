@@ -24,7 +24,8 @@ Operation Op(const std::string& name) {
 
 struct Table {
   ExecutionStats counted;
-  OperationTable table{3, [this](const ExecutionStats& d) { counted.collectives += d.collectives; }};
+  OperationTable table{3,
+                       [this](const ExecutionStats& d) { counted.collectives += d.collectives; }};
 };
 
 StatusOr<int64_t> Submit(OperationTable& t, const std::string& name) {

@@ -9,9 +9,8 @@
 // Also: --ps-staging parsing and the run record's setting.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -34,6 +33,18 @@ MakeBackend StandIn(DeviceGradientOptions options) {
     return std::unique_ptr<compute::ComputeBackend>(
         std::make_unique<DeviceGradientBackend>(std::move(inner), options));
   };
+}
+
+// `backend` prepared for `g` at batch 2 and set to the parameters every test starts from.
+Status PrepareAtInitial(compute::ComputeBackend& backend, const Graph& g) {
+  compute::BackendConfig bc;
+  bc.batch = 2;
+  KOLO_RETURN_IF_ERROR(backend.Prepare(g, bc));
+  const auto initial = InitialParameters(g, 3);
+  for (size_t p = 0; p < initial.size(); ++p) {
+    KOLO_RETURN_IF_ERROR(backend.SetParameter(static_cast<int>(p), initial[p]));
+  }
+  return Status::OK();
 }
 
 TEST(PsStagingTest, OverlapTrainsToTheWeightsOfSync) {
@@ -77,13 +88,7 @@ TEST(PsStagingTest, DefaultCopyIsAlreadyComplete) {
   const Graph g = TinyCnn();
   auto made = compute::CreateComputeBackend("onednn");
   ASSERT_TRUE(made.ok());
-  compute::BackendConfig bc;
-  bc.batch = 2;
-  ASSERT_TRUE((*made)->Prepare(g, bc).ok());
-  const auto initial = InitialParameters(g, 3);
-  for (size_t p = 0; p < initial.size(); ++p) {
-    ASSERT_TRUE((*made)->SetParameter(static_cast<int>(p), initial[p]).ok());
-  }
+  ASSERT_TRUE(PrepareAtInitial(**made, g).ok());
   const Batch b = MakeSyntheticBatches(g.input_shape(), 2, 1, kClasses, 7, 0)[0];
   ASSERT_TRUE((*made)->SetInput(b.images, b.labels).ok());
   const int n = static_cast<int>(g.layers().size());
@@ -123,13 +128,7 @@ Status StepWithFault(const Graph& g, DeviceGradientOptions options,
         }
         auto made = StandIn(options)();
         ASSERT_TRUE(made.ok());
-        compute::BackendConfig bc;
-        bc.batch = 2;
-        ASSERT_TRUE((*made)->Prepare(g, bc).ok());
-        const auto initial = InitialParameters(g, 3);
-        for (size_t p = 0; p < initial.size(); ++p) {
-          ASSERT_TRUE((*made)->SetParameter(static_cast<int>(p), initial[p]).ok());
-        }
+        ASSERT_TRUE(PrepareAtInitial(**made, g).ok());
         TrainerConfig tc;
         tc.wait_timeout = timeout;
         tc.ps_staging = PsStaging::kOverlap;

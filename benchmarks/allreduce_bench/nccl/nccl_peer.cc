@@ -7,6 +7,7 @@
 #include <cstring>
 #include <thread>
 
+#include "engine/backends/nccl/nccl_check.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/device_context.h"
 
@@ -14,33 +15,8 @@ namespace kolo::bench::nccl {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-Status NcclError(const char* call, ncclResult_t rc, ncclComm_t comm) {
-  const char* last = ncclGetLastError(comm);
-  return Unavailable("{} failed: {} (code {}){}", call, ncclGetErrorString(rc),
-                     static_cast<int>(rc),
-                     last != nullptr && *last != '\0' ? std::string(": ") + last : "");
-}
-
-StatusOr<ncclDataType_t> NcclType(DataType dtype) {
-  switch (dtype) {
-    case DataType::kFloat32:
-      return ncclFloat32;
-    case DataType::kFloat64:
-      return ncclFloat64;
-    case DataType::kFloat16:
-      return ncclFloat16;
-    case DataType::kBFloat16:
-      return ncclBfloat16;
-    case DataType::kInt32:
-      return ncclInt32;
-    case DataType::kInt64:
-      return ncclInt64;
-    case DataType::kUInt8:
-      return ncclUint8;
-  }
-  return InvalidArgument("nccl-direct: --dtype {} has no NCCL type", DataTypeName(dtype));
-}
+using backends::NcclError;
+using backends::NcclType;
 
 class NcclDirect final : public Backend {
  public:
@@ -55,7 +31,9 @@ class NcclDirect final : public Backend {
   }
 
   Status Init(bootstrap::Store& store) {
-    KOLO_ASSIGN_OR_RETURN(type_, NcclType(dtype_));
+    StatusOr<ncclDataType_t> type = NcclType(dtype_);
+    if (!type.ok()) return type.status().WithContext("nccl-direct: --dtype");
+    type_ = *type;
     std::string why;
     const int n = kolo::cuda::DeviceCount(&why);
     if (n == 0) return FailedPrecondition("nccl-direct: no CUDA device ({})", why);
@@ -91,9 +69,9 @@ class NcclDirect final : public Backend {
                    : NcclError("ncclCommInitRankConfig", rc, comm_);
     if (!s.ok()) {
       Abort();
-      return s.WithContext(fmt::format(
-          "nccl-direct: rank {} of {} on CUDA device {} (NCCL needs one GPU per rank)",
-          setup_.rank, setup_.size, device_));
+      return s.WithContext(
+          fmt::format("nccl-direct: rank {} of {} on CUDA device {} (NCCL needs one GPU per rank)",
+                      setup_.rank, setup_.size, device_));
     }
     return Status::OK();
   }

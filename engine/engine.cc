@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "engine/backends/ring/staged_ring.h"
+#include "engine/collectives/plan.h"
 #include "engine/common/logging.h"
 #include "engine/engine_impl.h"
 #include "engine/transport/registry.h"
@@ -18,8 +19,10 @@ using coordinator::CollectiveType;
 // computes on its own.
 std::string AgreementKey(const Options& o) {
   return fmt::format(
-      "size={} backend={} fusion_threshold_bytes={} cache_capacity={} hierarchical_allreduce={}",
-      o.size, o.backend, o.fusion_threshold_bytes, o.cache_capacity, o.hierarchical_allreduce);
+      "size={} backend={} fusion_threshold_bytes={} cache_capacity={} hierarchical_allreduce={} "
+      "allreduce_algorithm={}",
+      o.size, o.backend, o.fusion_threshold_bytes, o.cache_capacity, o.hierarchical_allreduce,
+      o.allreduce_algorithm);
 }
 
 Status CheckAgreement(collectives::Comm& comm, const Options& o) {
@@ -90,6 +93,21 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
   KOLO_ASSIGN_OR_RETURN(link.hosts, bootstrap::ExchangeHostLayout(addresses, host, options.rank,
                                                                   options.size, link.timeout));
   e.hosts = link.hosts;
+  std::optional<collectives::HostGroups> hierarchical;
+  if (options.hierarchical_allreduce) {
+    if (!e.hosts.uniform()) {
+      return InvalidArgument(
+          "hierarchical allreduce needs the same number of ranks on every host, but this job has "
+          "{}; run without KOLO_HIERARCHICAL_ALLREDUCE, or launch as many ranks on each host",
+          e.hosts.Summary());
+    }
+    hierarchical = collectives::HostGroups{e.hosts.ranks_on(e.hosts.host(options.rank)),
+                                           e.hosts.CrossGroup(options.rank)};
+  }
+  // Only the peers the collectives use (collectives/plan.h).
+  link.peers = collectives::PlanConnections(options.rank, options.size,
+                                            e.comm.bitwise_direct_max_ranks,
+                                            hierarchical ? &*hierarchical : nullptr);
   auto device = transport::Connect(options.transport, link, addresses, options.rank, options.size);
   if (!device.ok())
     return device.status().WithContext(fmt::format("rank {}: connecting to peers", options.rank));
@@ -107,20 +125,14 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
     if (!mpi) return InvalidArgument("backend 'mpi' is not available: {}", why);
     e.backends.push_back(std::move(mpi));
   }
-  std::optional<collectives::HostGroups> hierarchical;
-  if (options.hierarchical_allreduce) {
-    if (!e.hosts.uniform()) {
-      return InvalidArgument(
-          "hierarchical allreduce needs the same number of ranks on every host, but this job has "
-          "{}; run without KOLO_HIERARCHICAL_ALLREDUCE, or launch as many ranks on each host",
-          e.hosts.Summary());
-    }
-    hierarchical = collectives::HostGroups{e.hosts.ranks_on(e.hosts.host(options.rank)),
-                                           e.hosts.CrossGroup(options.rank)};
+  if (hierarchical) {
     KOLO_LOG(kInfo, "hierarchical allreduce: {} hosts x {} ranks ({})", e.hosts.num_hosts(),
              hierarchical->local.size(), e.hosts.Summary());
   }
-  e.backends.push_back(backends::MakeRingBackend(&e.comm, std::move(hierarchical)));
+  KOLO_ASSIGN_OR_RETURN(const collectives::AllreduceAlgorithm algorithm,
+                        collectives::ParseAllreduceAlgorithm(options.allreduce_algorithm));
+  e.backends.push_back(backends::MakeRingBackend(&e.comm, std::move(hierarchical), algorithm,
+                                                 e.hosts.num_hosts()));
   if (options.backend == "nccl") {
     // One GPU per rank: the rank's local index picks it.
     std::string why;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "benchmarks/allreduce_bench/backend.h"
+#include "engine/collectives/plan.h"
 #include "benchmarks/allreduce_bench/bench_config.h"
 #include "benchmarks/allreduce_bench/control.h"
 #include "benchmarks/allreduce_bench/report.h"
@@ -106,9 +107,15 @@ Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
     link_stores.push_back(std::make_unique<bootstrap::PrefixStore>(
         transports.size() > 1 ? fmt::format("bench/link/{}/", t) : std::string("bench/link/"),
         *rv.store));
-    auto connected =
-        transport::Connect(t, transport::SettingsFrom(options, rv.listen_addr, rv.secret),
-                           *link_stores.back(), options.rank, options.size);
+    transport::ConnectSettings settings =
+        transport::SettingsFrom(options, rv.listen_addr, rv.secret);
+    // The control channel's barrier and allgather and the link row's ring use only the peers of
+    // the job's connection plan.
+    settings.peers = collectives::PlanConnections(options.rank, options.size,
+                                                  collectives::Comm{}.bitwise_direct_max_ranks,
+                                                  nullptr);
+    auto connected = transport::Connect(t, settings, *link_stores.back(), options.rank,
+                                        options.size);
     if (!connected.ok()) {
       return connected.status().WithContext(
           fmt::format("rank {}: connecting the benchmark's {} device", options.rank, t));

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/collectives/collectives.h"
+#include "engine/collectives/plan.h"
 #include "engine/common/dtype.h"
 #include "engine/common/status.h"
 #include "engine/coordinator/message.h"
@@ -55,11 +56,15 @@ class Backend {
   virtual Status Allgatherv(void* buf, const std::vector<size_t>& bytes_per_rank) = 0;
 };
 
-// Ring collectives over the engine's transport device (engine/collectives). With `hierarchical`
-// set, allreduces run as collectives::HierarchicalAllreduce over those groups; broadcast and
-// allgather stay on the flat ring.
+// Collectives over the engine's transport device (engine/collectives). Each allreduce runs the
+// algorithm `algorithm` names, or, for kAuto, the one collectives::ChooseAllreduceAlgorithm picks
+// for its bytes, the job's ranks and `hosts`. With `hierarchical` set, allreduces that would run
+// the ring run as collectives::HierarchicalAllreduce over those groups; broadcast and allgather
+// stay on the flat ring.
 std::unique_ptr<Backend> MakeRingBackend(
-    collectives::Comm* comm, std::optional<collectives::HostGroups> hierarchical = std::nullopt);
+    collectives::Comm* comm, std::optional<collectives::HostGroups> hierarchical = std::nullopt,
+    collectives::AllreduceAlgorithm algorithm = collectives::AllreduceAlgorithm::kAuto,
+    int hosts = 1);
 
 // MPI_Allreduce / MPI_Bcast / MPI_Allgatherv on a duplicate of MPI_COMM_WORLD, watched: a call
 // still blocked after `timeout` (the peer timeout: some rank stopped taking part) is logged and

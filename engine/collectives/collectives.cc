@@ -16,6 +16,8 @@ const char* PhaseName(Phase phase) {
       return "SEND_RECV";
     case Phase::kHierarchical:
       return "HIERARCHICAL_ALLREDUCE";
+    case Phase::kRecursiveDoubling:
+      return "RECURSIVE_DOUBLING";
   }
   return "UNKNOWN";
 }

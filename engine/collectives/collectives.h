@@ -19,8 +19,16 @@
 namespace kolo::collectives {
 
 // Named phases a collective reports, for the timeline.
-enum class Phase { kReduceScatter, kAllgather, kBroadcast, kSendRecv, kHierarchical };
-// "REDUCE_SCATTER", "ALLGATHER", "BROADCAST", "SEND_RECV", "HIERARCHICAL_ALLREDUCE"
+enum class Phase {
+  kReduceScatter,
+  kAllgather,
+  kBroadcast,
+  kSendRecv,
+  kHierarchical,
+  kRecursiveDoubling
+};
+// "REDUCE_SCATTER", "ALLGATHER", "BROADCAST", "SEND_RECV", "HIERARCHICAL_ALLREDUCE",
+// "RECURSIVE_DOUBLING"
 const char* PhaseName(Phase phase);
 
 // Scratch space the collectives receive into before reducing. Grows on demand (then reused), and
@@ -87,6 +95,28 @@ Status RingAllreduce(Comm& comm, transport::Region& buf, size_t offset_bytes, si
 // small extent costs a message of its own.
 Status RingAllreduce(Comm& comm, const std::vector<Extent>& extents, DataType dtype,
                      Scratch& scratch);
+
+// Latency-optimal allreduce (sum, in place) by recursive doubling: log2 p rounds (p the largest
+// power of two <= N) in which partners r and r XOR 2^k swap their whole buffers and add, plus a
+// fold before and after for the N - p ranks beyond p (rank p + i hands its buffer to rank i and
+// gets the result back). Each rank sends log2 p whole buffers: the fewest steps, for buffers
+// small enough that each step's latency outweighs its bytes. Any rank count; every rank ends with
+// the same bits.
+Status RecursiveDoublingAllreduce(Comm& comm, transport::Region& buf, size_t offset_bytes,
+                                  size_t count, DataType dtype, Scratch& scratch);
+// The same on the concatenation of `extents`, staged through scratch (copied in and out).
+Status RecursiveDoublingAllreduce(Comm& comm, const std::vector<Extent>& extents, DataType dtype,
+                                  Scratch& scratch);
+
+// Allreduce (sum, in place) by recursive halving then doubling (Rabenseifner): a reduce-scatter
+// in log2 p steps that each halve the blocks a rank holds (sending the other half to r XOR 2^k),
+// then an allgather in log2 p steps that each double them; the same fold as recursive doubling
+// for a rank count that is not a power of two. Each rank sends 2 (p-1)/p of the buffer, as the
+// ring does, in 2 log2 p steps instead of 2 (N-1): for medium buffers.
+Status HalvingDoublingAllreduce(Comm& comm, transport::Region& buf, size_t offset_bytes,
+                                size_t count, DataType dtype, Scratch& scratch);
+Status HalvingDoublingAllreduce(Comm& comm, const std::vector<Extent>& extents, DataType dtype,
+                                Scratch& scratch);
 
 // The ranks a hierarchical allreduce groups this rank with: `local`, the ranks on its host, and
 // `cross`, the rank at the same position on every host, one per host in host order. Both list

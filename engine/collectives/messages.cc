@@ -136,6 +136,101 @@ Status ReceiveMessages(Comm& comm, const std::vector<int>& peers, uint64_t lengt
   return Status::OK();
 }
 
+// A rank's place in the binomial tree rooted at `root` over relative ranks v = (rank - root)
+// mod N: the parent of v clears v's lowest set bit; the children of v are v + 2^k for every 2^k
+// below that bit (all 2^k for the root) while v + 2^k < N. In absolute ranks for root 0 these are
+// the edges r -- r XOR 2^k of the connection plan (plan.h).
+struct Tree {
+  int parent = -1;
+  std::vector<int> children;  // smallest subtree first
+};
+
+Tree TreeOf(const Comm& comm, int root) {
+  const int n = comm.size();
+  const int v = (comm.rank() - root + n) % n;
+  Tree tree;
+  int mask = 1;
+  while (mask < n) {
+    if ((v & mask) != 0) {
+      tree.parent = (v - mask + root) % n;
+      break;
+    }
+    if (v + mask < n) tree.children.push_back((v + mask + root) % n);
+    mask <<= 1;
+  }
+  return tree;
+}
+
+// The messages of a subtree, as one: for each rank, its rank and length (8 bytes each) then its
+// bytes.
+void AppendRecord(std::vector<uint8_t>* out, uint64_t rank, const std::vector<uint8_t>& bytes) {
+  const uint64_t header[2] = {rank, bytes.size()};
+  const auto* h = reinterpret_cast<const uint8_t*>(header);
+  out->insert(out->end(), h, h + sizeof header);
+  out->insert(out->end(), bytes.begin(), bytes.end());
+}
+
+Status ParseRecords(const Comm& comm, int from, const std::vector<uint8_t>& blob,
+                    std::vector<std::vector<uint8_t>>* all, std::vector<uint8_t>* forward) {
+  size_t at = 0;
+  while (at < blob.size()) {
+    uint64_t header[2];
+    if (blob.size() - at < sizeof header) {
+      return ProtocolError("rank {}: GatherMessages: rank {} sent a truncated record", comm.rank(),
+                           from);
+    }
+    std::memcpy(header, blob.data() + at, sizeof header);
+    at += sizeof header;
+    if (header[0] >= static_cast<uint64_t>(comm.size()) || header[1] > blob.size() - at) {
+      return ProtocolError(
+          "rank {}: GatherMessages: rank {} sent a record for rank {} of {} bytes ({} remain)",
+          comm.rank(), from, header[0], header[1], blob.size() - at);
+    }
+    std::vector<uint8_t> bytes(blob.begin() + static_cast<std::ptrdiff_t>(at),
+                               blob.begin() + static_cast<std::ptrdiff_t>(at + header[1]));
+    at += header[1];
+    if (forward != nullptr) {
+      AppendRecord(forward, header[0], bytes);
+    } else {
+      (*all)[header[0]] = std::move(bytes);
+    }
+  }
+  return Status::OK();
+}
+
+// GatherMessages beyond the direct exchange's ranks: each rank receives its children's subtrees,
+// appends them to its own message and sends the lot to its parent, so that no rank receives from
+// more than log2 N peers.
+StatusOr<std::vector<std::vector<uint8_t>>> GatherOverTree(Comm& comm, int root,
+                                                           const std::vector<uint8_t>& mine,
+                                                           uint64_t length_tag,
+                                                           uint64_t payload_tag,
+                                                           std::vector<std::vector<uint8_t>> all) {
+  const Tree tree = TreeOf(comm, root);
+  std::vector<std::vector<uint8_t>> blobs(tree.children.size());
+  if (!tree.children.empty()) {
+    std::vector<std::vector<uint8_t>*> outs;
+    for (auto& b : blobs) outs.push_back(&b);
+    KOLO_RETURN_IF_ERROR(
+        ReceiveMessages(comm, tree.children, length_tag, payload_tag, "GatherMessages", outs));
+  }
+  if (tree.parent < 0) {
+    all[static_cast<size_t>(comm.rank())] = mine;
+    for (size_t i = 0; i < blobs.size(); ++i) {
+      KOLO_RETURN_IF_ERROR(ParseRecords(comm, tree.children[i], blobs[i], &all, nullptr));
+    }
+    return all;
+  }
+  std::vector<uint8_t> up;
+  AppendRecord(&up, static_cast<uint64_t>(comm.rank()), mine);
+  for (size_t i = 0; i < blobs.size(); ++i) {
+    KOLO_RETURN_IF_ERROR(ParseRecords(comm, tree.children[i], blobs[i], nullptr, &up));
+  }
+  KOLO_ASSIGN_OR_RETURN(Staging st, PostMessage(comm, {tree.parent}, up, length_tag, payload_tag));
+  KOLO_RETURN_IF_ERROR(Await(comm, 2, "GatherMessages"));
+  return all;
+}
+
 }  // namespace
 
 Status SendMessage(Comm& comm, int peer, const std::vector<uint8_t>& payload, uint64_t tag) {
@@ -168,6 +263,9 @@ StatusOr<std::vector<std::vector<uint8_t>>> GatherMessages(Comm& comm, int root,
   const uint64_t length_tag = CollectiveTag(OpCode::kGather, sequence, 0);
   const uint64_t payload_tag = CollectiveTag(OpCode::kGather, sequence, 1);
   std::vector<std::vector<uint8_t>> all(static_cast<size_t>(n));
+  if (n > comm.bitwise_direct_max_ranks) {
+    return GatherOverTree(comm, root, mine, length_tag, payload_tag, std::move(all));
+  }
   if (comm.rank() != root) {
     KOLO_ASSIGN_OR_RETURN(Staging st, PostMessage(comm, {root}, mine, length_tag, payload_tag));
     KOLO_RETURN_IF_ERROR(Await(comm, 2, "GatherMessages"));
@@ -198,6 +296,22 @@ StatusOr<std::vector<uint8_t>> BroadcastMessage(Comm& comm, int root,
   }
   const uint64_t length_tag = CollectiveTag(OpCode::kBroadcastMessage, sequence, 0);
   const uint64_t payload_tag = CollectiveTag(OpCode::kBroadcastMessage, sequence, 1);
+  if (n > comm.bitwise_direct_max_ranks) {
+    // Binomial tree: from the parent, then to each child, the largest subtree first.
+    const Tree tree = TreeOf(comm, root);
+    std::vector<uint8_t> received = message;
+    if (tree.parent >= 0) {
+      KOLO_RETURN_IF_ERROR(ReceiveMessages(comm, {tree.parent}, length_tag, payload_tag,
+                                           "BroadcastMessage", {&received}));
+    }
+    if (!tree.children.empty()) {
+      std::vector<int> children(tree.children.rbegin(), tree.children.rend());
+      KOLO_ASSIGN_OR_RETURN(Staging st,
+                            PostMessage(comm, children, received, length_tag, payload_tag));
+      KOLO_RETURN_IF_ERROR(Await(comm, 2 * children.size(), "BroadcastMessage"));
+    }
+    return received;
+  }
   if (comm.rank() == root) {
     std::vector<int> peers;
     for (int r = 0; r < n; ++r) {
@@ -219,6 +333,36 @@ Status Barrier(Comm& comm) {
   const int n = comm.size();
   KOLO_ASSIGN_OR_RETURN(Staging st, Staging::Get(comm, 1));  // empty messages: any region will do
   Region* region = &st.region();
+  if (n > comm.bitwise_direct_max_ranks) {
+    // Recursive doubling on empty messages, over the connection plan's r XOR 2^k edges: ranks
+    // beyond the largest power of two p report to rank - p first and are released at the end.
+    int p = 1;
+    while (p * 2 <= n) p *= 2;
+    const int rank = comm.rank();
+    const uint64_t fold_tag = CollectiveTag(OpCode::kBarrier, sequence, 0);
+    const uint64_t unfold_tag = CollectiveTag(OpCode::kBarrier, sequence, 1);
+    if (rank >= p) {
+      KOLO_RETURN_IF_ERROR(comm.device->pair(rank - p).Send(*region, 0, 0, fold_tag));
+      KOLO_RETURN_IF_ERROR(comm.device->pair(rank - p).Recv(*region, 0, 0, unfold_tag));
+      return Await(comm, 2, "barrier", 0);
+    }
+    if (rank + p < n) {
+      KOLO_RETURN_IF_ERROR(comm.device->pair(rank + p).Recv(*region, 0, 0, fold_tag));
+      KOLO_RETURN_IF_ERROR(Await(comm, 1, "barrier", 0));
+    }
+    uint32_t index = 2;
+    for (int mask = 1; mask < p; mask <<= 1, ++index) {
+      const uint64_t tag = CollectiveTag(OpCode::kBarrier, sequence, index);
+      KOLO_RETURN_IF_ERROR(comm.device->pair(rank ^ mask).Send(*region, 0, 0, tag));
+      KOLO_RETURN_IF_ERROR(comm.device->pair(rank ^ mask).Recv(*region, 0, 0, tag));
+      KOLO_RETURN_IF_ERROR(Await(comm, 2, "barrier", 0));
+    }
+    if (rank + p < n) {
+      KOLO_RETURN_IF_ERROR(comm.device->pair(rank + p).Send(*region, 0, 0, unfold_tag));
+      return Await(comm, 1, "barrier");
+    }
+    return Status::OK();
+  }
   // Dissemination: after round k every rank has heard, directly or not, from 2^(k+1) ranks.
   uint32_t round = 0;
   for (int distance = 1; distance < n; distance *= 2, ++round) {

@@ -22,6 +22,9 @@ enum class OpCode : uint8_t {
   kHierReduceScatter = 11,
   kHierCross = 12,
   kHierAllgather = 13,
+  // The latency-optimal allreduces (latency.cc).
+  kRecursiveDoubling = 14,
+  kHalvingDoubling = 15,
 };
 
 // [63:56] operation, [55:32] sequence (mod 2^24), [31:0] message index within the call.

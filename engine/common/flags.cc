@@ -45,6 +45,10 @@ void EngineFlags::Add(CLI::App& app) {
                "allreduce within each host, then across hosts, then within each host again "
                "(KOLO_HIERARCHICAL_ALLREDUCE=1)")
       ->group(g);
+  app.add_option("--allreduce-algorithm", allreduce_algorithm_,
+                 "auto | ring | recursive-doubling | halving-doubling "
+                 "(KOLO_ALLREDUCE_ALGORITHM; default auto: picked per collective by size)")
+      ->group(g);
   app.add_option("--log-level", log_level_, "trace | debug | info | warning | error")->group(g);
   app.add_option("--ring-chunk-kb", ring_chunk_kb_, "ring pipeline chunk in KiB")->group(g);
   app.add_option("--socket-buffer-kb", socket_buffer_kb_, "socket buffer size in KiB")->group(g);
@@ -89,6 +93,7 @@ Status EngineFlags::Apply(Options* o) const {
     o->host_name = *host_name_;
   }
   if (hierarchical_) o->hierarchical_allreduce = true;
+  if (allreduce_algorithm_) o->allreduce_algorithm = *allreduce_algorithm_;
   if (log_level_) {
     auto level = ParseLogLevel(*log_level_);
     if (!level.ok())

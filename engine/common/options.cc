@@ -66,7 +66,7 @@ Status ReadDouble(const std::map<std::string, std::string>& env, const char* nam
 const char* const kKnownVariables[] = {
     "KOLO_RANK", "KOLO_SIZE", "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE", "KOLO_STORE_ADDR",
     "KOLO_STORE_PORT", "KOLO_JOB_SECRET", "KOLO_IFACE", "KOLO_HOST_NAME",
-    "KOLO_HIERARCHICAL_ALLREDUCE", "KOLO_BACKEND", "KOLO_TRANSPORT", "KOLO_TIMELINE",
+    "KOLO_HIERARCHICAL_ALLREDUCE", "KOLO_ALLREDUCE_ALGORITHM", "KOLO_BACKEND", "KOLO_TRANSPORT", "KOLO_TIMELINE",
     "KOLO_LOG_LEVEL", "KOLO_BUSY_POLL", "KOLO_ENGINE_SCHED", "KOLO_SOCKET_BUFFER_BYTES",
     "KOLO_SHM_RING_BYTES", "KOLO_RING_CHUNK_BYTES", "KOLO_FUSION_THRESHOLD_BYTES",
     "KOLO_CACHE_CAPACITY", "KOLO_CYCLE_TIME_MS", "KOLO_PEER_TIMEOUT_SECONDS",
@@ -290,6 +290,17 @@ Status Options::Validate() const {
   if (transport.empty()) {
     return InvalidArgument("transport '' is empty: name one, e.g. auto, shm or tcp");
   }
+  const auto& algorithms = AllreduceAlgorithmNames();
+  if (std::find(algorithms.begin(), algorithms.end(), allreduce_algorithm) == algorithms.end()) {
+    return InvalidArgument("allreduce algorithm '{}' is unknown: allowed are {}",
+                           allreduce_algorithm, fmt::join(algorithms, ", "));
+  }
+  if (hierarchical_allreduce && allreduce_algorithm != "auto" && allreduce_algorithm != "ring") {
+    return InvalidArgument(
+        "allreduce algorithm '{}' cannot run a hierarchical allreduce (its rings within and "
+        "across hosts): with hierarchical allreduce allowed are auto, ring",
+        allreduce_algorithm);
+  }
   KOLO_RETURN_IF_ERROR(RequireServedStoreSecret(launcher, serve_store_addr, job_secret));
   KOLO_RETURN_IF_ERROR(ValidateParameterServers(*this));
   if (backend == "mpi" && !launched_by_mpirun && size > 1) {
@@ -394,6 +405,12 @@ int64_t LastLevelCacheBytes() {
   return l3 > 0 ? l3 : 0;
 }
 
+const std::vector<std::string>& AllreduceAlgorithmNames() {
+  static const std::vector<std::string> kNames = {"auto", "ring", "recursive-doubling",
+                                                  "halving-doubling"};
+  return kNames;
+}
+
 StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string>& env) {
   Options o;
   // Where this rank is: Open MPI's mpirun, kolo-run, srun or Hydra (launch_env.h).
@@ -413,6 +430,7 @@ StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string
   if (const std::string* v = Find(env, "KOLO_HIERARCHICAL_ALLREDUCE")) {
     KOLO_ASSIGN_OR_RETURN(o.hierarchical_allreduce, ParseBool("KOLO_HIERARCHICAL_ALLREDUCE", *v));
   }
+  if (const std::string* v = Find(env, "KOLO_ALLREDUCE_ALGORITHM")) o.allreduce_algorithm = *v;
   if (const std::string* v = Find(env, "KOLO_BACKEND")) o.backend = *v;
   if (const std::string* v = Find(env, "KOLO_TRANSPORT")) o.transport = *v;
   if (const std::string* v = Find(env, "KOLO_TIMELINE")) o.timeline_path = *v;

@@ -108,6 +108,12 @@ struct Options {
   // of ranks on every host (engine creation fails naming the hosts otherwise). See
   // engine/docs/collectives.md.
   bool hierarchical_allreduce = false;
+  // KOLO_ALLREDUCE_ALGORITHM: the algorithm of the ring backend's allreduces (host and staged
+  // device tensors): "auto" (a rule picks per collective from its bytes, the rank count and the
+  // hosts: collectives/plan.h), "ring", "recursive-doubling" or "halving-doubling". With
+  // hierarchical allreduce only auto and ring are allowed (auto runs recursive doubling or
+  // halving-doubling over every rank below its crossovers, the hierarchical rings above).
+  std::string allreduce_algorithm = "auto";
   // KOLO_FUSION_THRESHOLD_BYTES: largest fusion buffer; 0 disables Tensor Fusion.
   int64_t fusion_threshold_bytes = 64ll << 20;
   // KOLO_CYCLE_TIME_MS: the background thread's cycle: a rank with new submissions starts the
@@ -163,6 +169,9 @@ struct Options {
 
 // Reads the options from `env` (name -> value). Invalid values are errors naming the variable,
 // the value and what is allowed.
+// The allreduce algorithms Options::allreduce_algorithm may name, in help-text order.
+const std::vector<std::string>& AllreduceAlgorithmNames();
+
 StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string>& env);
 // The same, from this process's environment.
 StatusOr<Options> OptionsFromEnvironment();

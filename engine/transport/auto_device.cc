@@ -31,10 +31,8 @@ class CombinedDevice final : public PollCore {
   Status Init() {
     KOLO_RETURN_IF_ERROR(InitWaitSet());
     for (int peer = 0; peer < size_; ++peer) {
-      const bool owned = owner_[static_cast<size_t>(peer)] != nullptr;
-      if (owned == (peer == state_.rank)) {
-        return Internal("rank {}: the combined device has {} for rank {}", state_.rank,
-                        owned ? "a pair" : "no pair", peer);
+      if (peer == state_.rank && owner_[static_cast<size_t>(peer)] != nullptr) {
+        return Internal("rank {}: the combined device has a pair for itself", state_.rank);
       }
     }
     for (size_t i = 0; i < parts_.size(); ++i) {
@@ -47,14 +45,28 @@ class CombinedDevice final : public PollCore {
   int rank() const override { return state_.rank; }
   int size() const override { return size_; }
   const char* name() const override { return "auto"; }
-  const char* pair_transport(int peer) const override { return Owner(peer).name(); }
+  const char* pair_transport(int peer) const override {
+    return has_peer(peer) ? Owner(peer).name() : "none";
+  }
+  bool connected(int peer) const override { return has_peer(peer); }
+  uint64_t transport_memory_bytes() const override {
+    uint64_t n = 0;
+    for (const auto& part : parts_) n += part->transport_memory_bytes();
+    return n;
+  }
 
   StatusOr<std::unique_ptr<Region>> Register(void* data, size_t size) override {
     // Every part registers for free (a Region is a pointer and a size), so one Region serves all.
     return parts_.front()->Register(data, size);
   }
 
-  Pair& pair(int peer) override { return Owner(peer).pair(peer); }
+  Pair& pair(int peer) override {
+    if (!has_peer(peer) && peer >= 0 && peer < size_ && peer != state_.rank) {
+      // Not connected by any part: the first part hands out its stand-in, which fails each use.
+      return parts_.front()->pair(peer);
+    }
+    return Owner(peer).pair(peer);
+  }
 
   // One part: its own loop, which sleeps in its wait set directly.
   Status Poll(std::vector<Completion>* out, std::chrono::milliseconds timeout) override {

@@ -25,8 +25,8 @@
 namespace kolo::transport {
 
 // Combines `parts` (at least one; each of the same rank and size, their peers disjoint) into one
-// device for `rank` of `size`. REQUIRES: every rank other than `rank` is a peer of exactly one
-// part.
+// device for `rank` of `size`. REQUIRES: every rank other than `rank` is a peer of at most one
+// part; a rank of no part is not connected (pair() gives a stand-in that fails each use).
 StatusOr<std::unique_ptr<Device>> CombineDevices(int rank, int size,
                                                  std::vector<std::unique_ptr<PollableDevice>> parts,
                                                  bool busy_poll);

@@ -38,6 +38,7 @@ class PairedDevice : public PollCore {
     state_.rank = rank;
     state_.completions.reserve(1024);
     pairs_.resize(static_cast<size_t>(size));
+    unconnected_.resize(static_cast<size_t>(size));
   }
 
   int rank() const override { return state_.rank; }
@@ -45,12 +46,18 @@ class PairedDevice : public PollCore {
 
   Pair& pair(int peer) override {
     if (!has_peer(peer)) {
-      KOLO_LOG(kError, "{} device of rank {}: pair({}) is not a peer{} (size {})", name(),
-               state_.rank, peer, scope_, size_);
-      std::abort();
+      if (peer < 0 || peer >= size_ || peer == state_.rank) {
+        KOLO_LOG(kError, "{} device of rank {}: pair({}) is not a peer{} (size {})", name(),
+                 state_.rank, peer, scope_, size_);
+        std::abort();
+      }
+      auto& stand_in = unconnected_[static_cast<size_t>(peer)];
+      if (!stand_in) stand_in = std::make_unique<UnconnectedPair>(state_.rank, peer, name());
+      return *stand_in;
     }
     return *pairs_[static_cast<size_t>(peer)];
   }
+  bool connected(int peer) const override { return has_peer(peer); }
 
   uint64_t bytes_sent() const override { return state_.bytes_sent; }
   uint64_t bytes_received() const override { return state_.bytes_received; }
@@ -117,6 +124,7 @@ class PairedDevice : public PollCore {
   Clock::time_point next_keepalive_{};
   std::vector<std::unique_ptr<PairT>> pairs_;  // null at this rank and for ranks not connected
   std::vector<PairT*> live_;
+  std::vector<std::unique_ptr<UnconnectedPair>> unconnected_;  // made on first ask
 };
 
 }  // namespace kolo::transport

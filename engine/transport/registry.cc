@@ -35,26 +35,44 @@ shm::ShmOptions ShmOptionsFrom(const ConnectSettings& s) {
   return shm;
 }
 
-// The ranks of `rank`'s host other than itself, and the ranks of every other host.
-void SplitPeers(const bootstrap::HostLayout& hosts, int rank, std::vector<int>* local,
+// The planned peers (every other rank without a plan) of `rank`'s host, and those of the
+// other hosts.
+void SplitPeers(const ConnectSettings& s, int rank, std::vector<int>* local,
                 std::vector<int>* remote) {
+  const bootstrap::HostLayout& hosts = s.hosts;
+  std::vector<bool> planned(static_cast<size_t>(hosts.size()), !s.peers.has_value());
+  if (s.peers) {
+    for (int p : *s.peers) {
+      if (p >= 0 && p < hosts.size()) planned[static_cast<size_t>(p)] = true;
+    }
+  }
   for (int r = 0; r < hosts.size(); ++r) {
-    if (r == rank) continue;
+    if (r == rank || !planned[static_cast<size_t>(r)]) continue;
     (hosts.same_host(r, rank) ? local : remote)->push_back(r);
   }
 }
 
+// Whether some rank of the job is on another host than `rank`.
+bool SpansHosts(const bootstrap::HostLayout& hosts, int rank) {
+  for (int r = 0; r < hosts.size(); ++r) {
+    if (!hosts.same_host(r, rank)) return true;
+  }
+  return false;
+}
+
 StatusOr<std::unique_ptr<Device>> ConnectTcp(const ConnectSettings& s, bootstrap::Store& store,
                                              int rank, int size) {
-  KOLO_ASSIGN_OR_RETURN(auto device, tcp::Connect(TcpOptionsFrom(s), store, rank, size));
+  tcp::TcpOptions options = TcpOptionsFrom(s);
+  options.peers = s.peers;
+  KOLO_ASSIGN_OR_RETURN(auto device, tcp::Connect(options, store, rank, size));
   return std::unique_ptr<Device>(std::move(device));
 }
 
 StatusOr<std::unique_ptr<Device>> ConnectShm(const ConnectSettings& s, bootstrap::Store& store,
                                              int rank, int size) {
   std::vector<int> local, remote;
-  SplitPeers(s.hosts, rank, &local, &remote);
-  if (!remote.empty()) {
+  SplitPeers(s, rank, &local, &remote);
+  if (SpansHosts(s.hosts, rank)) {
     return FailedPrecondition(
         "transport 'shm' connects the ranks of one host, but this job's ranks are on {} hosts "
         "({}); use --transport auto (shared memory within a host, TCP between hosts) or tcp",
@@ -70,7 +88,7 @@ StatusOr<std::unique_ptr<Device>> ConnectShm(const ConnectSettings& s, bootstrap
 StatusOr<std::unique_ptr<Device>> ConnectAuto(const ConnectSettings& s, bootstrap::Store& store,
                                               int rank, int size) {
   std::vector<int> local, remote;
-  SplitPeers(s.hosts, rank, &local, &remote);
+  SplitPeers(s, rank, &local, &remote);
   std::vector<std::unique_ptr<PollableDevice>> parts;
   if (!local.empty() || remote.empty()) {
     KOLO_ASSIGN_OR_RETURN(auto shm, shm::Connect(ShmOptionsFrom(s), store, rank, size, local));
@@ -96,6 +114,7 @@ rdma::RdmaOptions RdmaOptionsFrom(const ConnectSettings& s) {
   options.verbs = s.ib_verbs;
   options.host_name = s.host_name;
   options.busy_poll = s.busy_poll;
+  options.peers = s.peers;
   return options;
 }
 

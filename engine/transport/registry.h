@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,10 @@ struct ConnectSettings {
   bootstrap::HostLayout hosts;
   // Options::host_name, or empty for the system's host name.
   std::string host_name;
+  // The ranks to connect to, from the job's connection plan (collectives::PlanConnections);
+  // unset: every other rank (a full mesh). Must be symmetric across the job: rank a lists b
+  // exactly when b lists a.
+  std::optional<std::vector<int>> peers;
 };
 
 // The settings an engine's options give, with the rendezvous's listen address and secret.

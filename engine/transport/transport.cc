@@ -25,10 +25,23 @@ Status WaitFor(Device& device, size_t expected, std::vector<Completion>* out,
   return Status::OK();
 }
 
+Status UnconnectedPair::Fail() const {
+  return FailedPrecondition(
+      "rank {} has no {} connection to rank {}: the job's connection plan does not connect them "
+      "(a collective asked for a peer its algorithm does not use)",
+      rank_, transport_, peer_);
+}
+
+int Device::connections() const {
+  int n = 0;
+  for (int peer = 0; peer < size(); ++peer) n += connected(peer) ? 1 : 0;
+  return n;
+}
+
 std::string PairTransports(const Device& device) {
   std::vector<std::string> names;
   for (int peer = 0; peer < device.size(); ++peer) {
-    if (peer == device.rank()) continue;
+    if (!device.connected(peer)) continue;
     std::string name = device.pair_transport(peer);
     if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
   }

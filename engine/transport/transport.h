@@ -128,8 +128,22 @@ class Device {
   // Registers [data, data + size). The Region must be destroyed before the memory is freed.
   virtual StatusOr<std::unique_ptr<Region>> Register(void* data, size_t size) = 0;
 
-  // The connection to `peer`. REQUIRES: 0 <= peer < size(), peer != rank().
+  // The connection to `peer`. REQUIRES: 0 <= peer < size(), peer != rank(). A device connects
+  // only the peers its job's connection plan names (collectives/connection_plan.h); for any other
+  // peer this returns a pair whose every operation fails with FailedPrecondition naming both
+  // ranks, so that a collective that needs a connection the plan lacks says so instead of hanging.
   virtual Pair& pair(int peer) = 0;
+
+  // Whether this device has a connection to `peer`.
+  virtual bool connected(int peer) const {
+    return peer >= 0 && peer < size() && peer != rank();
+  }
+  // The connections this rank holds (peers connected).
+  int connections() const;
+  // Memory this device holds for its connections, in bytes: shared-memory segments mapped (shm),
+  // socket buffers asked of the kernel (TCP: send and receive per connection), queue-pair and
+  // staging buffers (rdma). An upper bound of what the connections can pin, not what is resident.
+  virtual uint64_t transport_memory_bytes() const { return 0; }
 
   // Makes progress on every posted operation. Blocks until at least one operation completes (its
   // Completion is appended to *out), or `timeout` passes (returns DeadlineExceeded naming the
@@ -168,6 +182,26 @@ class Device {
   // hung or become unreachable, while the peers it blocks keep sending keepalives: this is how
   // a rank names the one that stopped rather than the neighbour it waits on.
   virtual double SilentSeconds(int /*peer*/) const { return -1; }
+};
+
+// A stand-in for the pair with a peer the device did not connect: every operation fails with
+// FailedPrecondition naming both ranks and the transport.
+class UnconnectedPair final : public Pair {
+ public:
+  UnconnectedPair(int rank, int peer, const char* transport)
+      : rank_(rank), peer_(peer), transport_(transport) {}
+  int peer() const override { return peer_; }
+  Status Send(const Region&, size_t, size_t, uint64_t) override { return Fail(); }
+  Status Recv(Region&, size_t, size_t, uint64_t) override { return Fail(); }
+  Status RecvAccumulate(Region&, size_t, size_t, uint64_t, const Accumulator&) override {
+    return Fail();
+  }
+
+ private:
+  Status Fail() const;
+  int rank_;
+  int peer_;
+  const char* transport_;
 };
 
 // The transports that carry this rank's pairs, distinct, sorted and joined by '+': "shm", "tcp",

@@ -8,8 +8,9 @@ namespace {
 
 class RingBackend final : public Backend {
  public:
-  RingBackend(collectives::Comm* comm, std::optional<collectives::HostGroups> hierarchical)
-      : comm_(comm), hierarchical_(std::move(hierarchical)) {}
+  RingBackend(collectives::Comm* comm, std::optional<collectives::HostGroups> hierarchical,
+              collectives::AllreduceAlgorithm algorithm, int hosts)
+      : comm_(comm), hierarchical_(std::move(hierarchical)), algorithm_(algorithm), hosts_(hosts) {}
   const char* name() const override { return "ring"; }
   bool Enabled(coordinator::CollectiveType, DataType) const override { return true; }
 
@@ -17,6 +18,14 @@ class RingBackend final : public Backend {
     const size_t bytes = count * DataTypeSize(dtype);
     KOLO_ASSIGN_OR_RETURN(auto region, Register(buf, bytes));
     SlowRingScope slow;
+    switch (Pick(bytes)) {
+      case Algorithm::kRecursiveDoubling:
+        return collectives::RecursiveDoublingAllreduce(*comm_, *region, 0, count, dtype, scratch_);
+      case Algorithm::kHalvingDoubling:
+        return collectives::HalvingDoublingAllreduce(*comm_, *region, 0, count, dtype, scratch_);
+      default:
+        break;
+    }
     if (hierarchical_) {
       return collectives::HierarchicalAllreduce(*comm_, *hierarchical_, *region, 0, count, dtype,
                                                 hierarchical_scratch_);
@@ -27,13 +36,23 @@ class RingBackend final : public Backend {
   Status AllreduceScattered(const std::vector<HostBuffer>& pieces, DataType dtype) override {
     std::vector<std::unique_ptr<transport::Region>> regions;
     std::vector<collectives::Extent> extents;
+    size_t bytes = 0;
     for (const HostBuffer& p : pieces) {
       if (p.bytes == 0) continue;
       KOLO_ASSIGN_OR_RETURN(auto region, Register(p.data, p.bytes));
       extents.push_back({region.get(), 0, p.bytes});
       regions.push_back(std::move(region));
+      bytes += p.bytes;
     }
     SlowRingScope slow;
+    switch (Pick(bytes)) {
+      case Algorithm::kRecursiveDoubling:
+        return collectives::RecursiveDoublingAllreduce(*comm_, extents, dtype, scratch_);
+      case Algorithm::kHalvingDoubling:
+        return collectives::HalvingDoublingAllreduce(*comm_, extents, dtype, scratch_);
+      default:
+        break;
+    }
     if (hierarchical_) {
       return collectives::HierarchicalAllreduce(*comm_, *hierarchical_, extents, dtype,
                                                 hierarchical_scratch_);
@@ -53,6 +72,13 @@ class RingBackend final : public Backend {
   }
 
  private:
+  using Algorithm = collectives::AllreduceAlgorithm;
+  // The algorithm for an allreduce of `bytes`: the one asked for, or the rule's.
+  Algorithm Pick(size_t bytes) const {
+    if (algorithm_ != Algorithm::kAuto) return algorithm_;
+    return collectives::ChooseAllreduceAlgorithm(bytes, comm_->size(), hosts_);
+  }
+
   // A zero-byte tensor still takes part (its peers expect the exchange); it registers an empty
   // Region at a stand-in address, so that no null pointer reaches the transport.
   StatusOr<std::unique_ptr<transport::Region>> Register(void* buf, size_t bytes) {
@@ -62,6 +88,8 @@ class RingBackend final : public Backend {
 
   collectives::Comm* comm_;
   std::optional<collectives::HostGroups> hierarchical_;
+  Algorithm algorithm_;
+  int hosts_;
   collectives::Scratch scratch_;
   collectives::HierarchicalScratch hierarchical_scratch_;
   uint64_t empty_ = 0;
@@ -70,8 +98,9 @@ class RingBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> MakeRingBackend(collectives::Comm* comm,
-                                         std::optional<collectives::HostGroups> hierarchical) {
-  return std::make_unique<RingBackend>(comm, std::move(hierarchical));
+                                         std::optional<collectives::HostGroups> hierarchical,
+                                         collectives::AllreduceAlgorithm algorithm, int hosts) {
+  return std::make_unique<RingBackend>(comm, std::move(hierarchical), algorithm, hosts);
 }
 
 }  // namespace kolo::backends

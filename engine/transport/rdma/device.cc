@@ -94,8 +94,12 @@ class RdmaDevice final : public PairedDevice<RdmaPair> {
     const double per_try_us = std::max(1.0, options.timeout.count() * 1000.0 / 2 / 8);
     timeout_exp_ = std::clamp(static_cast<int>(std::ceil(std::log2(per_try_us / 4.096))), 8, 24);
 
+    std::vector<bool> planned(static_cast<size_t>(size()), !options.peers.has_value());
+    if (options.peers) {
+      for (int p : *options.peers) planned[static_cast<size_t>(p)] = true;
+    }
     for (int peer = 0; peer < size(); ++peer) {
-      if (peer == state_.rank) continue;
+      if (peer == state_.rank || !planned[static_cast<size_t>(peer)]) continue;
       auto pair = std::make_unique<RdmaPair>(state_, verbs_, peer, this, cache_.get());
       Status s = pair->Create(ctx_, pd_, cq_, port);
       RdmaPair& added = AddPair(std::move(pair));  // torn down with the rest even if it failed
@@ -170,6 +174,10 @@ class RdmaDevice final : public PairedDevice<RdmaPair> {
   }
 
   const char* name() const override { return "rdma"; }
+  // Each queue pair's control block and staging, registered with the NIC.
+  uint64_t transport_memory_bytes() const override {
+    return (kCtrlBytes + kStagingBytes) * pairs().size();
+  }
 
   StatusOr<std::unique_ptr<Region>> Register(void* data, size_t size) override {
     if (data == nullptr && size > 0) {

@@ -68,6 +68,8 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <vector>
 #include <string>
 
 #include "engine/bootstrap/store.h"
@@ -96,6 +98,9 @@ struct RdmaOptions {
   std::string host_name;
   // Spin on the completion queue instead of sleeping on the completion channel.
   bool busy_poll = false;
+  // The ranks to connect to (the connection plan's); unset: every other rank. The device has
+  // pair(p) only for these.
+  std::optional<std::vector<int>> peers;
 };
 
 // Connects `rank` to every other rank of a job of `size` ranks over RC queue pairs (see above).

@@ -45,6 +45,11 @@ class ShmDevice final : public PairedDevice<ShmPair> {
   }
 
   const char* name() const override { return "shm"; }
+  uint64_t transport_memory_bytes() const override {
+    uint64_t n = 0;
+    for (const ShmPair* p : pairs()) n += p->segment_bytes();
+    return n;
+  }
 
   StatusOr<std::unique_ptr<Region>> Register(void* data, size_t size) override {
     if (data == nullptr && size > 0) {

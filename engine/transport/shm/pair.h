@@ -28,6 +28,8 @@ class ShmPair final : public Pair {
   static constexpr uint64_t kPieceBytes = 64 << 10;
 
   ShmPair(DeviceState& state, int peer, Fd socket, Segment segment);
+  // Bytes of the pair's mapped segment (both rings and the header).
+  size_t segment_bytes() const { return SegmentBytes(segment_.ring_bytes()); }
   ~ShmPair() override;
 
   int peer() const override { return peer_; }

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "engine/common/logging.h"
@@ -23,6 +24,7 @@ class TcpDevice final : public PairedDevice<TcpPair, TcpState> {
  public:
   TcpDevice(int rank, int size, const TcpOptions& options, Mesh mesh)
       : PairedDevice(rank, size, options.busy_poll, options.timeout),
+        socket_buffer_bytes_(static_cast<uint64_t>(std::max<int64_t>(options.socket_buffer_bytes, 0))),
         listener_(std::move(mesh.listener)) {
     for (int peer = 0; peer < size; ++peer) {
       if (peer == rank || !mesh.peers[static_cast<size_t>(peer)].valid()) continue;
@@ -51,6 +53,10 @@ class TcpDevice final : public PairedDevice<TcpPair, TcpState> {
   }
 
   const char* name() const override { return "tcp"; }
+  // What the sockets' buffers may hold: a send and a receive buffer per connection, as asked.
+  uint64_t transport_memory_bytes() const override {
+    return 2 * socket_buffer_bytes_ * pairs().size();
+  }
 
   StatusOr<std::unique_ptr<Region>> Register(void* data, size_t size) override {
     if (data == nullptr && size > 0) {
@@ -148,6 +154,7 @@ class TcpDevice final : public PairedDevice<TcpPair, TcpState> {
 
   static constexpr uint64_t kListenerId = kWakeId - 1;  // the pairs' ids are their ranks
 
+  const uint64_t socket_buffer_bytes_;
   Fd listener_;
   bool closed_ = false;
 };

@@ -1,0 +1,81 @@
+#include "engine/collectives/plan.h"
+
+#include <algorithm>
+
+#include "engine/common/options.h"
+
+namespace kolo::collectives {
+namespace {
+
+struct Named {
+  AllreduceAlgorithm algorithm;
+  const char* name;
+};
+constexpr Named kNames[] = {
+    {AllreduceAlgorithm::kAuto, "auto"},
+    {AllreduceAlgorithm::kRing, "ring"},
+    {AllreduceAlgorithm::kRecursiveDoubling, "recursive-doubling"},
+    {AllreduceAlgorithm::kHalvingDoubling, "halving-doubling"},
+};
+
+// The neighbours of `rank` in the ring `group` (empty when rank is not in it).
+void AddRingNeighbours(const std::vector<int>& group, int rank, std::vector<int>* out) {
+  const auto it = std::find(group.begin(), group.end(), rank);
+  if (it == group.end() || group.size() < 2) return;
+  const size_t n = group.size();
+  const size_t i = static_cast<size_t>(it - group.begin());
+  out->push_back(group[(i + 1) % n]);
+  out->push_back(group[(i + n - 1) % n]);
+}
+
+}  // namespace
+
+const char* AllreduceAlgorithmName(AllreduceAlgorithm algorithm) {
+  for (const Named& n : kNames) {
+    if (n.algorithm == algorithm) return n.name;
+  }
+  return "unknown";
+}
+
+StatusOr<AllreduceAlgorithm> ParseAllreduceAlgorithm(const std::string& name) {
+  for (const Named& n : kNames) {
+    if (name == n.name) return n.algorithm;
+  }
+  return InvalidArgument("allreduce algorithm '{}' is unknown; allowed: {}", name,
+                         fmt::join(AllreduceAlgorithmNames(), ", "));
+}
+
+AllreduceAlgorithm ChooseAllreduceAlgorithm(size_t bytes, int ranks, int hosts) {
+  (void)hosts;
+  if (ranks <= 1) return AllreduceAlgorithm::kRing;
+  if (bytes <= kRecursiveDoublingMaxBytes) return AllreduceAlgorithm::kRecursiveDoubling;
+  if (bytes <= kHalvingDoublingMaxBytes) return AllreduceAlgorithm::kHalvingDoubling;
+  return AllreduceAlgorithm::kRing;
+}
+
+std::vector<int> PlanConnections(int rank, int size, int direct_max_ranks,
+                                 const HostGroups* hierarchical) {
+  std::vector<int> peers;
+  if (size <= std::max(direct_max_ranks, 2)) {
+    for (int r = 0; r < size; ++r) {
+      if (r != rank) peers.push_back(r);
+    }
+    return peers;
+  }
+  peers.push_back((rank + 1) % size);
+  peers.push_back((rank + size - 1) % size);
+  for (int mask = 1; mask < size; mask <<= 1) {
+    const int partner = rank ^ mask;
+    if (partner < size) peers.push_back(partner);
+  }
+  if (hierarchical != nullptr) {
+    AddRingNeighbours(hierarchical->local, rank, &peers);
+    AddRingNeighbours(hierarchical->cross, rank, &peers);
+  }
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+  peers.erase(std::remove(peers.begin(), peers.end(), rank), peers.end());
+  return peers;
+}
+
+}  // namespace kolo::collectives

@@ -1,0 +1,50 @@
+// Which allreduce algorithm runs a collective, and which peers a rank connects to so that every
+// algorithm it may run has its connections.
+//
+// The connection plan: a rank connects only to the peers the job's collectives use — its ring
+// neighbours, its partners in recursive doubling and halving-doubling (r XOR 2^k, which also
+// carry the fold of a rank count that is not a power of two, the binomial trees of negotiation's
+// gather and broadcast and the barrier), and, with hierarchical allreduce, its neighbours in the
+// rings within its host and across hosts. That is at most 2 + ceil(log2 N) peers for N ranks
+// (plus 4 with hierarchical allreduce), against N - 1 for a full mesh. Up to
+// Comm::bitwise_direct_max_ranks ranks the bit exchange is direct (one hop to every rank), so a
+// job that small connects every pair, as before.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "engine/collectives/collectives.h"
+#include "engine/common/status.h"
+
+namespace kolo::collectives {
+
+enum class AllreduceAlgorithm { kAuto, kRing, kRecursiveDoubling, kHalvingDoubling };
+
+// "auto", "ring", "recursive-doubling", "halving-doubling".
+const char* AllreduceAlgorithmName(AllreduceAlgorithm algorithm);
+// Parses one of those names; InvalidArgument naming the value and the allowed names otherwise.
+StatusOr<AllreduceAlgorithm> ParseAllreduceAlgorithm(const std::string& name);
+
+// The rule that picks an algorithm for one allreduce of `bytes` over `ranks` ranks on `hosts`
+// hosts (never kAuto). Every rank computes the same choice from the same arguments. The
+// crossovers were measured with kolo-allreduce-bench on loopback (engine/docs/collectives.md):
+//   - recursive doubling up to kRecursiveDoublingMaxBytes: log2 N exchanges of the whole buffer
+//     beat 2 (N-1) ring steps while a step costs more than its bytes;
+//   - halving-doubling up to kHalvingDoublingMaxBytes: the ring's bytes in 2 log2 N steps;
+//   - the ring beyond, whose pipelined neighbour-to-neighbour transfers keep every link busy and
+//     cross each host boundary once per direction.
+// A single rank runs nothing (kRing).
+constexpr size_t kRecursiveDoublingMaxBytes = 32 << 10;
+constexpr size_t kHalvingDoublingMaxBytes = 1 << 20;
+AllreduceAlgorithm ChooseAllreduceAlgorithm(size_t bytes, int ranks, int hosts);
+
+// The peers `rank` of `size` connects to (sorted, without `rank`): see the file comment.
+// `direct_max_ranks` is Comm::bitwise_direct_max_ranks; `hierarchical` the rank's host groups
+// when hierarchical allreduce is on. Symmetric: every rank computes the same plan, in which a
+// lists b exactly when b lists a.
+std::vector<int> PlanConnections(int rank, int size, int direct_max_ranks,
+                                 const HostGroups* hierarchical);
+
+}  // namespace kolo::collectives

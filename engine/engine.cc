@@ -113,6 +113,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
     return device.status().WithContext(fmt::format("rank {}: connecting to peers", options.rank));
   e.device = std::move(device).value();
   e.pair_transports = transport::PairTransports(*e.device);
+  e.transport_connections = e.device->connections();
+  e.transport_memory_bytes = static_cast<int64_t>(e.device->transport_memory_bytes());
   e.comm.device = e.device.get();
   e.comm.chunk_bytes = static_cast<size_t>(options.ring_chunk_bytes);
   e.comm.timeout = link.timeout;
@@ -333,6 +335,8 @@ Engine::Stats Engine::stats() const {
   Stats s = impl_->stats;
   s.tensors = tensors;
   s.transport_pairs = impl_->pair_transports;
+  s.transport_connections = impl_->transport_connections;
+  s.transport_memory_bytes = impl_->transport_memory_bytes;
   impl_->AddParameterServerStats(&s);
   return s;
 }

@@ -188,6 +188,10 @@ class Engine {
     // Which transports carry this rank's pairs (Options::transport "auto" picks per peer): "shm",
     // "tcp", "shm+tcp"; "none" for one rank; empty where the engine has no transport of its own.
     std::string transport_pairs;
+    // The connections kolo's transport holds for this rank (the connection plan's peers:
+    // collectives/plan.h) and the memory they hold (Device::transport_memory_bytes).
+    int transport_connections = 0;
+    int64_t transport_memory_bytes = 0;
   };
   Stats stats() const;
 

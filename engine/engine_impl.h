@@ -77,6 +77,8 @@ struct Engine::Impl final {
   // Which transports carry this rank's pairs ("shm", "tcp", "shm+tcp"); set before the thread
   // starts, then only read.
   std::string pair_transports;
+  int transport_connections = 0;
+  int64_t transport_memory_bytes = 0;
   collectives::Comm comm;
   std::vector<std::unique_ptr<backends::Backend>> backends;  // ordered; the last accepts all
   std::unique_ptr<timeline::Timeline> timeline;

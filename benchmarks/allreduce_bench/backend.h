@@ -78,6 +78,9 @@ struct BackendEnv {
   std::map<std::string, transport::Device*> devices;
   Control* control = nullptr;
   int engine_starts = 0;  // engines started so far (each gets its own key prefix)
+  // The most connections and transport memory any engine of the rows held on this rank.
+  int engine_connections = 0;
+  int64_t engine_transport_memory_bytes = 0;
 };
 
 // Whether this build and launch can run `kind`; the error names the backend, why not, and what to

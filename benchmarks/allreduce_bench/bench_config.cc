@@ -49,7 +49,7 @@ struct RawFlags {
   std::string minbytes = "8", maxbytes = "256M", stepfactor = "2", dtype = "float32", op = "sum";
   std::string iters = "20", warmup = "5", backend = "ring", check = "1", fusion = "both";
   std::string device = "host";
-  std::string fusion_threshold_mb, cycle_time_ms, json, tensors, transport;
+  std::string fusion_threshold_mb, cycle_time_ms, json, tensors, transport, algorithms;
   bool gloo_all = false;
 };
 
@@ -72,6 +72,30 @@ Status Convert(const RawFlags& raw, BenchConfig* c) {
   c->iters = static_cast<int>(iters);
   c->warmup = static_cast<int>(warmup);
   KOLO_ASSIGN_OR_RETURN(c->backends, ParseBackends(raw.backend));
+  if (!raw.algorithms.empty()) {
+    const auto& allowed = AllreduceAlgorithmNames();
+    std::stringstream in(raw.algorithms);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+      if (std::find(allowed.begin(), allowed.end(), item) == allowed.end()) {
+        return InvalidArgument("--algorithms '{}': '{}' is unknown: allowed are a comma list of {}",
+                               raw.algorithms, item, fmt::join(allowed, ", "));
+      }
+      if (std::find(c->algorithms.begin(), c->algorithms.end(), item) == c->algorithms.end()) {
+        c->algorithms.push_back(item);
+      }
+    }
+    if (c->algorithms.empty()) {
+      return InvalidArgument("--algorithms '{}' names no algorithm: allowed are a comma list of {}",
+                             raw.algorithms, fmt::join(allowed, ", "));
+    }
+    if (std::find(c->backends.begin(), c->backends.end(), BackendKind::kRing) ==
+        c->backends.end()) {
+      return InvalidArgument("--algorithms measures the ring backend's algorithms: add ring to "
+                             "--backend (given: '{}')",
+                             raw.backend);
+    }
+  }
   if (!raw.transport.empty()) {
     std::stringstream in(raw.transport);
     std::string item;
@@ -128,6 +152,12 @@ Status Convert(const RawFlags& raw, BenchConfig* c) {
           "allowed are ring, ring-hier, mpi, mpi-direct, gloo, link)",
           BackendKindName(k));
     }
+  }
+  if (!c->algorithms.empty() && (c->place == BufferPlace::kCuda || !c->tensors.empty())) {
+    return InvalidArgument(
+        "--algorithms compares algorithms on the size sweep of host buffers: it is not allowed "
+        "with {}",
+        c->place == BufferPlace::kCuda ? "--device cuda" : "--tensors");
   }
   if (c->place == BufferPlace::kCuda && !c->tensors.empty()) {
     return InvalidArgument(
@@ -241,6 +271,10 @@ StatusOr<ParsedFlags> ParseBenchFlags(int argc, char** argv) {
                  "transport: " +
                      fmt::format("{}", fmt::join(transport::TransportNames(), ", ")) +
                      " (default: KOLO_TRANSPORT, else auto)");
+  app.add_option("--algorithms", raw.algorithms,
+                 "comma list of allreduce algorithms to compare, each as ring/<name> (engine) "
+                 "beside alone/<name> (the algorithm alone): " +
+                     fmt::format("{}", fmt::join(AllreduceAlgorithmNames(), ", ")));
   app.add_option("--fusion-threshold-mb", raw.fusion_threshold_mb,
                  "engine fusion threshold (MiB; overrides KOLO_FUSION_THRESHOLD_BYTES)");
   app.add_option("--cycle-time-ms", raw.cycle_time_ms,

@@ -54,6 +54,12 @@ struct BenchConfig {
   // Empty: the engine's (Options::transport, KOLO_TRANSPORT). Checked against the registry when
   // the options are configured.
   std::vector<std::string> transports;
+  // --algorithms: allreduce algorithms (Options::allreduce_algorithm's names) to measure side by
+  // side: for each, the ring row becomes "ring/<algorithm>" (through the engine with that
+  // algorithm) beside "alone/<algorithm>" (the algorithm called directly on the benchmark's own
+  // connections), and the report adds the engine's overhead per size. Empty: one ring row with
+  // the engine's setting (KOLO_ALLREDUCE_ALGORITHM, --allreduce-algorithm).
+  std::vector<std::string> algorithms;
   // Engine settings from flags; unset means the environment's value (or the default).
   std::optional<double> fusion_threshold_mb;  // MiB; 0 disables fusion
   std::optional<double> cycle_time_ms;

@@ -3,9 +3,12 @@
 #include <fmt/format.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "engine/collectives/collectives.h"
+#include "engine/collectives/plan.h"
+#include "engine/kernels/reduce.h"
 #include "engine/common/options.h"
 #include "engine/transport/transport.h"
 
@@ -20,8 +23,13 @@ std::chrono::milliseconds WaitTimeout(const Options& o) {
 
 class EngineRow final : public Backend {
  public:
-  EngineRow(BackendKind kind, BackendEnv& env, std::string transport, std::string label)
-      : kind_(kind), env_(env), transport_(std::move(transport)), label_(std::move(label)) {}
+  EngineRow(BackendKind kind, BackendEnv& env, std::string transport, std::string label,
+            std::string algorithm)
+      : kind_(kind),
+        env_(env),
+        transport_(std::move(transport)),
+        label_(std::move(label)),
+        algorithm_(std::move(algorithm)) {}
 
   std::string name() const override { return label_; }
   BackendKind kind() const override { return kind_; }
@@ -31,8 +39,13 @@ class EngineRow final : public Backend {
   std::string pairs() const override { return MovesOverTransport() ? pairs_ : ""; }
 
   Status Bind(const BenchBuffer& buf, size_t count) override {
-    KOLO_ASSIGN_OR_RETURN(started_, StartEngine(env_, kind_, std::nullopt, transport_));
-    pairs_ = started_.engine->stats().transport_pairs;
+    KOLO_ASSIGN_OR_RETURN(started_,
+                          StartEngine(env_, kind_, std::nullopt, transport_, algorithm_));
+    const Engine::Stats stats = started_.engine->stats();
+    pairs_ = stats.transport_pairs;
+    env_.engine_connections = std::max(env_.engine_connections, stats.transport_connections);
+    env_.engine_transport_memory_bytes =
+        std::max(env_.engine_transport_memory_bytes, stats.transport_memory_bytes);
     buf_ = buf.data;
     place_ = TensorPlace{};
     place_.device = buf.device;
@@ -62,6 +75,7 @@ class EngineRow final : public Backend {
   BackendEnv& env_;
   const std::string transport_;
   const std::string label_;
+  const std::string algorithm_;  // "" : the engine options'
   std::string pairs_;
   StartedEngine started_;
   TensorPlace place_;  // host, or the CUDA device of --device cuda
@@ -124,12 +138,79 @@ class LinkRow final : public Backend {
   size_t count_ = 0;
 };
 
+class AloneRow final : public Backend {
+ public:
+  AloneRow(BackendEnv& env, transport::Device& device, collectives::AllreduceAlgorithm algorithm,
+           std::string label)
+      : env_(env), device_(device), algorithm_(algorithm), label_(std::move(label)) {
+    comm_.device = &device;
+    comm_.chunk_bytes = static_cast<size_t>(env.options.ring_chunk_bytes);
+    comm_.timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(env.options.peer_timeout_s * 1000.0));
+  }
+
+  std::string name() const override { return label_; }
+  BackendKind kind() const override { return BackendKind::kRing; }
+  std::string transport() const override { return device_.name(); }
+  std::string pairs() const override { return transport::PairTransports(device_); }
+
+  Status Bind(const BenchBuffer& buf, size_t count) override {
+    if (buf.on_device()) {
+      return InvalidArgument("row {} reduces host memory only; run --algorithms with --device host",
+                             label_);
+    }
+    KOLO_ASSIGN_OR_RETURN(region_, device_.Register(buf.data, buf.size));
+    count_ = count;
+    return Status::OK();
+  }
+
+  Status RunOnce() override {
+    using collectives::AllreduceAlgorithm;
+    const DataType dtype = env_.config->dtype;
+    const size_t bytes = count_ * DataTypeSize(dtype);
+    AllreduceAlgorithm a = algorithm_;
+    if (a == AllreduceAlgorithm::kAuto) {
+      a = collectives::ChooseAllreduceAlgorithm(bytes, comm_.size(), 1);
+    }
+    Status s;
+    switch (a) {
+      case AllreduceAlgorithm::kRecursiveDoubling:
+        s = collectives::RecursiveDoublingAllreduce(comm_, *region_, 0, count_, dtype, scratch_);
+        break;
+      case AllreduceAlgorithm::kHalvingDoubling:
+        s = collectives::HalvingDoublingAllreduce(comm_, *region_, 0, count_, dtype, scratch_);
+        break;
+      default:
+        s = collectives::RingAllreduce(comm_, *region_, 0, count_, dtype, scratch_);
+        break;
+    }
+    KOLO_RETURN_IF_ERROR(s);
+    if (env_.config->op == ReduceOp::kAverage) {
+      kernels::Scale(dtype, region_->data(), count_, 1.0 / comm_.size());
+    }
+    return Status::OK();
+  }
+
+  void Unbind() override { region_.reset(); }
+
+ private:
+  BackendEnv& env_;
+  transport::Device& device_;
+  const collectives::AllreduceAlgorithm algorithm_;
+  const std::string label_;
+  collectives::Comm comm_;
+  collectives::Scratch scratch_;
+  std::unique_ptr<transport::Region> region_;
+  size_t count_ = 0;
+};
+
 }  // namespace
 
 StatusOr<StartedEngine> StartEngine(BackendEnv& env, BackendKind kind,
                                     std::optional<int64_t> fusion_threshold_bytes,
-                                    const std::string& transport) {
+                                    const std::string& transport, const std::string& algorithm) {
   Options o = env.options;
+  if (!algorithm.empty()) o.allreduce_algorithm = algorithm;
   o.backend = kind == BackendKind::kMpi ? "mpi" : (kind == BackendKind::kNccl ? "nccl" : "ring");
   o.hierarchical_allreduce = kind == BackendKind::kRingHier;
   if (!transport.empty()) o.transport = transport;
@@ -154,8 +235,16 @@ Status StopEngine(StartedEngine& started) {
 }
 
 std::unique_ptr<Backend> MakeEngineRow(BackendKind kind, BackendEnv& env,
-                                       const std::string& transport, const std::string& label) {
-  return std::make_unique<EngineRow>(kind, env, transport, label);
+                                       const std::string& transport, const std::string& label,
+                                       const std::string& algorithm) {
+  return std::make_unique<EngineRow>(kind, env, transport, label, algorithm);
+}
+
+std::unique_ptr<Backend> MakeAloneRow(BackendEnv& env, transport::Device& device,
+                                      const std::string& algorithm, const std::string& label) {
+  auto parsed = collectives::ParseAllreduceAlgorithm(algorithm);
+  return std::make_unique<AloneRow>(
+      env, device, parsed.ok() ? *parsed : collectives::AllreduceAlgorithm::kRing, label);
 }
 
 std::unique_ptr<Backend> MakeLinkRow(BackendEnv& env, transport::Device& device,

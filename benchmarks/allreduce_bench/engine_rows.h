@@ -27,7 +27,8 @@ struct StartedEngine {
 // of each rank joins the same key prefix). REQUIRES: env.store != nullptr; IsEngineBackend(kind).
 StatusOr<StartedEngine> StartEngine(BackendEnv& env, BackendKind kind,
                                     std::optional<int64_t> fusion_threshold_bytes = std::nullopt,
-                                    const std::string& transport = "");
+                                    const std::string& transport = "",
+                                    const std::string& algorithm = "");
 
 // Shuts the engine down (collectively) and releases it; returns the shutdown's status.
 Status StopEngine(StartedEngine& started);
@@ -37,7 +38,16 @@ Status StopEngine(StartedEngine& started);
 // is measured. One allreduce of the whole buffer per RunOnce, submitted and waited for. The
 // engine connects through `transport` under the row label `label`.
 std::unique_ptr<Backend> MakeEngineRow(BackendKind kind, BackendEnv& env,
-                                       const std::string& transport, const std::string& label);
+                                       const std::string& transport, const std::string& label,
+                                       const std::string& algorithm = "");
+
+// `alone/<algorithm>` (--algorithms): the allreduce algorithm `algorithm` (Options'
+// allreduce_algorithm names; auto picks by collectives::ChooseAllreduceAlgorithm) called
+// directly on `device`, one of env.devices, with no engine around it: what the engine row of the
+// same algorithm costs less the engine's own queue, wake-up, negotiation and completion. Host
+// buffers only.
+std::unique_ptr<Backend> MakeAloneRow(BackendEnv& env, transport::Device& device,
+                                      const std::string& algorithm, const std::string& label);
 
 // `link` over `device` (one of env.devices), labelled `label`.
 std::unique_ptr<Backend> MakeLinkRow(BackendEnv& env, transport::Device& device,

@@ -5,7 +5,13 @@
 // 3 every row ran but some result was wrong (every rank agrees, from the gathered check counts).
 #include <unistd.h>
 
+#include <time.h>
+
+#include <algorithm>
 #include <climits>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -75,6 +81,49 @@ Status Configure(const BenchConfig& config, Options* options) {
 }
 
 // Sets *wrong_rows to the number of checked rows with a wrong element (the same on every rank).
+// Seconds since this process started (its start time in /proc/self/stat against the boot
+// clock); 0 when unreadable.
+double SecondsSinceProcessStart() {
+  std::FILE* f = std::fopen("/proc/self/stat", "r");
+  if (f == nullptr) return 0;
+  char buf[1024] = {};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  const std::string stat(buf, n);
+  // Fields after the command name (which may hold spaces) start after the last ')'.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream in(stat.substr(close + 2));
+  std::string field;
+  unsigned long long start_ticks = 0;
+  for (int i = 3; i <= 22 && in >> field; ++i) {
+    if (i == 22) start_ticks = std::strtoull(field.c_str(), nullptr, 10);
+  }
+  timespec now{};
+  ::clock_gettime(CLOCK_BOOTTIME, &now);
+  const double ticks = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  if (start_ticks == 0 || ticks <= 0) return 0;
+  return static_cast<double>(now.tv_sec) + now.tv_nsec * 1e-9 - start_ticks / ticks;
+}
+
+struct ProcessMemory {
+  int64_t rss_bytes = 0;
+  int64_t peak_rss_bytes = 0;
+};
+
+// VmRSS and VmHWM of /proc/self/status.
+ProcessMemory ReadProcessMemory() {
+  ProcessMemory m;
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    long long kb = 0;
+    if (std::sscanf(line.c_str(), "VmRSS: %lld kB", &kb) == 1) m.rss_bytes = kb * 1024;
+    if (std::sscanf(line.c_str(), "VmHWM: %lld kB", &kb) == 1) m.peak_rss_bytes = kb * 1024;
+  }
+  return m;
+}
+
 Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
   SetLogLevel(options.log_level);
   if (options.size > 1) SetLogRank(options.rank);
@@ -85,6 +134,7 @@ Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
     need_store = need_store || NeedsStore(kind);
     need_device = need_device || NeedsDevice(kind);
   }
+  need_device = need_device || !config.algorithms.empty();
 
   // Declared before everything that uses the store or the device, so destroyed after them.
   bootstrap::Rendezvous rv;
@@ -99,6 +149,7 @@ Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
   // under kolo-run.
   bool link = false;
   for (BackendKind kind : config.backends) link = link || NeedsDevice(kind);
+  link = link || !config.algorithms.empty();  // the alone rows run on the benchmark's devices
   std::vector<std::unique_ptr<bootstrap::PrefixStore>> link_stores;
   std::vector<std::unique_ptr<transport::Device>> devices;
   std::map<std::string, transport::Device*> device_of;
@@ -131,6 +182,7 @@ Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
   info.config = &config;
   info.options = options;
   KOLO_ASSIGN_OR_RETURN(info.hosts, control->AllgatherStrings(HostName()));
+  const double first_collective_s = SecondsSinceProcessStart();
   info.launcher = options.launcher.empty() ? "none" : options.launcher;
   info.control = control->name();
   info.transports = transports;
@@ -148,6 +200,8 @@ Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
   std::vector<SweepRow> sweep;
   std::vector<RatioRow> ratios;
   std::vector<StepRow> steps;
+  std::vector<AlgorithmRow> algorithms;
+  std::vector<RankResources> resources;
   std::optional<TensorSet> set;
   if (!config.tensors.empty()) {
     KOLO_ASSIGN_OR_RETURN(set, MakeTensorSet(config.tensors));
@@ -174,6 +228,42 @@ Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
                                           }));
     ratios = ComputeRatios(sweep);
     Print(rank0, FormatRatios(ratios));
+    algorithms = ComputeAlgorithmRows(sweep, options.size);
+    Print(rank0, FormatAlgorithmRows(algorithms));
+  }
+  // What every rank holds, gathered (untimed, after the measurements).
+  {
+    const auto sizes = SweepSizes(config);
+    const int64_t largest = config.tensors.empty() || sizes.empty() ? (sizes.empty() ? 0 : sizes.back()) : 0;
+    int connections = 0;
+    int64_t memory = 0;
+    for (const auto& d : devices) {
+      connections = std::max(connections, d->connections());
+      memory += static_cast<int64_t>(d->transport_memory_bytes());
+    }
+    const ProcessMemory mem = ReadProcessMemory();
+    const std::vector<double> mine = {static_cast<double>(connections),
+                                      static_cast<double>(memory),
+                                      static_cast<double>(env.engine_connections),
+                                      static_cast<double>(env.engine_transport_memory_bytes),
+                                      static_cast<double>(mem.rss_bytes),
+                                      static_cast<double>(mem.peak_rss_bytes),
+                                      static_cast<double>(2 * largest),
+                                      first_collective_s};
+    KOLO_ASSIGN_OR_RETURN(const std::vector<double> all, control->AllgatherDoubles(mine));
+    for (size_t r = 0; r + mine.size() <= all.size(); r += mine.size()) {
+      RankResources rr;
+      rr.connections = static_cast<int>(all[r]);
+      rr.transport_memory_bytes = static_cast<int64_t>(all[r + 1]);
+      rr.engine_connections = static_cast<int>(all[r + 2]);
+      rr.engine_transport_memory_bytes = static_cast<int64_t>(all[r + 3]);
+      rr.rss_bytes = static_cast<int64_t>(all[r + 4]);
+      rr.peak_rss_bytes = static_cast<int64_t>(all[r + 5]);
+      rr.buffer_bytes = static_cast<int64_t>(all[r + 6]);
+      rr.first_collective_s = all[r + 7];
+      resources.push_back(rr);
+    }
+    Print(rank0, FormatResources(resources));
   }
   for (const SweepRow& r : sweep) *wrong_rows += r.checked && r.wrong != 0;
   for (const StepRow& r : steps) *wrong_rows += r.checked && r.wrong != 0;
@@ -184,7 +274,8 @@ Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
   }
   if (rank0 && !config.json_path.empty()) {
     KOLO_RETURN_IF_ERROR(
-        WriteJson(config.json_path, ToJson(info, sweep, ratios, set ? &*set : nullptr, steps)));
+        WriteJson(config.json_path, ToJson(info, sweep, ratios, set ? &*set : nullptr, steps,
+                                           algorithms, resources)));
   }
   // Rank 0 serves the store: nobody may tear down while another rank still talks to it.
   return control->Barrier();

@@ -178,6 +178,22 @@ StatusOr<std::vector<std::unique_ptr<Backend>>> MakeBackends(BackendKind kind, B
         rows.push_back(MakeEngineRow(kind, env, env.transports.front(), BackendKindName(kind)));
         return rows;
       }
+      if (kind == BackendKind::kRing && !env.config->algorithms.empty()) {
+        // --algorithms: per transport and algorithm, the algorithm alone on the benchmark's own
+        // connections, then through the engine.
+        for (const std::string& t : env.transports) {
+          auto it = env.devices.find(t);
+          if (it == env.devices.end() || it->second == nullptr) {
+            return Internal("--algorithms needs a connected {} device", t);
+          }
+          const std::string suffix = env.transports.size() > 1 ? "-" + t : "";
+          for (const std::string& a : env.config->algorithms) {
+            rows.push_back(MakeAloneRow(env, *it->second, a, "alone/" + a + suffix));
+            rows.push_back(MakeEngineRow(kind, env, t, "ring/" + a + suffix, a));
+          }
+        }
+        return rows;
+      }
       for (const std::string& t : env.transports) {
         rows.push_back(MakeEngineRow(kind, env, t, label(t)));
       }

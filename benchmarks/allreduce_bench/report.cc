@@ -1,5 +1,7 @@
 #include "benchmarks/allreduce_bench/report.h"
 
+#include "engine/collectives/plan.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -87,6 +89,80 @@ std::vector<RatioRow> ComputeRatios(const std::vector<SweepRow>& rows) {
     }
   }
   return out;
+}
+
+std::vector<AlgorithmRow> ComputeAlgorithmRows(const std::vector<SweepRow>& rows, int ranks) {
+  std::vector<AlgorithmRow> out;
+  for (const SweepRow& alone : rows) {
+    if (alone.backend.rfind("alone/", 0) != 0) continue;
+    const std::string rest = alone.backend.substr(6);  // "<algorithm>[-<transport>]"
+    for (const SweepRow& engine : rows) {
+      if (engine.bytes != alone.bytes || engine.backend != "ring/" + rest) continue;
+      AlgorithmRow a;
+      a.bytes = alone.bytes;
+      a.transport = alone.transport;
+      a.algorithm = rest;
+      if (!alone.transport.empty() && rest.size() > alone.transport.size() + 1 &&
+          rest.compare(rest.size() - alone.transport.size() - 1, std::string::npos,
+                       "-" + alone.transport) == 0) {
+        a.algorithm = rest.substr(0, rest.size() - alone.transport.size() - 1);
+      }
+      a.picked = a.algorithm;
+      if (a.algorithm == "auto") {
+        a.picked = collectives::AllreduceAlgorithmName(
+            collectives::ChooseAllreduceAlgorithm(static_cast<size_t>(alone.bytes), ranks, 1));
+      }
+      a.alone_us = alone.time.median_us;
+      a.engine_us = engine.time.median_us;
+      a.overhead_us = a.engine_us - a.alone_us;
+      out.push_back(a);
+    }
+  }
+  return out;
+}
+
+std::string FormatAlgorithmRows(const std::vector<AlgorithmRow>& rows) {
+  if (rows.empty()) return "";
+  std::string s = "#\n# algorithms: alone (on the benchmark's connections) and through the engine\n";
+  s += fmt::format("#{:>12} {:>20} {:>10} {:>20} {:>11} {:>11} {:>12}\n", "size(B)", "algorithm",
+                   "transport", "runs", "alone(us)", "engine(us)", "overhead(us)");
+  for (const AlgorithmRow& r : rows) {
+    s += fmt::format(" {:>12} {:>20} {:>10} {:>20} {:>11.2f} {:>11.2f} {:>12.2f}\n", r.bytes,
+                     r.algorithm, r.transport, r.picked, r.alone_us, r.engine_us, r.overhead_us);
+  }
+  return s;
+}
+
+std::string FormatResources(const std::vector<RankResources>& ranks) {
+  if (ranks.empty()) return "";
+  auto line = [&](const char* what, auto get, double scale, const char* unit) {
+    std::vector<double> v;
+    for (const RankResources& r : ranks) v.push_back(static_cast<double>(get(r)) / scale);
+    std::vector<double> sorted = v;
+    std::sort(sorted.begin(), sorted.end());
+    return fmt::format("#   {:<34} rank 0 {:>9.1f}{}, min {:.1f}, median {:.1f}, max {:.1f}\n",
+                       what, v.front(), unit, sorted.front(), sorted[sorted.size() / 2],
+                       sorted.back());
+  };
+  constexpr double kMiB = 1 << 20;
+  std::string s = "#\n# per rank:\n";
+  s += line("connections (benchmark's device)", [](const RankResources& r) { return r.connections; },
+            1, "");
+  s += line("connections (engine)", [](const RankResources& r) { return r.engine_connections; },
+            1, "");
+  s += line("transport memory, engine (MiB)",
+            [](const RankResources& r) { return r.engine_transport_memory_bytes; }, kMiB, "");
+  s += line("transport memory, benchmark (MiB)",
+            [](const RankResources& r) { return r.transport_memory_bytes; }, kMiB, "");
+  s += line("peak RSS (MiB)", [](const RankResources& r) { return r.peak_rss_bytes; }, kMiB, "");
+  s += line("peak RSS less buffers (MiB)",
+            [](const RankResources& r) {
+              return std::max<int64_t>(0, r.peak_rss_bytes - r.buffer_bytes);
+            },
+            kMiB, "");
+  s += line("first collective after start (s)",
+            [](const RankResources& r) { return r.first_collective_s; }, 1, "");
+  return s;
 }
 
 std::vector<std::string> DistinctHosts(const std::vector<std::string>& hosts) {
@@ -202,7 +278,8 @@ std::string FormatStepGoal(const TensorSet& set, const std::vector<StepRow>& row
 
 nlohmann::json ToJson(const RunInfo& info, const std::vector<SweepRow>& sweep,
                       const std::vector<RatioRow>& ratios, const TensorSet* set,
-                      const std::vector<StepRow>& steps) {
+                      const std::vector<StepRow>& steps, const std::vector<AlgorithmRow>& algorithms,
+                      const std::vector<RankResources>& resources) {
   const BenchConfig& c = *info.config;
   const Options& o = info.options;
   nlohmann::json doc;
@@ -270,6 +347,29 @@ nlohmann::json ToJson(const RunInfo& info, const std::vector<SweepRow>& sweep,
                   {"ring_mpi_direct", OptionalJson(r.ring_mpi_direct)}});
   }
   doc["ratios"] = std::move(rj);
+  nlohmann::json aj = nlohmann::json::array();
+  for (const AlgorithmRow& a : algorithms) {
+    aj.push_back({{"bytes", a.bytes},
+                  {"algorithm", a.algorithm},
+                  {"transport", a.transport},
+                  {"picked", a.picked},
+                  {"alone_us", a.alone_us},
+                  {"engine_us", a.engine_us},
+                  {"overhead_us", a.overhead_us}});
+  }
+  doc["algorithms"] = std::move(aj);
+  nlohmann::json res = nlohmann::json::array();
+  for (const RankResources& r : resources) {
+    res.push_back({{"connections", r.connections},
+                   {"transport_memory_bytes", r.transport_memory_bytes},
+                   {"engine_connections", r.engine_connections},
+                   {"engine_transport_memory_bytes", r.engine_transport_memory_bytes},
+                   {"rss_bytes", r.rss_bytes},
+                   {"peak_rss_bytes", r.peak_rss_bytes},
+                   {"buffer_bytes", r.buffer_bytes},
+                   {"first_collective_s", r.first_collective_s}});
+  }
+  doc["rank_resources"] = std::move(res);
   if (set != nullptr) {
     nlohmann::json sj = {{"model", set->model},
                          {"tensors", set->tensors.size()},

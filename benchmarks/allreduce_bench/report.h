@@ -39,6 +39,41 @@ struct RatioRow {
 };
 std::vector<RatioRow> ComputeRatios(const std::vector<SweepRow>& rows);
 
+// With --algorithms: per size and algorithm, the algorithm alone (alone/<a>) beside the engine
+// running it (ring/<a>), and the engine's overhead, the difference of their median times; `auto`
+// names what the rule picked for the size.
+struct AlgorithmRow {
+  int64_t bytes = 0;
+  std::string algorithm;
+  std::string transport;
+  std::string picked;  // the algorithm run: the rule's choice for auto, else `algorithm`
+  double alone_us = 0;
+  double engine_us = 0;
+  double overhead_us = 0;  // engine_us - alone_us
+};
+std::vector<AlgorithmRow> ComputeAlgorithmRows(const std::vector<SweepRow>& rows, int ranks);
+// "" when there is none.
+std::string FormatAlgorithmRows(const std::vector<AlgorithmRow>& rows);
+
+// What each rank holds: the connections and transport memory of the benchmark's own device and
+// of the engines its rows started (the same connection plan), its resident memory, and how long
+// after its process started it finished its first collective (the control channel's first
+// gather).
+struct RankResources {
+  int connections = 0;
+  int64_t transport_memory_bytes = 0;
+  int engine_connections = 0;
+  int64_t engine_transport_memory_bytes = 0;
+  int64_t rss_bytes = 0;       // VmRSS at the end of the run
+  int64_t peak_rss_bytes = 0;  // VmHWM
+  // The benchmark's own buffers (input, work, reference) and the engine's fusion buffer at its
+  // threshold: RSS less these is kolo's own memory.
+  int64_t buffer_bytes = 0;
+  double first_collective_s = 0;
+};
+// One line per quantity: rank 0, then min / median / max over the ranks.
+std::string FormatResources(const std::vector<RankResources>& ranks);
+
 // Distinct host names, in order of first appearance.
 std::vector<std::string> DistinctHosts(const std::vector<std::string>& hosts);
 
@@ -57,7 +92,9 @@ std::string FormatStepGoal(const TensorSet& set, const std::vector<StepRow>& row
 
 nlohmann::json ToJson(const RunInfo& info, const std::vector<SweepRow>& sweep,
                       const std::vector<RatioRow>& ratios, const TensorSet* set,
-                      const std::vector<StepRow>& steps);
+                      const std::vector<StepRow>& steps,
+                      const std::vector<AlgorithmRow>& algorithms = {},
+                      const std::vector<RankResources>& resources = {});
 // Writes `doc` to `path` (pretty-printed); the error names the path and errno.
 Status WriteJson(const std::string& path, const nlohmann::json& doc);
 

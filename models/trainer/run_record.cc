@@ -85,7 +85,9 @@ std::string RunRecordToJson(const RunRecord& r) {
                                {"gather_us", e.gather_us},
                                {"transport_bytes_sent", e.transport_bytes_sent},
                                {"transport_bytes_received", e.transport_bytes_received},
-                               {"transport_pairs", e.transport_pairs}};
+                               {"transport_pairs", e.transport_pairs},
+                               {"transport_connections", e.transport_connections},
+                               {"transport_memory_bytes", e.transport_memory_bytes}};
     j["results"] = std::move(results);
   }
   j["status"] = r.ok ? "ok" : "failed";

@@ -73,8 +73,17 @@ void Engine::Impl::Loop() {
 }
 
 bool Engine::Impl::HasNews(SteadyClock::time_point now) {
-  if (controller->HasNews(now)) return true;
-  return !ops.RequestIdle();
+  // Submissions are handed to the controller as soon as they are seen, so that it can tell
+  // whether peers already wait on them (Controller::Urgent). RequestIdle is only asked while the
+  // controller has no news, so that a rank holding news for its tick is not woken by every
+  // submission that comes meanwhile.
+  if (controller->HasNews(now)) {
+    DrainQueue();
+    return true;
+  }
+  if (ops.RequestIdle()) return false;
+  DrainQueue();
+  return true;
 }
 
 Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_point last_start) {
@@ -95,9 +104,18 @@ Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_p
     if (HasNews(now)) {
       // The next tick on this rank's grid: submissions gather for up to a cycle, as they would
       // under a fixed cycle, and ranks that last met in an exchange share the grid.
+      // A rank idle for a whole cycle starts at once: nothing submitted earlier waits to be
+      // fused with this news, and holding a lone small collective for the next tick would cost
+      // it up to a cycle (half of one on average) of pure latency.
+      // Peers already wait on what this rank just submitted: go now.
+      if (controller->Urgent()) tick = now;
       if (tick == kNoTick) {
-        const auto ticks = (now - last_start + cycle - SteadyClock::duration(1)) / cycle;
-        tick = last_start + std::max<int64_t>(ticks, 1) * cycle;
+        if (now - last_start >= cycle) {
+          tick = now;
+        } else {
+          const auto ticks = (now - last_start + cycle - SteadyClock::duration(1)) / cycle;
+          tick = last_start + std::max<int64_t>(ticks, 1) * cycle;
+        }
       }
       if (tick <= now) {
         count_held();

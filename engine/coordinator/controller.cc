@@ -39,13 +39,13 @@ Controller::Controller(const ControllerSettings& settings, Peers& peers, Clock& 
       clock_(clock),
       hit_stall_after_(HitStallAfter(settings)),
       cache_(settings.cache_capacity),
-      bits_(2 * cache_.words() + 1, 0),
+      bits_(3 * cache_.words() + 1, 0),
       last_stall_check_(clock.Now()) {
   if (settings.rank == 0) table_.emplace(settings.size);
 }
 
 size_t Controller::ExchangeWords(const ControllerSettings& settings) {
-  return 2 * ResponseCache::WordsFor(settings.cache_capacity) + 1;
+  return 3 * ResponseCache::WordsFor(settings.cache_capacity) + 1;
 }
 
 void Controller::Release(PendingMap::iterator it) {
@@ -73,12 +73,18 @@ void Controller::Add(const Request& request, SteadyClock::time_point submitted) 
   entry.submitted = submitted;
   entry.order = next_order_++;
   entry.cache_bit = -1;
+  fresh_ = true;
   int bit = -1;
   const size_t words = cache_.words();
   switch (settings_.size > 1 ? cache_.Find(request, settings_.rank, &bit)
                              : ResponseCache::Lookup::kMiss) {
     case ResponseCache::Lookup::kHit:
       entry.cache_bit = bit;
+      // Another rank already offered this tensor in the last exchange: it waits on this rank.
+      if (!awaited_.empty() &&
+          (awaited_[static_cast<size_t>(bit) / 64] >> (bit % 64) & 1) != 0) {
+        urgent_ = true;
+      }
       break;
     case ResponseCache::Lookup::kMismatch:
       // Set in this cycle's invalid vector: every rank drops the entry and renegotiates.
@@ -87,12 +93,13 @@ void Controller::Add(const Request& request, SteadyClock::time_point submitted) 
       break;
     case ResponseCache::Lookup::kMiss:
       unreported_.push_back(request.name);
+      if (others_reported_) urgent_ = true;
       break;
   }
 }
 
 bool Controller::HasNews(SteadyClock::time_point now) const {
-  if (!unreported_.empty()) return true;
+  if (fresh_ || !unreported_.empty()) return true;
   if (now >= hit_stall_due_) return true;
   return table_ && table_->pending() > 0 && now - last_stall_check_ > kStallCheckEvery;
 }
@@ -116,6 +123,8 @@ void Controller::UpdateHitStallDue() {
 void Controller::Clear() {
   pending_.clear();
   unreported_.clear();
+  fresh_ = urgent_ = others_reported_ = false;
+  awaited_.clear();
   std::fill(bits_.begin(), bits_.end(), 0);
   hit_stall_due_ = SteadyClock::time_point::max();
 }
@@ -139,6 +148,7 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
     }
     while (!pending_.empty()) Release(pending_.begin());
     unreported_.clear();
+    fresh_ = urgent_ = false;
     std::fill(bits_.begin(), bits_.end(), 0);
     *stop = shutdown;
     return Status::OK();
@@ -148,6 +158,9 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
   // has waited past the stall time is invalidated instead: every rank drops the entry, and the
   // ranks that have the tensor report it to the coordinator, whose stall inspector then names
   // the ranks missing it.
+  // ... | OR of cache hits: what some rank offered, for the ranks that have not submitted it yet.
+  fresh_ = false;
+  urgent_ = false;
   bool handed_back = false;
   for (const auto& [name, entry] : pending_) {
     if (entry.cache_bit < 0) continue;
@@ -159,15 +172,26 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
       handed_back = true;
     } else {
       bits_[word] |= mask;
+      bits_[2 * words + 1 + word] |= mask;
     }
   }
   const bool rank0_round =
       table_ && table_->pending() > 0 && start - last_stall_check_ > kStallCheckEvery;
-  if (!unreported_.empty() || rank0_round || handed_back) bits_[words] |= kFlagUncached;
+  const bool reporting = !unreported_.empty();
+  if (reporting || rank0_round || handed_back) bits_[words] |= kFlagUncached;
   if (shutdown) bits_[words] |= kFlagShutdown;
-  KOLO_RETURN_IF_ERROR(peers_.BitwiseAllreduce(bits_.data(), words, words + 1));
+  KOLO_RETURN_IF_ERROR(peers_.BitwiseAllreduce(bits_.data(), words, 2 * words + 1));
   *stop = (bits_[words] & kFlagShutdown) != 0;
   const bool uncached = (bits_[words] & kFlagUncached) != 0;
+  // Offered somewhere, agreed nowhere, not invalidated: a rank that submits one of these next
+  // completes (or comes closer to completing) a collective its peers already wait for, and starts
+  // the next exchange at once instead of on its cycle grid. Likewise a rank with a request to
+  // report after a round in which others reported theirs.
+  awaited_.assign(words, 0);
+  for (size_t w = 0; w < words; ++w) {
+    awaited_[w] = bits_[2 * words + 1 + w] & ~bits_[w] & ~bits_[words + 1 + w];
+  }
+  others_reported_ = uncached && !reporting;
 
   // Invalidated entries: every rank drops them and renegotiates any pending use.
   for (size_t w = 0; w < words; ++w) {

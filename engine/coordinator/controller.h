@@ -89,13 +89,17 @@ class Controller {
   // at the next round. REQUIRES: no tensor of that name is pending here.
   void Add(const Request& request, SteadyClock::time_point submitted);
 
-  // Whether this rank knows something its peers need for agreement (besides new submissions,
-  // which the engine sees in its queue): requests to report, a cache hit that has waited past
-  // the stall time, or (rank 0) a stall check due.
+  // Whether this rank knows something its peers need for agreement (besides new submissions
+  // still in the engine's queue): tensors added since the last exchange, requests to report, a
+  // cache hit that has waited past the stall time, or (rank 0) a stall check due.
   bool HasNews(SteadyClock::time_point now) const;
   // While the engine is idle: the time at which HasNews will turn true by itself (a hit's stall
   // time, rank 0's next stall check); max() when nothing is due.
   SteadyClock::time_point NextDue() const;
+  // Whether a tensor added since the last exchange is one some peer offered in that exchange
+  // (a response-cache hit there and here) or, for a request to report, whether other ranks
+  // reported theirs then: peers wait on this rank, and its next exchange should start at once.
+  bool Urgent() const { return urgent_; }
 
   // One agreement with every other rank. Appends to *responses, in the same order on every rank,
   // the collectives ready everywhere (cache hits in bit order, then the coordinator's list) and
@@ -145,6 +149,12 @@ class Controller {
   std::vector<PendingMap::node_type> spare_;  // released nodes, reused by Add
   int64_t next_order_ = 0;
   std::vector<std::string> unreported_;  // to report at the next coordinator round
+  bool fresh_ = false;    // tensors were added since the last exchange
+  bool urgent_ = false;   // see Urgent()
+  // Cache bits offered by some rank and agreed by none in the last exchange; whether others
+  // reported requests to the coordinator in it while this rank had none.
+  std::vector<uint64_t> awaited_;
+  bool others_reported_ = false;
   // The cycle's bit vector: cache_.words() hit words (AND), one flags word and cache_.words()
   // invalidation words (OR).
   std::vector<uint64_t> bits_;

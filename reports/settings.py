@@ -63,6 +63,8 @@ _RATE_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(kbit|mbit|gbit)$")
 # A parameter server's push pacing: a rate as a link's (no range of tc's), or off.
 _PACING_RE = re.compile(r"^(off|[0-9]+(?:\.[0-9]+)?(kbit|mbit|gbit))$")
 TRANSPORTS = ("auto", "shm", "tcp", "rdma")
+# The ring backend's allreduce algorithms (Options::allreduce_algorithm, engine/common/options.cc).
+ALLREDUCE_ALGORITHMS = ("auto", "ring", "recursive-doubling", "halving-doubling")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 PS_PLACEMENTS = ("greedy", "split")
 # Which hosts a point's parameter servers run on, under mpirun across hosts (reports/placement.py).
@@ -171,6 +173,10 @@ def _uses_transport(point: dict) -> bool:
     return point.get("backend", "ring") in TRANSPORT_BACKENDS
 
 
+def _is_ring(point: dict) -> bool:
+    return point.get("backend", "ring") == "ring"
+
+
 def _is_ps(point: dict) -> bool:
     return point.get("backend") == "ps"
 
@@ -203,6 +209,14 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("backend", "str", "--backend", choices=BACKENDS),
     Setting("transport", "str", "--transport", choices=TRANSPORTS, applies=_uses_transport),
+    Setting(
+        "allreduce_algorithm",
+        "str",
+        "--allreduce-algorithm",
+        choices=ALLREDUCE_ALGORITHMS,
+        applies=_is_ring,
+        help="ring backend: auto picks per collective by size (KOLO_ALLREDUCE_ALGORITHM)",
+    ),
     Setting("precision", "str", "--precision", choices=PRECISIONS),
     Setting("fusion_threshold_mb", "float", "--fusion-threshold-mb", minimum=0),
     Setting("cycle_time_ms", "float", "--cycle-time-ms", minimum=0, exclusive_minimum=True),

@@ -19,6 +19,7 @@
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,8 @@ int Predict(int argc, char** argv) {
       ->check(CLI::IsMember({"ring", "nccl", "mpi", "ps", "none"}));
   app.add_option("--allreduce", allreduce, "flat | hierarchical")
       ->check(CLI::IsMember({"flat", "hierarchical"}));
+  app.add_option("--allreduce-algorithm", p.allreduce_algorithm,
+                 "ring backend: auto | ring | recursive-doubling | halving-doubling");
   app.add_option("--transport", p.transport, "between hosts: tcp | rdma (auto = tcp)")
       ->check(CLI::IsMember({"tcp", "rdma", "auto", "shm"}));
   app.add_option("--link", link,
@@ -157,6 +160,7 @@ int Predict(int argc, char** argv) {
                              {"profile", p.profile},
                              {"calibration", cal.name},
                              {"backend", p.backend},
+                             {"allreduce_algorithm", p.allreduce_algorithm},
                              {"ranks", p.ranks},
                              {"fusion_threshold_mb", p.fusion_threshold_mb},
                              {"cycle_time_ms", p.cycle_time_ms},
@@ -204,6 +208,115 @@ int Predict(int argc, char** argv) {
   if (!json_path.empty()) {
     std::ofstream out(json_path);
     out << record.dump(2) << "\n";
+    if (!out) {
+      Say(fmt::format("cannot write {}", json_path));
+      return 1;
+    }
+  }
+  return 0;
+}
+
+// kolo-sim allreduce: one allreduce's predicted time per algorithm and size, and what the
+// engine's rule picks, for checking the model's crossovers against kolo-allreduce-bench's
+// --algorithms rows (alone/<a>) measured on the same ranks.
+int Allreduce(int argc, char** argv) {
+  CLI::App app{"kolo-sim allreduce: one allreduce's time per algorithm, and the rule's choice"};
+  Point p;
+  p.model = "none";
+  std::string calibration_path, sizes_text = "4K,16K,64K,256K,1M,4M", link, json_path;
+  std::string intra = "shm";
+  app.add_option("--ranks", p.ranks, "ranks")->check(CLI::Range(1, 65536));
+  app.add_option("--ranks-per-host", p.ranks_per_host, "ranks per host (default: all on one)");
+  app.add_option("--transport", p.transport, "between hosts: tcp | rdma");
+  app.add_option("--link", link, "NIC line rate, e.g. 25gbit (default: the calibration's)");
+  app.add_option("--sizes", sizes_text, "comma list of buffer sizes (K, M, G suffixes)");
+  app.add_option("--calibration", calibration_path, "calibration JSON (default: built in)");
+  app.add_option("--json", json_path, "write the table as JSON here");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    Say(fmt::format("{}; see kolo-sim allreduce --help", e.what()));
+    return 2;
+  }
+  if (p.ranks_per_host <= 1 && !app.count("--ranks-per-host")) p.ranks_per_host = p.ranks;
+  if (p.ranks % p.ranks_per_host != 0) {
+    Say(fmt::format("--ranks {} is not a multiple of --ranks-per-host {}", p.ranks,
+                    p.ranks_per_host));
+    return 2;
+  }
+  if (!link.empty()) {
+    p.link_gbit = RateGbit(link);
+    if (p.link_gbit <= 0) {
+      Say(fmt::format("--link {} is not allowed; allowed: a rate like 25gbit, 100mbit", link));
+      return 2;
+    }
+  }
+  if (p.transport != "tcp" && p.transport != "rdma") {
+    Say(fmt::format("--transport {} is not allowed; allowed: tcp, rdma", p.transport));
+    return 2;
+  }
+  std::vector<double> sizes;
+  {
+    std::stringstream in(sizes_text);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+      auto b = kolo::ParseByteSize("--sizes", item);
+      if (!b.ok() || *b <= 0) {
+        Say(fmt::format("--sizes: '{}' is not a size; allowed: bytes with K, M, G suffixes", item));
+        return 2;
+      }
+      sizes.push_back(static_cast<double>(*b));
+    }
+  }
+  Calibration cal;
+  if (!calibration_path.empty()) {
+    auto c = kolo::sim::LoadCalibration(calibration_path);
+    if (!c.ok()) {
+      Say(c.status().ToString());
+      return 2;
+    }
+    cal = *c;
+  }
+  const std::vector<std::string> algorithms = {"ring", "recursive-doubling", "halving-doubling"};
+  std::printf("# kolo-sim allreduce: %d ranks (%d per host), calibration %s; predicted us\n",
+              p.ranks, p.ranks_per_host, cal.name.c_str());
+  std::printf("#%11s %12s %20s %20s %20s %20s\n", "size(B)", "ring", "recursive-doubling",
+              "halving-doubling", "fastest", "auto runs");
+  nlohmann::json rows = nlohmann::json::array();
+  for (double bytes : sizes) {
+    const kolo::sim::Network net = kolo::sim::MakeNetwork(p, cal, bytes);
+    // As Predict costs it: the reduction slows with ranks sharing the host's cores.
+    const double reduce = cal.reduce_gbytes_per_s * 1e9 / kolo::sim::HostShare(p, cal);
+    nlohmann::json row = {{"bytes", bytes}};
+    std::string fastest;
+    double best = 0;
+    std::vector<double> t;
+    for (const std::string& a : algorithms) {
+      t.push_back(kolo::sim::AllreduceTime(net, bytes, reduce, a, false) * 1e6);
+      row[a] = t.back();
+      if (fastest.empty() || t.back() < best) {
+        best = t.back();
+        fastest = a;
+      }
+    }
+    std::string picked;
+    kolo::sim::AllreduceTime(net, bytes, reduce, "auto", false, &picked);
+    row["fastest"] = fastest;
+    row["auto"] = picked;
+    rows.push_back(row);
+    std::printf(" %11.0f %12.1f %20.1f %20.1f %20s %20s\n", bytes, t[0], t[1], t[2],
+                fastest.c_str(), picked.c_str());
+  }
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    out << nlohmann::json{{"ranks", p.ranks},
+                          {"ranks_per_host", p.ranks_per_host},
+                          {"calibration", cal.name},
+                          {"rows", rows}}
+                .dump(2)
+        << "\n";
     if (!out) {
       Say(fmt::format("cannot write {}", json_path));
       return 1;
@@ -506,7 +619,9 @@ int Calibrate(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string usage = "usage: kolo-sim predict ARGS... | kolo-sim calibrate ARGS... (--help)";
+  const std::string usage =
+      "usage: kolo-sim predict ARGS... | kolo-sim calibrate ARGS... | kolo-sim allreduce ARGS... "
+      "(--help)";
   if (argc < 2) {
     Say(usage);
     return 2;
@@ -514,6 +629,7 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   if (cmd == "predict") return Predict(argc - 1, argv + 1);
   if (cmd == "calibrate") return Calibrate(argc - 1, argv + 1);
+  if (cmd == "allreduce") return Allreduce(argc - 1, argv + 1);
   if (cmd == "--help" || cmd == "-h") {
     std::printf("%s\n", usage.c_str());
     return 0;

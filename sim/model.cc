@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "engine/backends/ps/placement.h"
+#include "engine/collectives/plan.h"
 #include "engine/common/options.h"
 #include "engine/common/tensor.h"
 #include "engine/coordinator/controller.h"
@@ -371,6 +372,77 @@ double HierarchicalAllreduceTime(const Network& net, double bytes, double reduce
   return t;
 }
 
+namespace {
+
+int LargestPowerOfTwo(int n) {
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
+// The fold of ranks p..n-1 onto 0..n-p-1 (before), or its unfold (after): one phase of whole
+// buffers.
+double FoldTime(const Network& net, int n, int p, double bytes, bool before) {
+  if (n == p) return 0;
+  std::vector<Flow> flows;
+  for (int i = 0; i + p < n; ++i) {
+    flows.push_back(before ? Flow{p + i, i, bytes} : Flow{i, p + i, bytes});
+  }
+  return PhaseTime(net, flows);
+}
+
+}  // namespace
+
+double RecursiveDoublingAllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s) {
+  const int n = net.hosts * net.per_host;
+  if (n <= 1 || bytes <= 0) return 0;
+  const int p = LargestPowerOfTwo(n);
+  const double reduce = reduce_bytes_per_s > 0 ? bytes / reduce_bytes_per_s : 0;
+  double t = FoldTime(net, n, p, bytes, true) + (n > p ? reduce : 0);
+  for (int mask = 1; mask < p; mask <<= 1) {
+    std::vector<Flow> flows;
+    for (int r = 0; r < p; ++r) flows.push_back({r, r ^ mask, bytes});
+    t += PhaseTime(net, flows) + reduce;
+  }
+  return t + FoldTime(net, n, p, bytes, false);
+}
+
+double HalvingDoublingAllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s) {
+  const int n = net.hosts * net.per_host;
+  if (n <= 1 || bytes <= 0) return 0;
+  const int p = LargestPowerOfTwo(n);
+  const double per_byte = reduce_bytes_per_s > 0 ? 1.0 / reduce_bytes_per_s : 0;
+  double t = FoldTime(net, n, p, bytes, true) + (n > p ? bytes * per_byte : 0);
+  // Reduce-scatter: step k moves bytes / 2^(k+1) to the partner at distance p / 2^(k+1) and sums
+  // it; the allgather moves the same amounts back, in reverse, without summing.
+  double share = bytes;
+  for (int mask = p / 2; mask >= 1; mask >>= 1) {
+    share /= 2;
+    std::vector<Flow> flows;
+    for (int r = 0; r < p; ++r) flows.push_back({r, r ^ mask, share});
+    const double phase = PhaseTime(net, flows);
+    t += 2 * phase + share * per_byte;
+  }
+  return t + FoldTime(net, n, p, bytes, false);
+}
+
+double AllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s,
+                     const std::string& algorithm, bool hierarchical, std::string* ran) {
+  const int n = net.hosts * net.per_host;
+  std::string run = algorithm;
+  if (run == "auto") {
+    run = collectives::AllreduceAlgorithmName(
+        collectives::ChooseAllreduceAlgorithm(static_cast<size_t>(bytes), n, net.hosts));
+  }
+  if (ran != nullptr) *ran = run;
+  if (run == "recursive-doubling") {
+    return RecursiveDoublingAllreduceTime(net, bytes, reduce_bytes_per_s);
+  }
+  if (run == "halving-doubling") return HalvingDoublingAllreduceTime(net, bytes, reduce_bytes_per_s);
+  return hierarchical ? HierarchicalAllreduceTime(net, bytes, reduce_bytes_per_s)
+                      : RingAllreduceTime(net, bytes, reduce_bytes_per_s);
+}
+
 double StreamSpread(const Calibration& cal, int streams) {
   const auto& m = cal.ps_stream_spread;
   if (m.empty() || streams < 2) return 0;
@@ -519,6 +591,12 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
   }
   if (point.backend == "none" && point.ranks != 1) {
     return InvalidArgument("backend 'none' runs one rank; ranks = {} is not allowed", point.ranks);
+  }
+  {
+    Options engine;
+    engine.allreduce_algorithm = point.allreduce_algorithm;
+    engine.hierarchical_allreduce = point.hierarchical && point.backend == "ring";
+    KOLO_RETURN_IF_ERROR(engine.Validate());  // the engine's own refusal, word for word
   }
   if (point.cycle_time_ms <= 0 || point.fusion_threshold_mb < 0 ||
       point.backward_passes_per_step < 1 || point.steps < 1 || point.ps_servers < 1) {
@@ -834,9 +912,11 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
   // Allreduce backends: the engine thread with the real controller and fusion planner.
   // NCCL reduces on the GPU, beside the transfer: no host reduction cost.
   const double reduce = point.backend == "nccl" ? 0.0 : costs.reduce_bytes_per_s;
+  // The ring backend runs the point's algorithm (auto: the engine's rule per collective); NCCL
+  // and MPI run their own, modelled as the ring.
+  const std::string algorithm = point.backend == "ring" ? point.allreduce_algorithm : "ring";
   auto allreduce = [&](double bytes) {
-    return point.hierarchical ? HierarchicalAllreduceTime(costs.net, bytes, reduce)
-                              : RingAllreduceTime(costs.net, bytes, reduce);
+    return AllreduceTime(costs.net, bytes, reduce, algorithm, point.hierarchical);
   };
   const double cycle = point.cycle_time_ms / 1e3;
   const double per_cycle = cal.engine_overhead_us * 1e-6 / k * HostShare(point, cal);

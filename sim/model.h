@@ -128,6 +128,9 @@ struct Point {
   int ranks_per_host = 1;
   std::string backend = "ring";   // ring | nccl | mpi | ps | none
   bool hierarchical = false;      // ring, nccl: reduce within hosts, allreduce across, gather
+  // ring backend: auto | ring | recursive-doubling | halving-doubling (the engine's
+  // KOLO_ALLREDUCE_ALGORITHM); nccl and mpi run their own (modelled as the ring).
+  std::string allreduce_algorithm = "auto";
   std::string transport = "tcp";  // tcp | rdma (between hosts); auto = tcp
   double link_gbit = 0;           // NIC line rate; 0: the calibration's
   double dilation = 1;            // the emulated cluster's time dilation (see SCHEMA.md)
@@ -186,6 +189,17 @@ double PhaseTime(const Network& net, const std::vector<Flow>& flows);
 // Collective algorithms: the time to allreduce `bytes` over the ranks of `net`.
 double RingAllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s);
 double HierarchicalAllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s);
+// The latency-optimal allreduces as kolo runs them (engine/collectives/latency.cc): steps that
+// each wait for their exchange, every rank's message of a step at once (PhaseTime), with the fold
+// of a rank count that is not a power of two before and after. Recursive doubling swaps the
+// whole buffer log2 p times and sums each; halving-doubling moves halves, quarters, ... and back.
+double RecursiveDoublingAllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s);
+double HalvingDoublingAllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s);
+// The time of the allreduce algorithm `algorithm` (Options::allreduce_algorithm's names; "auto"
+// picks by collectives::ChooseAllreduceAlgorithm, as the engine does) over `net`, flat or, for
+// the ring, hierarchical. Sets *ran to the algorithm that runs when ran is not null.
+double AllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s,
+                     const std::string& algorithm, bool hierarchical, std::string* ran = nullptr);
 
 // The calibration's ps_stream_spread for `streams` streams into one link (0 for fewer than 2).
 double StreamSpread(const Calibration& cal, int streams);

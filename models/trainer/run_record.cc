@@ -31,6 +31,7 @@ std::string RunRecordToJson(const RunRecord& r) {
                    {"dilation", s.dilation},
                    {"backend", s.backend},
                    {"transport", s.transport},
+                   {"allreduce_algorithm", s.allreduce_algorithm},
                    {"hierarchical_allreduce", s.hierarchical_allreduce},
                    {"precision", s.precision},
                    {"fusion_threshold_mb", s.fusion_threshold_mb},

@@ -46,6 +46,7 @@ struct RunSettings {
   double dilation = 1;  // replay: time dilation (see the file comment)
   std::string backend;
   std::string transport;
+  std::string allreduce_algorithm;  // ring backend: Options::allreduce_algorithm; else ""
   bool hierarchical_allreduce = false;
   std::string precision;
   double fusion_threshold_mb = 0;

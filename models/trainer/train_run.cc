@@ -39,6 +39,8 @@ RunSettings SettingsFrom(const TrainOptions& o) {
   s.dilation = o.dilation;
   s.backend = o.engine.backend;
   s.transport = o.engine.backend == "none" ? "" : o.engine.transport;
+  // The allreduce algorithm is the ring backend's (NCCL, MPI and parameter servers run their own).
+  s.allreduce_algorithm = o.engine.backend == "ring" ? o.engine.allreduce_algorithm : "";
   s.hierarchical_allreduce = o.engine.hierarchical_allreduce;
   s.precision = compute::PrecisionName(o.precision);
   s.fusion_threshold_mb = static_cast<double>(o.engine.fusion_threshold_bytes) / (1 << 20);

@@ -80,6 +80,24 @@ def test_ps_pacing_is_a_ps_setting_and_off_reads_as_unpaced():
     assert "--ps-pacing" not in settings.trainer_args(dict(ring, ps_pacing="125mbit"))
 
 
+def test_allreduce_algorithm_is_a_ring_setting_with_a_column_of_its_own():
+    ring = {"model": "vgg16", "ranks": 4, "backend": "ring", "point_id": "p1", "repeat": 0}
+    point = dict(ring, allreduce_algorithm="recursive-doubling")
+    assert settings.trainer_args(point)[-2:] == ["--allreduce-algorithm", "recursive-doubling"]
+    row = schema.make_row(point, RECORD, run_id="r1", status="ok")
+    assert row["allreduce_algorithm"] == "recursive-doubling"
+    # What ran, from the record, where the point left it to the default.
+    rec = dict(RECORD, settings=dict(RECORD["settings"], allreduce_algorithm="auto"))
+    assert schema.make_row(ring, rec, run_id="r1", status="ok")["allreduce_algorithm"] == "auto"
+    # Not a setting of the other backends.
+    ps = dict(ring, backend="ps", allreduce_algorithm="ring")
+    assert "--allreduce-algorithm" not in settings.trainer_args(ps)
+    assert schema.make_row(ps, RECORD, run_id="r1", status="ok")["allreduce_algorithm"] == ""
+    why = settings.BY_NAME["allreduce_algorithm"].check("tree")
+    assert why is not None and "recursive-doubling" in why
+    assert settings.BY_NAME["allreduce_algorithm"].check("auto") is None
+
+
 def test_failed_row_has_no_results_and_one_line_error():
     point = {"model": "vgg16", "ranks": 4, "point_id": "p1", "repeat": 0}
     row = schema.make_row(point, RECORD, run_id="r1", status="failed", error="boom\nsecond line", nodes=1)

@@ -42,6 +42,50 @@ TEST(SimModelTest, RingLatencyAddsUpAlongItsHops) {
   EXPECT_NEAR(RingAllreduceTime(net, 2, 0), 2 * 10e-6, 1e-8);
 }
 
+TEST(SimModelTest, RecursiveDoublingIsLog2StepsOfTheWholeBuffer) {
+  // 4 hosts, one rank each, 4 KB: 2 exchanges of 4 KB at 1 GB/s plus 10 us, each summed at
+  // 2 GB/s: 2 * (10 us + 4.096 us + 2.048 us).
+  Network net = TwoHosts();
+  net.hosts = 4;
+  EXPECT_NEAR(RecursiveDoublingAllreduceTime(net, 4096, 2e9), 2 * (10e-6 + 4.096e-6 + 2.048e-6),
+              1e-12);
+  // 5 ranks: rank 4 folds into rank 0 first (a whole-buffer phase plus its sum) and gets the
+  // result back at the end.
+  net.hosts = 5;
+  EXPECT_NEAR(RecursiveDoublingAllreduceTime(net, 4096, 2e9),
+              2 * (10e-6 + 4.096e-6 + 2.048e-6) + (10e-6 + 4.096e-6 + 2.048e-6) + (10e-6 + 4.096e-6),
+              1e-12);
+}
+
+TEST(SimModelTest, HalvingDoublingMovesTheRingsBytesInFewerSteps) {
+  // 8 hosts, 8 MB: halving steps move 4, 2, 1 MB and are summed; the doubling steps move them
+  // back: 2 * 3 * 10 us + 2 * 7 MB / 1 GB/s + 7 MB / 2 GB/s of sums.
+  Network net = TwoHosts();
+  net.hosts = 8;
+  const double t = HalvingDoublingAllreduceTime(net, 8e6, 2e9);
+  EXPECT_NEAR(t, 6 * 10e-6 + 2 * 7e6 / 1e9 + 7e6 / 2e9, 1e-9);
+  // The same bytes as the ring, 6 latencies instead of 14.
+  const double ring = RingAllreduceTime(net, 8e6, 2e9);
+  EXPECT_NEAR(ring - t, 8 * 10e-6, 1e-6);
+}
+
+TEST(SimModelTest, AutoRunsTheEnginesChoiceAndTheCrossoversFollowLatency) {
+  Network net = TwoHosts();
+  net.hosts = 16;
+  std::string ran;
+  AllreduceTime(net, 4096, 2e9, "auto", false, &ran);
+  EXPECT_EQ(ran, "recursive-doubling");
+  AllreduceTime(net, 256 << 10, 2e9, "auto", false, &ran);
+  EXPECT_EQ(ran, "halving-doubling");
+  AllreduceTime(net, 64 << 20, 2e9, "auto", false, &ran);
+  EXPECT_EQ(ran, "ring");
+  // Latency-bound: recursive doubling's 4 steps beat the ring's 30.
+  EXPECT_LT(RecursiveDoublingAllreduceTime(net, 4096, 2e9), RingAllreduceTime(net, 4096, 2e9));
+  // Bandwidth-bound: recursive doubling moves the whole buffer 4 times, the ring under twice.
+  EXPECT_GT(RecursiveDoublingAllreduceTime(net, 64 << 20, 2e9),
+            RingAllreduceTime(net, 64 << 20, 2e9));
+}
+
 TEST(SimModelTest, SharedCoresSlowHostBoundCostsOnly) {
   Calibration cal;
   Point p;
@@ -127,6 +171,22 @@ Point PaperPoint(const std::string& model, const std::string& backend, int ranks
   p.backend = backend;
   p.ps_servers = 2;
   return p;
+}
+
+TEST(SimModelTest, AnAlgorithmTheEngineRefusesIsRefused) {
+  Point p = PaperPoint("vgg16", "ring", 8);
+  p.allreduce_algorithm = "tree";
+  auto r = Predict(p, Calibration{});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("allreduce algorithm 'tree' is unknown"), std::string::npos)
+      << r.status().ToString();
+  p.allreduce_algorithm = "recursive-doubling";
+  p.hierarchical = true;
+  r = Predict(p, Calibration{});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("hierarchical"), std::string::npos);
+  p.hierarchical = false;
+  EXPECT_TRUE(Predict(p, Calibration{}).ok());
 }
 
 TEST(SimModelTest, PsUnderIncastIsSlowerWithMoreWorkersPerServer) {

@@ -57,6 +57,12 @@ struct Engine::Impl final {
   // Moves the submission queue into the table's pending operations and hands each request to the
   // controller.
   void DrainQueue();
+  // Background thread only. Tensors drained so far; consecutive cycles held for the cycle grid
+  // during which nothing more was submitted (the hold gathered nothing to fuse): from
+  // kLoneHoldsToStop on, news starts an exchange at once until news comes while a cycle runs.
+  int64_t drained_total = 0;
+  int lone_holds = 0;
+  static constexpr int kLoneHoldsToStop = 2;
   // The controller's agreement for this cycle, with the engine's statistics updated.
   Status Negotiate(std::vector<coordinator::Response>* responses, bool* stop) KOLO_EXCLUDES(mu);
   // The statistics the executor adds (through the table).

@@ -98,26 +98,39 @@ Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_p
     MutexLock lock(mu);
     stats.gather_us += std::chrono::duration<double, std::micro>(held).count();
   };
+  // News that came while the last cycle ran (submissions trickling or in a burst) is what the
+  // grid gathers for fusion: hold again. Then, per hold, whether it gathered anything more.
+  bool first = true;
+  int64_t drained_at_hold = 0;
+  const auto end_hold = [&] {
+    if (tick == kNoTick || held.count() == 0) return;
+    lone_holds = drained_total > drained_at_hold ? 0 : lone_holds + 1;
+  };
   for (;;) {
     const auto now = SteadyClock::now();
     SteadyClock::time_point until;
-    if (HasNews(now)) {
-      // The next tick on this rank's grid: submissions gather for up to a cycle, as they would
-      // under a fixed cycle, and ranks that last met in an exchange share the grid.
-      // A rank idle for a whole cycle starts at once: nothing submitted earlier waits to be
-      // fused with this news, and holding a lone small collective for the next tick would cost
-      // it up to a cycle (half of one on average) of pure latency.
+    const bool news = HasNews(now);
+    if (first && news) lone_holds = 0;
+    first = false;
+    if (news) {
       // Peers already wait on what this rank just submitted: go now.
       if (controller->Urgent()) tick = now;
       if (tick == kNoTick) {
-        if (now - last_start >= cycle) {
+        if (now - last_start >= cycle || lone_holds >= kLoneHoldsToStop) {
+          // Idle for a whole cycle (nothing submitted earlier waits to be fused with this news),
+          // or the last holds gathered nothing: holding a lone small collective for the next
+          // tick would cost it up to a cycle (half of one on average) of pure latency. Go now.
           tick = now;
         } else {
+          // The next tick on this rank's grid: submissions gather for up to a cycle, as they
+          // would under a fixed cycle, and ranks that last met in an exchange share the grid.
           const auto ticks = (now - last_start + cycle - SteadyClock::duration(1)) / cycle;
           tick = last_start + std::max<int64_t>(ticks, 1) * cycle;
+          drained_at_hold = drained_total;
         }
       }
       if (tick <= now) {
+        end_hold();
         count_held();
         return Status::OK();
       }
@@ -135,6 +148,7 @@ Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_p
                                &arrived));
     if (tick != kNoTick) held += SteadyClock::now() - now;
     if (arrived) {
+      end_hold();
       count_held();
       return Status::OK();
     }
@@ -143,6 +157,7 @@ Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_p
 
 void Engine::Impl::DrainQueue() {
   for (const execution::Operation* op : ops.Drain()) {
+    ++drained_total;
     if (timeline) {
       timeline->End(op->request.name, "QUEUE");
       timeline->Begin(op->request.name, "NEGOTIATE_" + UpperType(op->request.type));

@@ -63,6 +63,11 @@ class Backend {
   virtual Status Bind(const BenchBuffer& buf, size_t count) = 0;
   virtual Status RunOnce() = 0;
   virtual void Unbind() {}
+  // For rows through the engine, after Unbind: where this rank's engine spent its time per call
+  // of the last size, in microseconds, the median over the timed calls: agreeing
+  // (Stats::coordination_us), executing (execute_us) and holding work for the cycle grid
+  // (gather_us). Empty for other rows.
+  virtual std::vector<double> EngineParts() const { return {}; }
 };
 
 // What backends are built from. Pointers are owned by the caller and outlive every Backend.

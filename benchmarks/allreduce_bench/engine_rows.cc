@@ -4,6 +4,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 
 #include "engine/collectives/collectives.h"
@@ -55,16 +56,33 @@ class EngineRow final : public Backend {
   }
 
   Status RunOnce() override {
+    const Engine::Stats before = started_.engine->stats();
     KOLO_ASSIGN_OR_RETURN(Handle h, started_.engine->AllreduceAsync(
                                         tensor_, buf_, buf_, env_.config->dtype,
                                         {static_cast<int64_t>(count_)}, env_.config->op, place_));
-    return started_.engine->Wait(h, WaitTimeout(env_.options));
+    KOLO_RETURN_IF_ERROR(started_.engine->Wait(h, WaitTimeout(env_.options)));
+    // The engine counts a cycle's parts before it completes the cycle's tensors.
+    const Engine::Stats after = started_.engine->stats();
+    calls_.push_back({after.coordination_us - before.coordination_us,
+                      after.execute_us - before.execute_us, after.gather_us - before.gather_us});
+    return Status::OK();
   }
 
   void Unbind() override {
     if (!started_.engine) return;
+    // Medians over the timed calls (the last `iters`), as the row's time is.
+    parts_.clear();
+    const size_t timed = std::min(calls_.size(), static_cast<size_t>(env_.config->iters));
+    for (size_t part = 0; timed > 0 && part < 3; ++part) {
+      std::vector<double> v;
+      for (size_t i = calls_.size() - timed; i < calls_.size(); ++i) v.push_back(calls_[i][part]);
+      std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+      parts_.push_back(v[v.size() / 2]);
+    }
+    calls_.clear();
     StopEngine(started_).IgnoreError();  // a failure already surfaced in RunOnce
   }
+  std::vector<double> EngineParts() const override { return parts_; }
 
  private:
   bool MovesOverTransport() const {
@@ -77,6 +95,8 @@ class EngineRow final : public Backend {
   const std::string label_;
   const std::string algorithm_;  // "" : the engine options'
   std::string pairs_;
+  std::vector<std::array<double, 3>> calls_;  // per call: negotiation, execution, hold (us)
+  std::vector<double> parts_;
   StartedEngine started_;
   TensorPlace place_;  // host, or the CUDA device of --device cuda
   void* buf_ = nullptr;

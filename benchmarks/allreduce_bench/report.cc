@@ -115,6 +115,11 @@ std::vector<AlgorithmRow> ComputeAlgorithmRows(const std::vector<SweepRow>& rows
       a.alone_us = alone.time.median_us;
       a.engine_us = engine.time.median_us;
       a.overhead_us = a.engine_us - a.alone_us;
+      if (engine.engine_parts_us.size() == 3) {
+        a.negotiate_us = engine.engine_parts_us[0];
+        a.execute_us = engine.engine_parts_us[1];
+        a.hold_us = engine.engine_parts_us[2];
+      }
       out.push_back(a);
     }
   }
@@ -124,11 +129,17 @@ std::vector<AlgorithmRow> ComputeAlgorithmRows(const std::vector<SweepRow>& rows
 std::string FormatAlgorithmRows(const std::vector<AlgorithmRow>& rows) {
   if (rows.empty()) return "";
   std::string s = "#\n# algorithms: alone (on the benchmark's connections) and through the engine\n";
-  s += fmt::format("#{:>12} {:>20} {:>10} {:>20} {:>11} {:>11} {:>12}\n", "size(B)", "algorithm",
-                   "transport", "runs", "alone(us)", "engine(us)", "overhead(us)");
+  s += "# engine parts, rank 0, median per call: negotiate (agreeing), execute (the collective inside "
+       "the engine), hold (waiting for the cycle grid); the rest of the overhead is the queue, the "
+       "wake-ups and the completion\n";
+  s += fmt::format("#{:>12} {:>20} {:>10} {:>20} {:>11} {:>11} {:>12} {:>12} {:>11} {:>9}\n",
+                   "size(B)", "algorithm", "transport", "runs", "alone(us)", "engine(us)",
+                   "overhead(us)", "negotiate(us)", "execute(us)", "hold(us)");
+  auto part = [](double v) { return v < 0 ? std::string("-") : fmt::format("{:.1f}", v); };
   for (const AlgorithmRow& r : rows) {
-    s += fmt::format(" {:>12} {:>20} {:>10} {:>20} {:>11.2f} {:>11.2f} {:>12.2f}\n", r.bytes,
-                     r.algorithm, r.transport, r.picked, r.alone_us, r.engine_us, r.overhead_us);
+    s += fmt::format(" {:>12} {:>20} {:>10} {:>20} {:>11.2f} {:>11.2f} {:>12.2f} {:>12} {:>11} {:>9}\n",
+                     r.bytes, r.algorithm, r.transport, r.picked, r.alone_us, r.engine_us,
+                     r.overhead_us, part(r.negotiate_us), part(r.execute_us), part(r.hold_us));
   }
   return s;
 }
@@ -355,7 +366,10 @@ nlohmann::json ToJson(const RunInfo& info, const std::vector<SweepRow>& sweep,
                   {"picked", a.picked},
                   {"alone_us", a.alone_us},
                   {"engine_us", a.engine_us},
-                  {"overhead_us", a.overhead_us}});
+                  {"overhead_us", a.overhead_us},
+                  {"negotiate_us", a.negotiate_us},
+                  {"execute_us", a.execute_us},
+                  {"hold_us", a.hold_us}});
   }
   doc["algorithms"] = std::move(aj);
   nlohmann::json res = nlohmann::json::array();

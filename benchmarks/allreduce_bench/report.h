@@ -50,6 +50,11 @@ struct AlgorithmRow {
   double alone_us = 0;
   double engine_us = 0;
   double overhead_us = 0;  // engine_us - alone_us
+  // Rank 0's engine per call (medians over the timed calls): agreeing on the collective, executing it
+  // (the algorithm's own time inside the engine), holding it for the cycle grid; -1: unknown.
+  double negotiate_us = -1;
+  double execute_us = -1;
+  double hold_us = -1;
 };
 std::vector<AlgorithmRow> ComputeAlgorithmRows(const std::vector<SweepRow>& rows, int ranks);
 // "" when there is none.

@@ -107,6 +107,7 @@ StatusOr<std::vector<SweepRow>> MeasureSize(const BenchConfig& config,
     row.transport = backend.transport();
     row.pairs = backend.pairs();
     row.checked = config.check && backend.reduces();
+    row.engine_parts_us = backend.EngineParts();
     // One gather per row: this rank's times, then its check result.
     std::vector<double> mine = times[r];
     mine.push_back(static_cast<double>(checks[r].wrong));

@@ -48,6 +48,9 @@ struct SweepRow {
   int64_t wrong = 0;          // summed over ranks
   double max_error = 0;       // largest over ranks
   bool best_of_kind = false;  // the fastest of several rows of one kind (gloo's two algorithms)
+  // Rows through the engine: rank 0's Backend::EngineParts (negotiation, execution, hold, us per
+  // call); empty otherwise.
+  std::vector<double> engine_parts_us;
 };
 
 // algbw and busbw in GB/s for `bytes` moved in `seconds` by `ranks` ranks.

@@ -188,13 +188,25 @@ Status HalvingDoubling(Comm& comm, const Buffers& b, size_t count, DataType dtyp
       const size_t keep_bytes = byte_at(keep_hi) - byte_at(keep_lo);
       transport::Pair& pair = comm.device->pair(rank ^ mask);
       const uint64_t tag = CollectiveTag(op, sequence, step);
-      KOLO_RETURN_IF_ERROR(Posted(comm, pair.Recv(*b.recv, b.recv_offset, keep_bytes, tag), kWhat));
+      // The kept half and the half sent are disjoint: where the transport can, the partner's
+      // bytes are summed into the kept half as they arrive, with no pass through scratch.
+      const bool on_arrival = comm.accumulate_on_arrival && pair.CanAccumulate();
+      if (on_arrival) {
+        const transport::Accumulator acc{&AccumulateSum, static_cast<uintptr_t>(dtype), elem};
+        KOLO_RETURN_IF_ERROR(Posted(comm,
+                                    pair.RecvAccumulate(*b.data, b.data_offset + byte_at(keep_lo),
+                                                        keep_bytes, tag, acc),
+                                    kWhat));
+      } else {
+        KOLO_RETURN_IF_ERROR(
+            Posted(comm, pair.Recv(*b.recv, b.recv_offset, keep_bytes, tag), kWhat));
+      }
       KOLO_RETURN_IF_ERROR(Posted(comm,
                                   pair.Send(*b.data, b.data_offset + byte_at(send_lo),
                                             byte_at(send_hi) - byte_at(send_lo), tag),
                                   kWhat));
       KOLO_RETURN_IF_ERROR(Await(comm, 2, keep_bytes, kWhat, static_cast<int>(step)));
-      kernels::ReduceSum(dtype, data + byte_at(keep_lo), recv, keep_bytes / elem);
+      if (!on_arrival) kernels::ReduceSum(dtype, data + byte_at(keep_lo), recv, keep_bytes / elem);
       lo = keep_lo;
       hi = keep_hi;
     }

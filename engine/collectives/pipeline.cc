@@ -38,13 +38,12 @@ class PhaseScope {
   Phase phase_;
 };
 
-// transport::Accumulator's combiner for a sum; `arg` is the DataType.
+}  // namespace
+
 void AccumulateSum(uint8_t* dst, const uint8_t* src, size_t nbytes, uintptr_t arg) {
   const auto dtype = static_cast<DataType>(arg);
   kernels::ReduceSum(dtype, dst, src, nbytes / DataTypeSize(dtype));
 }
-
-}  // namespace
 
 ExtentMap::ExtentMap(std::vector<Extent> extents) : extents_(std::move(extents)) {
   starts_.push_back(0);

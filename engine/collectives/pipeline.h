@@ -68,6 +68,9 @@ class ExtentMap {
 // Returns the start of each range plus count at the end.
 std::vector<size_t> EvenSplit(size_t count, int parts);
 
+// transport::Accumulator's combiner for a sum; `arg` is the DataType.
+void AccumulateSum(uint8_t* dst, const uint8_t* src, size_t nbytes, uintptr_t arg);
+
 // Appends the pieces of bytes [offset, offset + nbytes) cut every `piece_bytes` bytes.
 void AppendPieces(size_t offset, size_t nbytes, size_t piece_bytes, std::vector<RecvPiece>* out);
 

@@ -71,6 +71,12 @@ struct Options {
   // KOLO_BUSY_POLL: spin on the sockets and shared-memory rings instead of sleeping in epoll (only
   // for dedicated cores).
   bool busy_poll = false;
+  // KOLO_POLL_SPIN_US: before a wait sleeps, it looks for progress for up to this long, yielding
+  // the processor between looks (sched_yield), so that a reply that comes quickly costs no sleep
+  // and wake-up while a thread of another rank that needs the processor still gets it; 0 sleeps
+  // at once. Measured on loopback (kolo-allreduce-bench --algorithms, docs/measured.md): a 4 KB
+  // allreduce of 4 ranks on 2 cores over shm went from 3x to 1x Open MPI's time at 20 us.
+  int64_t poll_spin_us = 20;
   // The RDMA transport (--transport rdma). KOLO_IB_DEVICE / --ib-device: the device by name (as
   // ibv_devices lists it); empty: the first device whose port ib_port is ACTIVE. KOLO_IB_PORT /
   // --ib-port: the port number. KOLO_IB_GID_INDEX / --ib-gid-index: the GID table entry to route

@@ -85,6 +85,10 @@ class CombinedDevice final : public PollCore {
     if (single()) return parts_.front()->Wake();
     PollCore::Wake();
   }
+  void SetPollSpin(std::chrono::microseconds spin) override {
+    PollCore::SetPollSpin(spin);
+    for (auto& part : parts_) part->SetPollSpin(spin);
+  }
 
   void Abort(const Status& reason) override {
     state_.Fail(Aborted("rank {} aborted: {}", state_.rank, reason.ToString())).IgnoreError();

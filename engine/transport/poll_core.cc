@@ -1,6 +1,7 @@
 #include "engine/transport/poll_core.h"
 
 #include <fmt/format.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -62,15 +63,42 @@ void PollCore::CloseWaitSet() {
   epoll_ = wake_ = -1;
 }
 
+template <typename Done>
+Status PollCore::Spin(Done done, Clock::time_point deadline, bool* progressed) {
+  *progressed = false;
+  if (busy_poll_ || spin_.count() <= 0) return Status::OK();
+  const auto until = std::min(deadline, Clock::now() + spin_);
+  while (Clock::now() < until) {
+    ::sched_yield();
+    bool woken = false;
+    KOLO_RETURN_IF_ERROR(LookAtEvents(&woken));
+    KOLO_RETURN_IF_ERROR(Advance());
+    if (done(woken)) {
+      *progressed = true;
+      return Status::OK();
+    }
+  }
+  return Status::OK();
+}
+
 Status PollCore::Poll(std::vector<Completion>* out, std::chrono::milliseconds timeout) {
   if (!state_->error.ok()) return state_->error;
   const auto deadline = Clock::now() + timeout;
   bool woken = false;
   bool expired = false;
+  bool spun = false;
   for (;;) {
     KOLO_RETURN_IF_ERROR(Advance());
     if (TakeCompletions(out) || woken) return Status::OK();
     if (expired) return TimedOut(timeout);
+    // Once per call, a short spin before the first sleep (SetPollSpin).
+    if (!spun) {
+      spun = true;
+      bool progressed = false;
+      KOLO_RETURN_IF_ERROR(
+          Spin([&](bool w) { return TakeCompletions(out) || w; }, deadline, &progressed));
+      if (progressed) return Status::OK();
+    }
     // The round after the deadline only looks: what the last sleep reported, or what moved without
     // an event (none was asked for), still completes rather than timing out.
     expired = Clock::now() >= deadline;
@@ -84,12 +112,26 @@ Status PollCore::WaitForArrival(std::chrono::microseconds timeout, bool* arrived
   if (!state_->error.ok()) return state_->error;
   const auto deadline = Clock::now() + timeout;
   bool woken = false;
+  bool spun = false;
   for (;;) {
     // Bytes may have come in while the thread was busy elsewhere (an edge already consumed by an
     // earlier Poll): look before sleeping, and once more after each wake-up.
     KOLO_RETURN_IF_ERROR(Advance());
     KOLO_RETURN_IF_ERROR(CheckArrival(arrived));
     if (*arrived || woken || Clock::now() >= deadline) return Status::OK();
+    if (!spun) {
+      spun = true;
+      bool progressed = false;
+      Status arrival_error;
+      KOLO_RETURN_IF_ERROR(Spin(
+          [&](bool w) {
+            arrival_error = CheckArrival(arrived);
+            return !arrival_error.ok() || *arrived || w;
+          },
+          deadline, &progressed));
+      KOLO_RETURN_IF_ERROR(arrival_error);
+      if (progressed) return Status::OK();
+    }
     // Microsecond resolution: an engine cycle may be shorter than epoll_wait's millisecond.
     KOLO_RETURN_IF_ERROR(
         Sleep(true, std::min(deadline, next_timer()), /*fine=*/true, true, &woken));

@@ -99,6 +99,7 @@ class PollCore : public PollableDevice {
   Status Poll(std::vector<Completion>* out, std::chrono::milliseconds timeout) override;
   Status WaitForArrival(std::chrono::microseconds timeout, bool* arrived) override;
   void Wake() override;
+  void SetPollSpin(std::chrono::microseconds spin) override { spin_ = spin; }
 
   // PollableDevice. Step: the sticky error, else the events the wait set holds now (when
   // `events`), then Advance.
@@ -138,6 +139,10 @@ class PollCore : public PollableDevice {
   Status LookAtEvents(bool* woken);
 
   bool busy_poll() const { return busy_poll_; }
+  // Looks for progress without sleeping, yielding the processor between looks, until
+  // `done(woken)` holds (then *progressed is true), the spin time passes or `deadline` does.
+  template <typename Done>
+  Status Spin(Done done, Clock::time_point deadline, bool* progressed);
 
  private:
   static constexpr int kMaxEvents = 64;
@@ -156,6 +161,7 @@ class PollCore : public PollableDevice {
 
   DeviceState* const state_;
   const bool busy_poll_;
+  std::chrono::microseconds spin_{0};  // SetPollSpin
   int epoll_ = -1;
   int wake_ = -1;  // eventfd in the epoll set; Wake writes it
 };

@@ -167,6 +167,7 @@ ConnectSettings SettingsFrom(const Options& options, const std::string& listen_a
   s.socket_buffer_bytes = options.socket_buffer_bytes;
   s.shm_ring_bytes = options.shm_ring_bytes;
   s.busy_poll = options.busy_poll;
+  s.poll_spin_us = options.poll_spin_us;
   s.host_name = options.host_name;
   s.ib_device = options.ib_device;
   s.ib_port = options.ib_port;
@@ -208,13 +209,17 @@ StatusOr<std::unique_ptr<Device>> Connect(const std::string& name, const Connect
       return InvalidArgument("the host layout covers {} ranks, the job has {}",
                              settings.hosts.size(), size);
     }
-    return Find(name)->connect(settings, store, rank, size);
+    KOLO_ASSIGN_OR_RETURN(auto device, Find(name)->connect(settings, store, rank, size));
+    device->SetPollSpin(std::chrono::microseconds(settings.poll_spin_us));
+    return device;
   }
   ConnectSettings with_hosts = settings;
   KOLO_ASSIGN_OR_RETURN(const std::string host, bootstrap::ThisHostName(settings.host_name));
   KOLO_ASSIGN_OR_RETURN(with_hosts.hosts,
                         bootstrap::ExchangeHostLayout(store, host, rank, size, settings.timeout));
-  return Find(name)->connect(with_hosts, store, rank, size);
+  KOLO_ASSIGN_OR_RETURN(auto device, Find(name)->connect(with_hosts, store, rank, size));
+  device->SetPollSpin(std::chrono::microseconds(settings.poll_spin_us));
+  return device;
 }
 
 }  // namespace kolo::transport

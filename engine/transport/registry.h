@@ -36,6 +36,8 @@ struct ConnectSettings {
   int64_t socket_buffer_bytes = 2 << 20;
   int64_t shm_ring_bytes = 1 << 20;
   bool busy_poll = false;
+  // Options::poll_spin_us: Device::SetPollSpin of the connected device.
+  int64_t poll_spin_us = 0;
   // Options::ib_device, ib_port, ib_gid_index, ib_verbs (the rdma transport).
   std::string ib_device;
   int ib_port = 1;

@@ -160,6 +160,12 @@ class Device {
   // idle rank learns of a dead peer as soon as its connection says so.
   virtual Status WaitForArrival(std::chrono::microseconds timeout, bool* arrived) = 0;
 
+  // Before Poll or WaitForArrival sleeps, it polls for up to `spin`, yielding the processor
+  // between looks (sched_yield): a reply that comes within it is taken without the cost of a
+  // sleep and a wake-up, while a thread of another rank that needs the processor gets it. 0:
+  // sleep at once. Ignored with busy polling. Called by the driving thread.
+  virtual void SetPollSpin(std::chrono::microseconds /*spin*/) {}
+
   // Makes the Poll or WaitForArrival in progress on the driving thread (or, if none, the next
   // one) return soon, possibly with no completion: a thread that queued work for the driving
   // thread wakes it with this instead of waiting for its timeout. Thread-safe: the one method any

@@ -184,6 +184,21 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(std::get<2>(info.param));
     });
 
+// Halving-doubling sums on arrival where the transport can; the path through scratch (a
+// transport that cannot, or accumulate_on_arrival off) must give the same sums.
+TEST(LatencyAllreduceScratch, HalvingDoublingWithoutSummingOnArrival) {
+  for (const char* transport : {"tcp", "shm"}) {
+    PlannedJob job(6, transport);
+    ASSERT_TRUE(job.ok());
+    for (int r = 0; r < 6; ++r) job.comm(r).accumulate_on_arrival = false;
+    for (DataType dtype : {DataType::kFloat32, DataType::kFloat16, DataType::kInt64}) {
+      CheckAllreduceWith(job, dtype, 30011, [&](int r, transport::Region& region) {
+        return HalvingDoublingAllreduce(job.comm(r), region, kGuard, 30011, dtype, job.scratch(r));
+      });
+    }
+  }
+}
+
 // Random floats: every rank must end with the same bits (the result is one sum, copied), and it
 // must be the sum to float rounding.
 TEST(LatencyAllreduceBits, EveryRankEndsWithTheSameBits) {

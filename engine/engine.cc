@@ -109,8 +109,12 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
                                             e.comm.bitwise_direct_max_ranks,
                                             hierarchical ? &*hierarchical : nullptr);
   auto device = transport::Connect(options.transport, link, addresses, options.rank, options.size);
-  if (!device.ok())
-    return device.status().WithContext(fmt::format("rank {}: connecting to peers", options.rank));
+  if (!device.ok()) {
+    // The peers it could not reach, with their hosts.
+    const Status& s = device.status();
+    return Status(s.code(), e.hosts.NameHosts(s.message()))
+        .WithContext(fmt::format("rank {}: connecting to peers", options.rank));
+  }
   e.device = std::move(device).value();
   e.pair_transports = transport::PairTransports(*e.device);
   e.transport_connections = e.device->connections();

@@ -1,8 +1,10 @@
 #include "models/trainer/progress.h"
 
 #include <fmt/format.h>
+#include <poll.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <string>
 
@@ -20,17 +22,32 @@ const char* kRule = "-----------------------------------------------------------
 }  // namespace
 
 Progress::Progress(std::FILE* out, int warmup_steps, int timed_steps, int display_every,
-                   bool replay, double dilation)
+                   bool replay, double dilation, const std::atomic<bool>* stop)
     : out_(out),
       warmup_(warmup_steps),
       timed_(timed_steps),
       every_(display_every),
       replay_(replay),
-      dilation_(dilation) {
+      dilation_(dilation),
+      stop_(stop) {
   if (out_ == nullptr) return;
   std::fprintf(out_, "%s\t%s\t%s\n", "Step", "Img/sec", "total_loss");
   if (warmup_ > 0) std::fprintf(out_, "Running warm-up: %d steps\n", warmup_);
   std::fflush(out_);
+}
+
+bool Progress::Writable() const {
+  if (stop_ == nullptr) return true;
+  // Until the stop flag is set, wait as long as the reader needs (a slow reader slows the run, as
+  // any blocking write would); after, never block: the line is dropped.
+  const int fd = ::fileno(out_);
+  for (;;) {
+    pollfd p{fd, POLLOUT, 0};
+    const int rc = ::poll(&p, 1, 50);
+    if (rc > 0) return (p.revents & POLLOUT) != 0;
+    if (rc < 0 && errno != EINTR) return true;  // not pollable: write as before
+    if (stop_->load()) return false;
+  }
 }
 
 void Progress::Add(int step, double images_per_sec, double wall_seconds, double loss) {
@@ -65,10 +82,11 @@ void Progress::Add(int step, double images_per_sec, double wall_seconds, double 
       warm ? "w" : "", n, mean, stddev, jitter, loss_text, Clock(elapsed_), Clock(eta));
   if (replay_) line += "\tcompute=replay";
   if (dilation_ != 1) line += fmt::format(" dilation={}", dilation_);
+  window_.clear();
+  if (!Writable()) return;
   std::fprintf(out_, "%s\n", line.c_str());
   if (warm && n == warmup_) std::fprintf(out_, "Warm-up done\n");
   std::fflush(out_);
-  window_.clear();
 }
 
 void PrintHeader(std::FILE* out, const RunSettings& s, const Graph& graph, int ranks, int nodes,

@@ -16,6 +16,7 @@
 // represented pace (measured / K) and the lines say dilation=K; elapsed and ETA are wall time.
 #pragma once
 
+#include <atomic>
 #include <cstdio>
 #include <vector>
 
@@ -29,8 +30,11 @@ class Progress {
  public:
   // `out` nullptr: prints nothing (ranks other than 0).
   // `dilation` > 1: the rates given to Add are at the represented pace, and lines say so.
+  // `stop` (may be null): once it is set, a line whose output would block (a pipe nobody reads
+  // any more, as mpirun's after Ctrl-C) is dropped instead of blocking the rank, which must reach
+  // its next step to stop.
   Progress(std::FILE* out, int warmup_steps, int timed_steps, int display_every, bool replay,
-           double dilation = 1);
+           double dilation = 1, const std::atomic<bool>* stop = nullptr);
 
   // Records step `step` (0-based over warm-up then timed steps) and prints a line at the end of
   // each display window and at the last step of each phase. `wall_seconds` is the step's wall
@@ -38,10 +42,14 @@ class Progress {
   void Add(int step, double images_per_sec, double wall_seconds, double loss);
 
  private:
+  // Whether a line can be written without blocking, waiting while the stop flag is unset.
+  bool Writable() const;
+
   std::FILE* out_;
   int warmup_, timed_, every_;
   bool replay_;
   double dilation_;
+  const std::atomic<bool>* stop_;
   double elapsed_ = 0;
   std::vector<double> window_;
 };

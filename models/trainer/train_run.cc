@@ -311,7 +311,7 @@ Status Run::Loop(Trainer& trainer, const compute::SgdConfig& sgd) {
     PrintHeader(stdout, record_.settings, *graph_, size(), record_.settings.nodes, sgd);
   }
   Progress progress(rank_ == 0 ? stdout : nullptr, o_.num_warmup_batches, o_.num_batches,
-                    o_.display_every, replay, o_.dilation);
+                    o_.display_every, replay, o_.dilation, &stop_);
   const int total = o_.num_warmup_batches + o_.num_batches;
   if (!o_.record_profile.empty()) {
     fwd_ms_.assign(graph_->layers().size(), {});

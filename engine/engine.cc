@@ -108,6 +108,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
   link.peers = collectives::PlanConnections(options.rank, options.size,
                                             e.comm.bitwise_direct_max_ranks,
                                             hierarchical ? &*hierarchical : nullptr);
+  link.full_ring_peers = collectives::PlanFullRingPeers(options.rank, options.size,
+                                                        hierarchical ? &*hierarchical : nullptr);
   auto device = transport::Connect(options.transport, link, addresses, options.rank, options.size);
   if (!device.ok()) {
     // The peers it could not reach, with their hosts.

@@ -161,8 +161,12 @@ class LinkRow final : public Backend {
 class AloneRow final : public Backend {
  public:
   AloneRow(BackendEnv& env, transport::Device& device, collectives::AllreduceAlgorithm algorithm,
-           std::string label)
-      : env_(env), device_(device), algorithm_(algorithm), label_(std::move(label)) {
+           std::string label, std::shared_ptr<collectives::Scratch> scratch)
+      : env_(env),
+        device_(device),
+        algorithm_(algorithm),
+        label_(std::move(label)),
+        scratch_(std::move(scratch)) {
     comm_.device = &device;
     comm_.chunk_bytes = static_cast<size_t>(env.options.ring_chunk_bytes);
     comm_.timeout =
@@ -195,13 +199,13 @@ class AloneRow final : public Backend {
     Status s;
     switch (a) {
       case AllreduceAlgorithm::kRecursiveDoubling:
-        s = collectives::RecursiveDoublingAllreduce(comm_, *region_, 0, count_, dtype, scratch_);
+        s = collectives::RecursiveDoublingAllreduce(comm_, *region_, 0, count_, dtype, *scratch_);
         break;
       case AllreduceAlgorithm::kHalvingDoubling:
-        s = collectives::HalvingDoublingAllreduce(comm_, *region_, 0, count_, dtype, scratch_);
+        s = collectives::HalvingDoublingAllreduce(comm_, *region_, 0, count_, dtype, *scratch_);
         break;
       default:
-        s = collectives::RingAllreduce(comm_, *region_, 0, count_, dtype, scratch_);
+        s = collectives::RingAllreduce(comm_, *region_, 0, count_, dtype, *scratch_);
         break;
     }
     KOLO_RETURN_IF_ERROR(s);
@@ -219,7 +223,7 @@ class AloneRow final : public Backend {
   const collectives::AllreduceAlgorithm algorithm_;
   const std::string label_;
   collectives::Comm comm_;
-  collectives::Scratch scratch_;
+  std::shared_ptr<collectives::Scratch> scratch_;
   std::unique_ptr<transport::Region> region_;
   size_t count_ = 0;
 };
@@ -261,10 +265,12 @@ std::unique_ptr<Backend> MakeEngineRow(BackendKind kind, BackendEnv& env,
 }
 
 std::unique_ptr<Backend> MakeAloneRow(BackendEnv& env, transport::Device& device,
-                                      const std::string& algorithm, const std::string& label) {
+                                      const std::string& algorithm, const std::string& label,
+                                      std::shared_ptr<collectives::Scratch> scratch) {
   auto parsed = collectives::ParseAllreduceAlgorithm(algorithm);
-  return std::make_unique<AloneRow>(
-      env, device, parsed.ok() ? *parsed : collectives::AllreduceAlgorithm::kRing, label);
+  return std::make_unique<AloneRow>(env, device,
+                                    parsed.ok() ? *parsed : collectives::AllreduceAlgorithm::kRing,
+                                    label, std::move(scratch));
 }
 
 std::unique_ptr<Backend> MakeLinkRow(BackendEnv& env, transport::Device& device,

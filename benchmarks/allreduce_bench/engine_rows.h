@@ -11,6 +11,7 @@
 
 #include "benchmarks/allreduce_bench/backend.h"
 #include "engine/bootstrap/store.h"
+#include "engine/collectives/collectives.h"
 #include "engine/engine.h"
 
 namespace kolo::bench {
@@ -46,8 +47,10 @@ std::unique_ptr<Backend> MakeEngineRow(BackendKind kind, BackendEnv& env,
 // directly on `device`, one of env.devices, with no engine around it: what the engine row of the
 // same algorithm costs less the engine's own queue, wake-up, negotiation and completion. Host
 // buffers only.
+// Rows of one device share `scratch` (they run one at a time), as one engine's collectives do.
 std::unique_ptr<Backend> MakeAloneRow(BackendEnv& env, transport::Device& device,
-                                      const std::string& algorithm, const std::string& label);
+                                      const std::string& algorithm, const std::string& label,
+                                      std::shared_ptr<collectives::Scratch> scratch);
 
 // `link` over `device` (one of env.devices), labelled `label`.
 std::unique_ptr<Backend> MakeLinkRow(BackendEnv& env, transport::Device& device,

@@ -165,6 +165,8 @@ Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
     settings.peers = collectives::PlanConnections(options.rank, options.size,
                                                   collectives::Comm{}.bitwise_direct_max_ranks,
                                                   nullptr);
+    settings.full_ring_peers =
+        collectives::PlanFullRingPeers(options.rank, options.size, nullptr);
     auto connected = transport::Connect(t, settings, *link_stores.back(), options.rank,
                                         options.size);
     if (!connected.ok()) {

@@ -187,8 +187,9 @@ StatusOr<std::vector<std::unique_ptr<Backend>>> MakeBackends(BackendKind kind, B
             return Internal("--algorithms needs a connected {} device", t);
           }
           const std::string suffix = env.transports.size() > 1 ? "-" + t : "";
+          auto scratch = std::make_shared<collectives::Scratch>();
           for (const std::string& a : env.config->algorithms) {
-            rows.push_back(MakeAloneRow(env, *it->second, a, "alone/" + a + suffix));
+            rows.push_back(MakeAloneRow(env, *it->second, a, "alone/" + a + suffix, scratch));
             rows.push_back(MakeEngineRow(kind, env, t, "ring/" + a + suffix, a));
           }
         }

@@ -78,4 +78,20 @@ std::vector<int> PlanConnections(int rank, int size, int direct_max_ranks,
   return peers;
 }
 
+std::vector<int> PlanFullRingPeers(int rank, int size, const HostGroups* hierarchical) {
+  std::vector<int> peers;
+  if (size > 1) {
+    peers.push_back((rank + 1) % size);
+    peers.push_back((rank + size - 1) % size);
+  }
+  if (hierarchical != nullptr) {
+    AddRingNeighbours(hierarchical->local, rank, &peers);
+    AddRingNeighbours(hierarchical->cross, rank, &peers);
+  }
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+  peers.erase(std::remove(peers.begin(), peers.end(), rank), peers.end());
+  return peers;
+}
+
 }  // namespace kolo::collectives

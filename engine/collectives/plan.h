@@ -47,4 +47,10 @@ AllreduceAlgorithm ChooseAllreduceAlgorithm(size_t bytes, int ranks, int hosts);
 std::vector<int> PlanConnections(int rank, int size, int direct_max_ranks,
                                  const HostGroups* hierarchical);
 
+// Of those, the peers whose pairs carry the ring's large buffers: the ring neighbours (and, with
+// hierarchical allreduce, the neighbours in the rings within and across hosts). The transports
+// may give the other pairs smaller buffers (transport::ConnectSettings::full_ring_peers): the
+// latency-optimal algorithms send them buffers below kHalvingDoublingMaxBytes. Symmetric.
+std::vector<int> PlanFullRingPeers(int rank, int size, const HostGroups* hierarchical);
+
 }  // namespace kolo::collectives

@@ -32,6 +32,7 @@ shm::ShmOptions ShmOptionsFrom(const ConnectSettings& s) {
   shm.timeout = s.timeout;
   shm.ring_bytes = static_cast<uint64_t>(s.shm_ring_bytes);
   shm.busy_poll = s.busy_poll;
+  shm.full_ring_peers = s.full_ring_peers;
   return shm;
 }
 

@@ -52,6 +52,10 @@ struct ConnectSettings {
   // unset: every other rank (a full mesh). Must be symmetric across the job: rank a lists b
   // exactly when b lists a.
   std::optional<std::vector<int>> peers;
+  // Of those, the peers whose pairs carry large buffers (the ring neighbours): shared memory
+  // gives them shm_ring_bytes rings and the others smaller ones (ShmOptions::full_ring_peers).
+  // Unset: every pair the full size. Must be symmetric like `peers`.
+  std::optional<std::vector<int>> full_ring_peers;
 };
 
 // The settings an engine's options give, with the rendezvous's listen address and secret.

@@ -15,6 +15,8 @@
 #include "engine/collectives/collectives.h"
 #include "engine/collectives/plan.h"
 #include "engine/common/options.h"
+#include "engine/transport/shm/device.h"
+#include "engine/transport/shm/segment.h"
 #include "tests/engine/rank_threads.h"
 #include "tests/engine/ring_test_util.h"
 
@@ -148,6 +150,58 @@ TEST(ConnectionPlan, AnUnplannedPairFailsCleanly) {
   EXPECT_NE(s.message().find("rank 0 has no tcp connection to rank 5"), std::string::npos)
       << s.ToString();
   EXPECT_GT(job.device(0).transport_memory_bytes(), 0u);
+}
+
+// Shared memory gives the ring neighbours full rings and the other planned pairs small ones; the
+// algorithms run over both, with messages larger than a small ring.
+TEST(ConnectionPlan, SharedMemoryRingsAreFullOnlyForRingNeighbours) {
+  const int n = 20;
+  std::vector<std::unique_ptr<transport::Device>> devices(n);
+  bootstrap::InMemoryStore store;
+  transport::ConnectSettings base = PlannedSettings();
+  base.shm_ring_bytes = 1 << 20;
+  base.hosts = kolo::testing::Layout(n);
+  auto statuses = kolo::testing::RunRankThreads(n, [&](int r) -> Status {
+    transport::ConnectSettings s = base;
+    s.peers = PlanConnections(r, n, 16, nullptr);
+    s.full_ring_peers = PlanFullRingPeers(r, n, nullptr);
+    KOLO_ASSIGN_OR_RETURN(devices[static_cast<size_t>(r)], transport::Connect("shm", s, store, r, n));
+    return Status::OK();
+  });
+  for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s.ToString();
+  // Rank 0: full rings with 1 and 19, small ones with 2, 4, 8 and 16.
+  const uint64_t full = transport::shm::SegmentBytes(1 << 20);
+  const uint64_t small = transport::shm::SegmentBytes(transport::shm::ShmOptions::kSmallRingBytes);
+  EXPECT_EQ(devices[0]->transport_memory_bytes(), 2 * full + 4 * small);
+  std::vector<Comm> comms(n);
+  std::vector<Scratch> scratch(n);
+  for (int r = 0; r < n; ++r) {
+    comms[r].device = devices[r].get();
+    comms[r].timeout = std::chrono::milliseconds(20000);
+  }
+  const size_t count = (3 << 20) / 4;  // 3 MiB of floats: halving-doubling's first message 1.5 MiB
+  std::vector<std::vector<float>> bufs(n, std::vector<float>(count));
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < count; ++i) bufs[r][i] = static_cast<float>((i + r) % 7);
+  }
+  statuses = kolo::testing::RunRankThreads(n, [&](int r) -> Status {
+    KOLO_ASSIGN_OR_RETURN(auto region, devices[r]->Register(bufs[r].data(), count * 4));
+    KOLO_RETURN_IF_ERROR(HalvingDoublingAllreduce(comms[r], *region, 0, count, DataType::kFloat32,
+                                                  scratch[r]));
+    return Status::OK();
+  });
+  for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s.ToString();
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < count; i += 997) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += static_cast<float>((i + q) % 7);
+      ASSERT_EQ(bufs[r][i], want) << "rank " << r << " element " << i;
+    }
+  }
+  kolo::testing::RunRankThreads(n, [&](int r) {
+    devices[static_cast<size_t>(r)].reset();
+    return Status::OK();
+  });
 }
 
 // --- the algorithms, exact results on every rank -----------------------------------------------

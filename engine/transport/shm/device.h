@@ -40,6 +40,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,14 @@ struct ShmOptions {
   // Bytes of each ring (one per direction and pair): a power of two, 64 KiB to 1 GiB. The lower
   // rank's value is the pair's.
   uint64_t ring_bytes = 1 << 20;
+  // When set, only these peers' pairs get `ring_bytes`; the others get
+  // min(ring_bytes, kSmallRingBytes). The connection plan (registry.cc) gives its ring neighbours,
+  // which carry the ring's large buffers, the full rings, and its recursive-doubling partners,
+  // which carry buffers of at most a MiB (halving-doubling's largest message is half of that),
+  // the small ones: memory per rank grows with log2 N by less.
+  // Like ring_bytes, the lower rank's choice is the pair's.
+  std::optional<std::vector<int>> full_ring_peers;
+  static constexpr uint64_t kSmallRingBytes = 512 << 10;
   // Spin instead of sleeping in epoll. Only for ranks with dedicated cores.
   bool busy_poll = false;
 };

@@ -268,6 +268,14 @@ class MeshBuilder {
     return Status::OK();
   }
 
+  // The ring size of the pair with `peer` (this rank creates its segment).
+  uint64_t RingBytesFor(int peer) const {
+    if (!options_.full_ring_peers) return options_.ring_bytes;
+    const auto& full = *options_.full_ring_peers;
+    if (std::find(full.begin(), full.end(), peer) != full.end()) return options_.ring_bytes;
+    return std::min<uint64_t>(options_.ring_bytes, ShmOptions::kSmallRingBytes);
+  }
+
   void Reject(const std::string& who, const std::string& why) {
     if (auto held = security_log_.Allow()) {
       KOLO_LOG(kWarning, "rank {}: rejected shared-memory connection from {}: {}{}", rank_, who,
@@ -342,14 +350,14 @@ class MeshBuilder {
     tcp::Welcome welcome{tcp::AcceptorProof(options_.secret, challenge.nonce, hello)};
     uint8_t welcome_wire[tcp::Welcome::kBytes];
     tcp::Encode(welcome, welcome_wire);
-    auto segment = Segment::Create(job_, rank_, from, options_.ring_bytes);
+    const uint64_t ring_bytes = RingBytesFor(from);
+    auto segment = Segment::Create(job_, rank_, from, ring_bytes);
     if (!segment.ok()) return fail(segment.status());
     const std::string name = segment->name();
     std::string offer(reinterpret_cast<const char*>(welcome_wire), sizeof welcome_wire);
     Put16(&offer, name.size());
     offer += name;
     offer.append(reinterpret_cast<const char*>(segment->nonce().data()), segment->nonce().size());
-    const uint64_t ring_bytes = options_.ring_bytes;
     offer.append(reinterpret_cast<const char*>(&ring_bytes), sizeof ring_bytes);
     Status st = WriteAll(s, offer.data(), offer.size(), deadline_, "segment offer");
     uint8_t answer = kRefused;

@@ -229,7 +229,9 @@ Status Engine::Impl::PrepareDevice(const char* type, const std::string& name,
         std::chrono::milliseconds(static_cast<int64_t>(options.peer_timeout_s * 1000));
     auto ctx = cuda::CreateDeviceContext(place.device, timeout);
     if (!ctx.ok()) return ctx.status().WithContext(fmt::format("{} '{}'", type, name));
-    auto ring = backends::MakeStagedRing(&comm, ctx->get());
+    auto algorithm = collectives::ParseAllreduceAlgorithm(options.allreduce_algorithm);
+    if (!algorithm.ok()) return algorithm.status();
+    auto ring = backends::MakeStagedRing(&comm, ctx->get(), *algorithm, hosts.num_hosts());
     if (!ring.ok()) return ring.status().WithContext(fmt::format("{} '{}'", type, name));
     gpu = std::move(ctx).value();
     device_collectives = std::move(ring).value();

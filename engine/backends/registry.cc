@@ -25,7 +25,8 @@ StatusOr<std::unique_ptr<DeviceCollectives>> MakeNcclCollectives(collectives::Co
 
 #if !KOLO_HAVE_CUDA
 StatusOr<std::unique_ptr<DeviceCollectives>> MakeStagedRing(collectives::Comm*,
-                                                            cuda::DeviceContext*) {
+                                                            cuda::DeviceContext*,
+                                                            collectives::AllreduceAlgorithm, int) {
   return FailedPrecondition("this build of kolo has no CUDA: device tensors cannot be staged");
 }
 #endif

@@ -53,6 +53,21 @@ AllreduceAlgorithm ChooseAllreduceAlgorithm(size_t bytes, int ranks, int hosts) 
   return AllreduceAlgorithm::kRing;
 }
 
+Status AllreduceWith(AllreduceAlgorithm algorithm, int hosts, Comm& comm, transport::Region& buf,
+                     size_t offset_bytes, size_t count, DataType dtype, Scratch& scratch) {
+  if (algorithm == AllreduceAlgorithm::kAuto && comm.device != nullptr) {
+    algorithm = ChooseAllreduceAlgorithm(count * DataTypeSize(dtype), comm.size(), hosts);
+  }
+  switch (algorithm) {
+    case AllreduceAlgorithm::kRecursiveDoubling:
+      return RecursiveDoublingAllreduce(comm, buf, offset_bytes, count, dtype, scratch);
+    case AllreduceAlgorithm::kHalvingDoubling:
+      return HalvingDoublingAllreduce(comm, buf, offset_bytes, count, dtype, scratch);
+    default:
+      return RingAllreduce(comm, buf, offset_bytes, count, dtype, scratch);
+  }
+}
+
 std::vector<int> PlanConnections(int rank, int size, int direct_max_ranks,
                                  const HostGroups* hierarchical) {
   std::vector<int> peers;

@@ -40,6 +40,11 @@ constexpr size_t kRecursiveDoublingMaxBytes = 32 << 10;
 constexpr size_t kHalvingDoublingMaxBytes = 1 << 20;
 AllreduceAlgorithm ChooseAllreduceAlgorithm(size_t bytes, int ranks, int hosts);
 
+// Allreduce (sum, in place on buf[offset, offset + count)) with `algorithm`, or, for kAuto, the
+// rule's choice for the call's bytes, comm.size() ranks and `hosts` hosts.
+Status AllreduceWith(AllreduceAlgorithm algorithm, int hosts, Comm& comm, transport::Region& buf,
+                     size_t offset_bytes, size_t count, DataType dtype, Scratch& scratch);
+
 // The peers `rank` of `size` connects to (sorted, without `rank`): see the file comment.
 // `direct_max_ranks` is Comm::bitwise_direct_max_ranks; `hierarchical` the rank's host groups
 // when hierarchical allreduce is on. Symmetric: every rank computes the same plan, in which a

@@ -1,10 +1,15 @@
 #include "models/trainer/progress.h"
 
 #include <fmt/format.h>
-#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
+#include <mutex>
 #include <cmath>
 #include <string>
 
@@ -36,19 +41,54 @@ Progress::Progress(std::FILE* out, int warmup_steps, int timed_steps, int displa
   std::fflush(out_);
 }
 
-bool Progress::Writable() const {
-  if (stop_ == nullptr) return true;
-  // Until the stop flag is set, wait as long as the reader needs (a slow reader slows the run, as
-  // any blocking write would); after, never block: the line is dropped.
-  const int fd = ::fileno(out_);
-  for (;;) {
-    pollfd p{fd, POLLOUT, 0};
-    const int rc = ::poll(&p, 1, 50);
-    if (rc > 0) return (p.revents & POLLOUT) != 0;
-    if (rc < 0 && errno != EINTR) return true;  // not pollable: write as before
-    if (stop_->load()) return false;
+namespace {
+
+// A timer signal of the calling thread's own, whose handler does nothing: it only makes a blocked
+// write() return (the handler is installed without SA_RESTART), so that the writer can look at
+// the stop flag.
+const int kTickSignal = SIGRTMIN + 3;
+void OnTick(int) {}
+
+// Writes `text` to `fd`; while a write blocks (a terminal or pipe nobody drains, as mpirun's after
+// Ctrl-C), every 100 ms it looks at `stop` and, once that is set, drops the rest. True when all of
+// it was written.
+bool WriteStoppable(int fd, const std::string& text, const std::atomic<bool>& stop) {
+  static std::once_flag installed;
+  std::call_once(installed, [] {
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof sa);
+    sa.sa_handler = OnTick;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;  // no SA_RESTART: a blocked write returns
+    sigaction(kTickSignal, &sa, nullptr);
+  });
+  timer_t timer{};
+  sigevent ev{};
+  ev.sigev_notify = SIGEV_THREAD_ID;
+  ev.sigev_signo = kTickSignal;
+  ev._sigev_un._tid = static_cast<pid_t>(::syscall(SYS_gettid));
+  const bool timed = ::timer_create(CLOCK_MONOTONIC, &ev, &timer) == 0;
+  if (timed) {
+    itimerspec every{};
+    every.it_interval.tv_nsec = every.it_value.tv_nsec = 100 * 1000 * 1000;
+    ::timer_settime(timer, 0, &every, nullptr);
   }
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      if (stop.load()) break;
+    } else {
+      break;
+    }
+  }
+  if (timed) ::timer_delete(timer);
+  return done == text.size();
 }
+
+}  // namespace
 
 void Progress::Add(int step, double images_per_sec, double wall_seconds, double loss) {
   if (out_ == nullptr) return;
@@ -83,10 +123,17 @@ void Progress::Add(int step, double images_per_sec, double wall_seconds, double 
   if (replay_) line += "\tcompute=replay";
   if (dilation_ != 1) line += fmt::format(" dilation={}", dilation_);
   window_.clear();
-  if (!Writable()) return;
-  std::fprintf(out_, "%s\n", line.c_str());
-  if (warm && n == warmup_) std::fprintf(out_, "Warm-up done\n");
+  line += "\n";
+  if (warm && n == warmup_) line += "Warm-up done\n";
+  if (stop_ == nullptr) {
+    std::fputs(line.c_str(), out_);
+    std::fflush(out_);
+    return;
+  }
+  // Straight to the descriptor (the stream holds nothing: every write before was flushed), so
+  // that a write blocked by a reader that went away gives way once the run is to stop.
   std::fflush(out_);
+  WriteStoppable(::fileno(out_), line, *stop_);
 }
 
 void PrintHeader(std::FILE* out, const RunSettings& s, const Graph& graph, int ranks, int nodes,

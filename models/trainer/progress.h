@@ -30,9 +30,9 @@ class Progress {
  public:
   // `out` nullptr: prints nothing (ranks other than 0).
   // `dilation` > 1: the rates given to Add are at the represented pace, and lines say so.
-  // `stop` (may be null): once it is set, a line whose output would block (a pipe nobody reads
-  // any more, as mpirun's after Ctrl-C) is dropped instead of blocking the rank, which must reach
-  // its next step to stop.
+  // `stop` (may be null): once it is set, a line whose output blocks (a terminal or pipe nobody
+  // drains any more, as mpirun's after Ctrl-C) is dropped instead of blocking the rank, which must
+  // reach its next step to stop.
   Progress(std::FILE* out, int warmup_steps, int timed_steps, int display_every, bool replay,
            double dilation = 1, const std::atomic<bool>* stop = nullptr);
 
@@ -42,9 +42,6 @@ class Progress {
   void Add(int step, double images_per_sec, double wall_seconds, double loss);
 
  private:
-  // Whether a line can be written without blocking, waiting while the stop flag is unset.
-  bool Writable() const;
-
   std::FILE* out_;
   int warmup_, timed_, every_;
   bool replay_;

@@ -18,19 +18,13 @@ class RingBackend final : public Backend {
     const size_t bytes = count * DataTypeSize(dtype);
     KOLO_ASSIGN_OR_RETURN(auto region, Register(buf, bytes));
     SlowRingScope slow;
-    switch (Pick(bytes)) {
-      case Algorithm::kRecursiveDoubling:
-        return collectives::RecursiveDoublingAllreduce(*comm_, *region, 0, count, dtype, scratch_);
-      case Algorithm::kHalvingDoubling:
-        return collectives::HalvingDoublingAllreduce(*comm_, *region, 0, count, dtype, scratch_);
-      default:
-        break;
-    }
-    if (hierarchical_) {
+    const Algorithm algorithm = Pick(bytes);
+    if (algorithm == Algorithm::kRing && hierarchical_) {
       return collectives::HierarchicalAllreduce(*comm_, *hierarchical_, *region, 0, count, dtype,
                                                 hierarchical_scratch_);
     }
-    return collectives::RingAllreduce(*comm_, *region, 0, count, dtype, scratch_);
+    return collectives::AllreduceWith(algorithm, hosts_, *comm_, *region, 0, count, dtype,
+                                      scratch_);
   }
   bool SupportsScattered() const override { return true; }
   Status AllreduceScattered(const std::vector<HostBuffer>& pieces, DataType dtype) override {

@@ -16,7 +16,9 @@ using cuda::WaitForEvent;
 
 class StagedRing final : public DeviceCollectives {
  public:
-  StagedRing(collectives::Comm* comm, DeviceContext* ctx) : comm_(comm), ctx_(ctx) {}
+  StagedRing(collectives::Comm* comm, DeviceContext* ctx,
+             collectives::AllreduceAlgorithm algorithm, int hosts)
+      : comm_(comm), ctx_(ctx), algorithm_(algorithm), hosts_(hosts) {}
 
   ~StagedRing() override {
     CurrentDeviceGuard guard;
@@ -41,9 +43,15 @@ class StagedRing final : public DeviceCollectives {
 
   Status Allreduce(void* buf, size_t count, DataType dtype) override {
     const size_t elem = DataTypeSize(dtype);
+    // One choice for the whole tensor, so that every chunk of it runs the same algorithm.
+    const collectives::AllreduceAlgorithm algorithm =
+        algorithm_ == collectives::AllreduceAlgorithm::kAuto
+            ? collectives::ChooseAllreduceAlgorithm(count * elem, comm_->size(), hosts_)
+            : algorithm_;
     return Run(buf, count * elem, kStagingChunkBytes / elem * elem, /*download=*/true,
                /*upload=*/true, [&](transport::Region& slot, size_t nbytes) {
-                 return collectives::RingAllreduce(*comm_, slot, 0, nbytes / elem, dtype, scratch_);
+                 return collectives::AllreduceWith(algorithm, hosts_, *comm_, slot, 0,
+                                                   nbytes / elem, dtype, scratch_);
                });
   }
 
@@ -133,6 +141,8 @@ class StagedRing final : public DeviceCollectives {
 
   collectives::Comm* const comm_;
   DeviceContext* const ctx_;
+  const collectives::AllreduceAlgorithm algorithm_;
+  const int hosts_;
   collectives::Scratch scratch_;
   cudaStream_t d2h_ = nullptr;
   cudaStream_t h2d_ = nullptr;
@@ -144,9 +154,11 @@ class StagedRing final : public DeviceCollectives {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<DeviceCollectives>> MakeStagedRing(collectives::Comm* comm,
-                                                            cuda::DeviceContext* ctx) {
-  return std::unique_ptr<DeviceCollectives>(std::make_unique<StagedRing>(comm, ctx));
+StatusOr<std::unique_ptr<DeviceCollectives>> MakeStagedRing(
+    collectives::Comm* comm, cuda::DeviceContext* ctx, collectives::AllreduceAlgorithm algorithm,
+    int hosts) {
+  return std::unique_ptr<DeviceCollectives>(
+      std::make_unique<StagedRing>(comm, ctx, algorithm, hosts));
 }
 
 }  // namespace kolo::backends

@@ -12,16 +12,21 @@
 #include <memory>
 
 #include "engine/backends/device_collectives.h"
+#include "engine/collectives/plan.h"
 
 namespace kolo::backends {
 
 inline constexpr size_t kStagingChunkBytes = 4 << 20;
 inline constexpr int kStagingSlots = 3;
 
-// Ring allreduce and broadcast of device tensors over `comm` (see DeviceCollectives). The pinned
-// slots are allocated and registered with comm->device at the first collective. `comm` and `ctx`
-// must outlive the result. Fails in a build without CUDA.
-StatusOr<std::unique_ptr<DeviceCollectives>> MakeStagedRing(collectives::Comm* comm,
-                                                            cuda::DeviceContext* ctx);
+// Allreduce and broadcast of device tensors over `comm` (see DeviceCollectives). Each staged
+// chunk is allreduced with `algorithm` (kAuto: the rule's choice for the whole tensor's bytes,
+// collectives::ChooseAllreduceAlgorithm, as for host tensors). The pinned slots are allocated
+// and registered with comm->device at the first collective. `comm` and `ctx` must outlive the
+// result. Fails in a build without CUDA.
+StatusOr<std::unique_ptr<DeviceCollectives>> MakeStagedRing(
+    collectives::Comm* comm, cuda::DeviceContext* ctx,
+    collectives::AllreduceAlgorithm algorithm = collectives::AllreduceAlgorithm::kAuto,
+    int hosts = 1);
 
 }  // namespace kolo::backends

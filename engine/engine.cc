@@ -105,9 +105,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
                                            e.hosts.CrossGroup(options.rank)};
   }
   // Only the peers the collectives use (collectives/plan.h).
-  link.peers = collectives::PlanConnections(options.rank, options.size,
-                                            e.comm.bitwise_direct_max_ranks,
-                                            hierarchical ? &*hierarchical : nullptr);
+  link.peers =
+      collectives::PlanConnections(options.rank, options.size, e.comm.bitwise_direct_max_ranks,
+                                   hierarchical ? &*hierarchical : nullptr);
   link.full_ring_peers = collectives::PlanFullRingPeers(options.rank, options.size,
                                                         hierarchical ? &*hierarchical : nullptr);
   auto device = transport::Connect(options.transport, link, addresses, options.rank, options.size);
@@ -139,8 +139,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
   }
   KOLO_ASSIGN_OR_RETURN(const collectives::AllreduceAlgorithm algorithm,
                         collectives::ParseAllreduceAlgorithm(options.allreduce_algorithm));
-  e.backends.push_back(backends::MakeRingBackend(&e.comm, std::move(hierarchical), algorithm,
-                                                 e.hosts.num_hosts()));
+  e.backends.push_back(
+      backends::MakeRingBackend(&e.comm, std::move(hierarchical), algorithm, e.hosts.num_hosts()));
   if (options.backend == "nccl") {
     // One GPU per rank: the rank's local index picks it.
     std::string why;

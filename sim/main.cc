@@ -315,7 +315,7 @@ int Allreduce(int argc, char** argv) {
                           {"ranks_per_host", p.ranks_per_host},
                           {"calibration", cal.name},
                           {"rows", rows}}
-                .dump(2)
+               .dump(2)
         << "\n";
     if (!out) {
       Say(fmt::format("cannot write {}", json_path));

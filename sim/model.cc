@@ -438,7 +438,8 @@ double AllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s
   if (run == "recursive-doubling") {
     return RecursiveDoublingAllreduceTime(net, bytes, reduce_bytes_per_s);
   }
-  if (run == "halving-doubling") return HalvingDoublingAllreduceTime(net, bytes, reduce_bytes_per_s);
+  if (run == "halving-doubling")
+    return HalvingDoublingAllreduceTime(net, bytes, reduce_bytes_per_s);
   return hierarchical ? HierarchicalAllreduceTime(net, bytes, reduce_bytes_per_s)
                       : RingAllreduceTime(net, bytes, reduce_bytes_per_s);
 }

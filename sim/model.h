@@ -126,8 +126,8 @@ struct Point {
   double gpu_rate = 0;  // single-GPU images/sec to scale the profile to; 0: the profile's own
   int ranks = 1;
   int ranks_per_host = 1;
-  std::string backend = "ring";   // ring | nccl | mpi | ps | none
-  bool hierarchical = false;      // ring, nccl: reduce within hosts, allreduce across, gather
+  std::string backend = "ring";  // ring | nccl | mpi | ps | none
+  bool hierarchical = false;     // ring, nccl: reduce within hosts, allreduce across, gather
   // ring backend: auto | ring | recursive-doubling | halving-doubling (the engine's
   // KOLO_ALLREDUCE_ALGORITHM); nccl and mpi run their own (modelled as the ring).
   std::string allreduce_algorithm = "auto";

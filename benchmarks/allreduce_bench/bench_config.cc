@@ -91,9 +91,10 @@ Status Convert(const RawFlags& raw, BenchConfig* c) {
     }
     if (std::find(c->backends.begin(), c->backends.end(), BackendKind::kRing) ==
         c->backends.end()) {
-      return InvalidArgument("--algorithms measures the ring backend's algorithms: add ring to "
-                             "--backend (given: '{}')",
-                             raw.backend);
+      return InvalidArgument(
+          "--algorithms measures the ring backend's algorithms: add ring to "
+          "--backend (given: '{}')",
+          raw.backend);
     }
   }
   if (!raw.transport.empty()) {

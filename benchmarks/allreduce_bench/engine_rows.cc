@@ -9,8 +9,8 @@
 
 #include "engine/collectives/collectives.h"
 #include "engine/collectives/plan.h"
-#include "engine/kernels/reduce.h"
 #include "engine/common/options.h"
+#include "engine/kernels/reduce.h"
 #include "engine/transport/transport.h"
 
 namespace kolo::bench {
@@ -40,8 +40,7 @@ class EngineRow final : public Backend {
   std::string pairs() const override { return MovesOverTransport() ? pairs_ : ""; }
 
   Status Bind(const BenchBuffer& buf, size_t count) override {
-    KOLO_ASSIGN_OR_RETURN(started_,
-                          StartEngine(env_, kind_, std::nullopt, transport_, algorithm_));
+    KOLO_ASSIGN_OR_RETURN(started_, StartEngine(env_, kind_, std::nullopt, transport_, algorithm_));
     const Engine::Stats stats = started_.engine->stats();
     pairs_ = stats.transport_pairs;
     env_.engine_connections = std::max(env_.engine_connections, stats.transport_connections);

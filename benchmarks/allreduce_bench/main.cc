@@ -3,28 +3,27 @@
 // Exit status: 0 success; 2 a configuration error (bad flag, unknown or unavailable backend),
 // found before any rank connects; 1 a failure while running (named on stderr by the failing rank);
 // 3 every row ran but some result was wrong (every rank agrees, from the gathered check counts).
-#include <unistd.h>
-
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
-#include <cstdio>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "benchmarks/allreduce_bench/backend.h"
-#include "engine/collectives/plan.h"
 #include "benchmarks/allreduce_bench/bench_config.h"
 #include "benchmarks/allreduce_bench/control.h"
 #include "benchmarks/allreduce_bench/report.h"
 #include "benchmarks/allreduce_bench/step_bench.h"
 #include "benchmarks/allreduce_bench/sweep.h"
 #include "engine/bootstrap/rendezvous.h"
+#include "engine/collectives/plan.h"
 #include "engine/common/logging.h"
 #include "engine/common/options.h"
 #include "engine/transport/registry.h"
@@ -162,13 +161,11 @@ Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
         transport::SettingsFrom(options, rv.listen_addr, rv.secret);
     // The control channel's barrier and allgather and the link row's ring use only the peers of
     // the job's connection plan.
-    settings.peers = collectives::PlanConnections(options.rank, options.size,
-                                                  collectives::Comm{}.bitwise_direct_max_ranks,
-                                                  nullptr);
-    settings.full_ring_peers =
-        collectives::PlanFullRingPeers(options.rank, options.size, nullptr);
-    auto connected = transport::Connect(t, settings, *link_stores.back(), options.rank,
-                                        options.size);
+    settings.peers = collectives::PlanConnections(
+        options.rank, options.size, collectives::Comm{}.bitwise_direct_max_ranks, nullptr);
+    settings.full_ring_peers = collectives::PlanFullRingPeers(options.rank, options.size, nullptr);
+    auto connected =
+        transport::Connect(t, settings, *link_stores.back(), options.rank, options.size);
     if (!connected.ok()) {
       return connected.status().WithContext(
           fmt::format("rank {}: connecting the benchmark's {} device", options.rank, t));
@@ -236,7 +233,8 @@ Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
   // What every rank holds, gathered (untimed, after the measurements).
   {
     const auto sizes = SweepSizes(config);
-    const int64_t largest = config.tensors.empty() || sizes.empty() ? (sizes.empty() ? 0 : sizes.back()) : 0;
+    const int64_t largest =
+        config.tensors.empty() || sizes.empty() ? (sizes.empty() ? 0 : sizes.back()) : 0;
     int connections = 0;
     int64_t memory = 0;
     for (const auto& d : devices) {
@@ -275,9 +273,9 @@ Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
                                                 *wrong_rows));
   }
   if (rank0 && !config.json_path.empty()) {
-    KOLO_RETURN_IF_ERROR(
-        WriteJson(config.json_path, ToJson(info, sweep, ratios, set ? &*set : nullptr, steps,
-                                           algorithms, resources)));
+    KOLO_RETURN_IF_ERROR(WriteJson(
+        config.json_path,
+        ToJson(info, sweep, ratios, set ? &*set : nullptr, steps, algorithms, resources)));
   }
   // Rank 0 serves the store: nobody may tear down while another rank still talks to it.
   return control->Barrier();

@@ -1,7 +1,5 @@
 #include "benchmarks/allreduce_bench/report.h"
 
-#include "engine/collectives/plan.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -9,6 +7,7 @@
 #include <cstdio>
 #include <map>
 
+#include "engine/collectives/plan.h"
 #include "engine/common/file.h"
 
 namespace kolo::bench {
@@ -128,8 +127,10 @@ std::vector<AlgorithmRow> ComputeAlgorithmRows(const std::vector<SweepRow>& rows
 
 std::string FormatAlgorithmRows(const std::vector<AlgorithmRow>& rows) {
   if (rows.empty()) return "";
-  std::string s = "#\n# algorithms: alone (on the benchmark's connections) and through the engine\n";
-  s += "# engine parts, rank 0, median per call: negotiate (agreeing), execute (the collective inside "
+  std::string s =
+      "#\n# algorithms: alone (on the benchmark's connections) and through the engine\n";
+  s += "# engine parts, rank 0, median per call: negotiate (agreeing), execute (the collective "
+       "inside "
        "the engine), hold (waiting for the cycle grid); the rest of the overhead is the queue, the "
        "wake-ups and the completion\n";
   s += fmt::format("#{:>12} {:>20} {:>10} {:>20} {:>11} {:>11} {:>12} {:>12} {:>11} {:>9}\n",
@@ -137,9 +138,10 @@ std::string FormatAlgorithmRows(const std::vector<AlgorithmRow>& rows) {
                    "overhead(us)", "negotiate(us)", "execute(us)", "hold(us)");
   auto part = [](double v) { return v < 0 ? std::string("-") : fmt::format("{:.1f}", v); };
   for (const AlgorithmRow& r : rows) {
-    s += fmt::format(" {:>12} {:>20} {:>10} {:>20} {:>11.2f} {:>11.2f} {:>12.2f} {:>12} {:>11} {:>9}\n",
-                     r.bytes, r.algorithm, r.transport, r.picked, r.alone_us, r.engine_us,
-                     r.overhead_us, part(r.negotiate_us), part(r.execute_us), part(r.hold_us));
+    s += fmt::format(
+        " {:>12} {:>20} {:>10} {:>20} {:>11.2f} {:>11.2f} {:>12.2f} {:>12} {:>11} {:>9}\n", r.bytes,
+        r.algorithm, r.transport, r.picked, r.alone_us, r.engine_us, r.overhead_us,
+        part(r.negotiate_us), part(r.execute_us), part(r.hold_us));
   }
   return s;
 }
@@ -157,22 +159,28 @@ std::string FormatResources(const std::vector<RankResources>& ranks) {
   };
   constexpr double kMiB = 1 << 20;
   std::string s = "#\n# per rank:\n";
-  s += line("connections (benchmark's device)", [](const RankResources& r) { return r.connections; },
-            1, "");
-  s += line("connections (engine)", [](const RankResources& r) { return r.engine_connections; },
-            1, "");
-  s += line("transport memory, engine (MiB)",
-            [](const RankResources& r) { return r.engine_transport_memory_bytes; }, kMiB, "");
-  s += line("transport memory, benchmark (MiB)",
-            [](const RankResources& r) { return r.transport_memory_bytes; }, kMiB, "");
-  s += line("peak RSS (MiB)", [](const RankResources& r) { return r.peak_rss_bytes; }, kMiB, "");
-  s += line("peak RSS less buffers (MiB)",
-            [](const RankResources& r) {
-              return std::max<int64_t>(0, r.peak_rss_bytes - r.buffer_bytes);
-            },
-            kMiB, "");
-  s += line("first collective after start (s)",
-            [](const RankResources& r) { return r.first_collective_s; }, 1, "");
+  s += line(
+      "connections (benchmark's device)", [](const RankResources& r) { return r.connections; }, 1,
+      "");
+  s += line(
+      "connections (engine)", [](const RankResources& r) { return r.engine_connections; }, 1, "");
+  s += line(
+      "transport memory, engine (MiB)",
+      [](const RankResources& r) { return r.engine_transport_memory_bytes; }, kMiB, "");
+  s += line(
+      "transport memory, benchmark (MiB)",
+      [](const RankResources& r) { return r.transport_memory_bytes; }, kMiB, "");
+  s += line(
+      "peak RSS (MiB)", [](const RankResources& r) { return r.peak_rss_bytes; }, kMiB, "");
+  s += line(
+      "peak RSS less buffers (MiB)",
+      [](const RankResources& r) {
+        return std::max<int64_t>(0, r.peak_rss_bytes - r.buffer_bytes);
+      },
+      kMiB, "");
+  s += line(
+      "first collective after start (s)",
+      [](const RankResources& r) { return r.first_collective_s; }, 1, "");
   return s;
 }
 
@@ -289,7 +297,8 @@ std::string FormatStepGoal(const TensorSet& set, const std::vector<StepRow>& row
 
 nlohmann::json ToJson(const RunInfo& info, const std::vector<SweepRow>& sweep,
                       const std::vector<RatioRow>& ratios, const TensorSet* set,
-                      const std::vector<StepRow>& steps, const std::vector<AlgorithmRow>& algorithms,
+                      const std::vector<StepRow>& steps,
+                      const std::vector<AlgorithmRow>& algorithms,
                       const std::vector<RankResources>& resources) {
   const BenchConfig& c = *info.config;
   const Options& o = info.options;

@@ -50,8 +50,8 @@ struct AlgorithmRow {
   double alone_us = 0;
   double engine_us = 0;
   double overhead_us = 0;  // engine_us - alone_us
-  // Rank 0's engine per call (medians over the timed calls): agreeing on the collective, executing it
-  // (the algorithm's own time inside the engine), holding it for the cycle grid; -1: unknown.
+  // Rank 0's engine per call (medians over the timed calls): agreeing on the collective, executing
+  // it (the algorithm's own time inside the engine), holding it for the cycle grid; -1: unknown.
   double negotiate_us = -1;
   double execute_us = -1;
   double hold_us = -1;

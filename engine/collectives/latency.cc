@@ -65,8 +65,8 @@ int LargestPowerOfTwo(int n) {
 
 // The fold before the algorithm. Returns true when this rank is folded away (it then waits for
 // the unfold and is done).
-StatusOr<bool> Fold(Comm& comm, const Buffers& b, size_t bytes, size_t count, DataType dtype,
-                    int p, OpCode op, uint32_t sequence, const char* what) {
+StatusOr<bool> Fold(Comm& comm, const Buffers& b, size_t bytes, size_t count, DataType dtype, int p,
+                    OpCode op, uint32_t sequence, const char* what) {
   const int rank = comm.rank();
   const int n = comm.size();
   if (rank >= p) {
@@ -141,7 +141,8 @@ Status RecursiveDoubling(Comm& comm, const Buffers& b, size_t count, DataType dt
   const int p = LargestPowerOfTwo(comm.size());
   const OpCode op = OpCode::kRecursiveDoubling;
   PhaseScope phase(comm, Phase::kRecursiveDoubling);
-  KOLO_ASSIGN_OR_RETURN(const bool folded, Fold(comm, b, bytes, count, dtype, p, op, sequence, kWhat));
+  KOLO_ASSIGN_OR_RETURN(const bool folded,
+                        Fold(comm, b, bytes, count, dtype, p, op, sequence, kWhat));
   if (folded) return Status::OK();
   const int rank = comm.rank();
   uint32_t step = 1;
@@ -165,7 +166,8 @@ Status HalvingDoubling(Comm& comm, const Buffers& b, size_t count, DataType dtyp
   const size_t bytes = count * elem;
   const int p = LargestPowerOfTwo(comm.size());
   const OpCode op = OpCode::kHalvingDoubling;
-  KOLO_ASSIGN_OR_RETURN(const bool folded, Fold(comm, b, bytes, count, dtype, p, op, sequence, kWhat));
+  KOLO_ASSIGN_OR_RETURN(const bool folded,
+                        Fold(comm, b, bytes, count, dtype, p, op, sequence, kWhat));
   if (folded) return Status::OK();
   const int rank = comm.rank();
   // Block i of p: elements [bounds[i], bounds[i + 1]).
@@ -193,10 +195,10 @@ Status HalvingDoubling(Comm& comm, const Buffers& b, size_t count, DataType dtyp
       const bool on_arrival = comm.accumulate_on_arrival && pair.CanAccumulate();
       if (on_arrival) {
         const transport::Accumulator acc{&AccumulateSum, static_cast<uintptr_t>(dtype), elem};
-        KOLO_RETURN_IF_ERROR(Posted(comm,
-                                    pair.RecvAccumulate(*b.data, b.data_offset + byte_at(keep_lo),
-                                                        keep_bytes, tag, acc),
-                                    kWhat));
+        KOLO_RETURN_IF_ERROR(Posted(
+            comm,
+            pair.RecvAccumulate(*b.data, b.data_offset + byte_at(keep_lo), keep_bytes, tag, acc),
+            kWhat));
       } else {
         KOLO_RETURN_IF_ERROR(
             Posted(comm, pair.Recv(*b.recv, b.recv_offset, keep_bytes, tag), kWhat));
@@ -254,8 +256,9 @@ Status RunOnExtents(Comm& comm, const std::vector<Extent>& extents, DataType dty
   for (const Extent& e : extents) {
     if (e.region == nullptr || e.offset > e.region->size() ||
         e.nbytes > e.region->size() - e.offset || e.nbytes % elem != 0) {
-      return InvalidArgument("{}: an extent of {} bytes at {} is not whole {} elements of its region",
-                             what, e.nbytes, e.offset, DataTypeName(dtype));
+      return InvalidArgument(
+          "{}: an extent of {} bytes at {} is not whole {} elements of its region", what, e.nbytes,
+          e.offset, DataTypeName(dtype));
     }
     bytes += e.nbytes;
   }
@@ -267,7 +270,8 @@ Status RunOnExtents(Comm& comm, const std::vector<Extent>& extents, DataType dty
     std::memcpy(space->data() + at, e.region->data() + e.offset, e.nbytes);
     at += e.nbytes;
   }
-  KOLO_RETURN_IF_ERROR(algorithm(comm, Buffers{space, 0, space, bytes}, bytes / elem, dtype, sequence));
+  KOLO_RETURN_IF_ERROR(
+      algorithm(comm, Buffers{space, 0, space, bytes}, bytes / elem, dtype, sequence));
   at = 0;
   for (const Extent& e : extents) {
     std::memcpy(e.region->data() + e.offset, space->data() + at, e.nbytes);

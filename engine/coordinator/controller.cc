@@ -81,8 +81,7 @@ void Controller::Add(const Request& request, SteadyClock::time_point submitted) 
     case ResponseCache::Lookup::kHit:
       entry.cache_bit = bit;
       // Another rank already offered this tensor in the last exchange: it waits on this rank.
-      if (!awaited_.empty() &&
-          (awaited_[static_cast<size_t>(bit) / 64] >> (bit % 64) & 1) != 0) {
+      if (!awaited_.empty() && (awaited_[static_cast<size_t>(bit) / 64] >> (bit % 64) & 1) != 0) {
         urgent_ = true;
       }
       break;

@@ -149,8 +149,8 @@ class Controller {
   std::vector<PendingMap::node_type> spare_;  // released nodes, reused by Add
   int64_t next_order_ = 0;
   std::vector<std::string> unreported_;  // to report at the next coordinator round
-  bool fresh_ = false;    // tensors were added since the last exchange
-  bool urgent_ = false;   // see Urgent()
+  bool fresh_ = false;                   // tensors were added since the last exchange
+  bool urgent_ = false;                  // see Urgent()
   // Cache bits offered by some rank and agreed by none in the last exchange; whether others
   // reported requests to the coordinator in it while this rank had none.
   std::vector<uint64_t> awaited_;

@@ -135,9 +135,7 @@ class Device {
   virtual Pair& pair(int peer) = 0;
 
   // Whether this device has a connection to `peer`.
-  virtual bool connected(int peer) const {
-    return peer >= 0 && peer < size() && peer != rank();
-  }
+  virtual bool connected(int peer) const { return peer >= 0 && peer < size() && peer != rank(); }
   // The connections this rank holds (peers connected).
   int connections() const;
   // Memory this device holds for its connections, in bytes: shared-memory segments mapped (shm),

@@ -8,9 +8,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <mutex>
-#include <cmath>
 #include <string>
 
 namespace kolo::models::trainer {

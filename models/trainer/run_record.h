@@ -10,7 +10,8 @@
 //                 "ps_pacing", "ps_staging"},
 //    "results": {"total_images_per_sec", "images_per_sec_per_rank", "images_per_sec_stddev",
 //                "step_time_ms_median", "exposed_wait_ms_median", <the time breakdown>,
-//                "final_loss", "kernel_share", "engine_stats": {..., "transport_pairs", "transport_connections", "transport_memory_bytes"}},
+//                "final_loss", "kernel_share", "engine_stats": {..., "transport_pairs",
+//                "transport_connections", "transport_memory_bytes"}},
 //    "status": "ok" | "failed", "error": "<message when failed>"}
 //
 // The time breakdown (Breakdown's fields, each a mean per timed step over the steps and the ranks):

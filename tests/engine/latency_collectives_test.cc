@@ -67,7 +67,8 @@ class PlannedJob {
     });
   }
   bool ok() const {
-    return std::all_of(devices_.begin(), devices_.end(), [](const auto& d) { return d != nullptr; });
+    return std::all_of(devices_.begin(), devices_.end(),
+                       [](const auto& d) { return d != nullptr; });
   }
   int size() const { return n_; }
   transport::Device& device(int r) { return *devices_[static_cast<size_t>(r)]; }
@@ -165,7 +166,8 @@ TEST(ConnectionPlan, SharedMemoryRingsAreFullOnlyForRingNeighbours) {
     transport::ConnectSettings s = base;
     s.peers = PlanConnections(r, n, 16, nullptr);
     s.full_ring_peers = PlanFullRingPeers(r, n, nullptr);
-    KOLO_ASSIGN_OR_RETURN(devices[static_cast<size_t>(r)], transport::Connect("shm", s, store, r, n));
+    KOLO_ASSIGN_OR_RETURN(devices[static_cast<size_t>(r)],
+                          transport::Connect("shm", s, store, r, n));
     return Status::OK();
   });
   for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s.ToString();
@@ -186,8 +188,8 @@ TEST(ConnectionPlan, SharedMemoryRingsAreFullOnlyForRingNeighbours) {
   }
   statuses = kolo::testing::RunRankThreads(n, [&](int r) -> Status {
     KOLO_ASSIGN_OR_RETURN(auto region, devices[r]->Register(bufs[r].data(), count * 4));
-    KOLO_RETURN_IF_ERROR(HalvingDoublingAllreduce(comms[r], *region, 0, count, DataType::kFloat32,
-                                                  scratch[r]));
+    KOLO_RETURN_IF_ERROR(
+        HalvingDoublingAllreduce(comms[r], *region, 0, count, DataType::kFloat32, scratch[r]));
     return Status::OK();
   });
   for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s.ToString();
@@ -214,9 +216,9 @@ TEST_P(LatencyAllreduce, ExactOnEveryDtypeAndCount) {
   const auto& [transport, algo, n] = GetParam();
   PlannedJob job(n, transport);
   ASSERT_TRUE(job.ok());
-  for (DataType dtype : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
-                         DataType::kBFloat16, DataType::kInt32, DataType::kInt64,
-                         DataType::kUInt8}) {
+  for (DataType dtype :
+       {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16,
+        DataType::kInt32, DataType::kInt64, DataType::kUInt8}) {
     for (size_t count : {size_t{0}, size_t{1}, size_t{3}, static_cast<size_t>(n + 1), size_t{1000},
                          size_t{40001}}) {
       CheckAllreduceWith(job, dtype, count, [&](int r, transport::Region& region) {
@@ -227,16 +229,17 @@ TEST_P(LatencyAllreduce, ExactOnEveryDtypeAndCount) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Ranks, LatencyAllreduce,
-    ::testing::Combine(::testing::Values("tcp", "shm"),
-                       ::testing::Values(Algo::kRecursiveDoubling, Algo::kHalvingDoubling),
-                       ::testing::Values(1, 2, 3, 4, 5, 7, 8, 13, 20)),
-    [](const ::testing::TestParamInfo<AlgoCase>& info) {
-      return std::get<0>(info.param) +
-             (std::get<1>(info.param) == Algo::kRecursiveDoubling ? "_rd_" : "_hd_") +
-             std::to_string(std::get<2>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Ranks, LatencyAllreduce,
+                         ::testing::Combine(::testing::Values("tcp", "shm"),
+                                            ::testing::Values(Algo::kRecursiveDoubling,
+                                                              Algo::kHalvingDoubling),
+                                            ::testing::Values(1, 2, 3, 4, 5, 7, 8, 13, 20)),
+                         [](const ::testing::TestParamInfo<AlgoCase>& info) {
+                           return std::get<0>(info.param) +
+                                  (std::get<1>(info.param) == Algo::kRecursiveDoubling ? "_rd_"
+                                                                                       : "_hd_") +
+                                  std::to_string(std::get<2>(info.param));
+                         });
 
 // Halving-doubling sums on arrival where the transport can; the path through scratch (a
 // transport that cannot, or accumulate_on_arrival off) must give the same sums.
@@ -349,8 +352,9 @@ TEST(PlannedMessages, GatherBroadcastBarrierAndBitsOverTheTree) {
       std::vector<uint8_t> mine(static_cast<size_t>(r % 5), static_cast<uint8_t>(r));
       KOLO_ASSIGN_OR_RETURN(gathered[r], GatherMessages(job.comm(r), 0, mine));
       std::vector<uint8_t> message = {1, 2, 3, static_cast<uint8_t>(n)};
-      KOLO_ASSIGN_OR_RETURN(broadcast[r], BroadcastMessage(job.comm(r), 0,
-                                                           r == 0 ? message : std::vector<uint8_t>{}));
+      KOLO_ASSIGN_OR_RETURN(
+          broadcast[r],
+          BroadcastMessage(job.comm(r), 0, r == 0 ? message : std::vector<uint8_t>{}));
       bits[r] = {~uint64_t{0} ^ (uint64_t{1} << (r % 64)), uint64_t{1} << (r % 64)};
       KOLO_ASSIGN_OR_RETURN(auto region, job.device(r).Register(bits[r].data(), 16));
       KOLO_RETURN_IF_ERROR(BitwiseAllreduce(job.comm(r), *region, 1, 1, job.scratch(r)));
@@ -359,8 +363,8 @@ TEST(PlannedMessages, GatherBroadcastBarrierAndBitsOverTheTree) {
     for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s.ToString();
     ASSERT_EQ(gathered[0].size(), static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) {
-      EXPECT_EQ(gathered[0][r], std::vector<uint8_t>(static_cast<size_t>(r % 5),
-                                                     static_cast<uint8_t>(r)))
+      EXPECT_EQ(gathered[0][r],
+                std::vector<uint8_t>(static_cast<size_t>(r % 5), static_cast<uint8_t>(r)))
           << "rank " << r << " of " << n;
       EXPECT_EQ(broadcast[r], (std::vector<uint8_t>{1, 2, 3, static_cast<uint8_t>(n)}));
       uint64_t and_want = ~uint64_t{0}, or_want = 0;

@@ -52,9 +52,10 @@ TEST(SimModelTest, RecursiveDoublingIsLog2StepsOfTheWholeBuffer) {
   // 5 ranks: rank 4 folds into rank 0 first (a whole-buffer phase plus its sum) and gets the
   // result back at the end.
   net.hosts = 5;
-  EXPECT_NEAR(RecursiveDoublingAllreduceTime(net, 4096, 2e9),
-              2 * (10e-6 + 4.096e-6 + 2.048e-6) + (10e-6 + 4.096e-6 + 2.048e-6) + (10e-6 + 4.096e-6),
-              1e-12);
+  EXPECT_NEAR(
+      RecursiveDoublingAllreduceTime(net, 4096, 2e9),
+      2 * (10e-6 + 4.096e-6 + 2.048e-6) + (10e-6 + 4.096e-6 + 2.048e-6) + (10e-6 + 4.096e-6),
+      1e-12);
 }
 
 TEST(SimModelTest, HalvingDoublingMovesTheRingsBytesInFewerSteps) {

@@ -16,8 +16,8 @@ using cuda::WaitForEvent;
 
 class StagedRing final : public DeviceCollectives {
  public:
-  StagedRing(collectives::Comm* comm, DeviceContext* ctx,
-             collectives::AllreduceAlgorithm algorithm, int hosts)
+  StagedRing(collectives::Comm* comm, DeviceContext* ctx, collectives::AllreduceAlgorithm algorithm,
+             int hosts)
       : comm_(comm), ctx_(ctx), algorithm_(algorithm), hosts_(hosts) {}
 
   ~StagedRing() override {

@@ -69,8 +69,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "engine/bootstrap/store.h"
 #include "engine/common/status.h"

@@ -24,7 +24,8 @@ class TcpDevice final : public PairedDevice<TcpPair, TcpState> {
  public:
   TcpDevice(int rank, int size, const TcpOptions& options, Mesh mesh)
       : PairedDevice(rank, size, options.busy_poll, options.timeout),
-        socket_buffer_bytes_(static_cast<uint64_t>(std::max<int64_t>(options.socket_buffer_bytes, 0))),
+        socket_buffer_bytes_(
+            static_cast<uint64_t>(std::max<int64_t>(options.socket_buffer_bytes, 0))),
         listener_(std::move(mesh.listener)) {
     for (int peer = 0; peer < size; ++peer) {
       if (peer == rank || !mesh.peers[static_cast<size_t>(peer)].valid()) continue;

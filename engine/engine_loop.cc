@@ -116,7 +116,8 @@ Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_p
       // Peers already wait on what this rank just submitted: go now.
       if (controller->Urgent()) tick = now;
       if (tick == kNoTick) {
-        if (now - last_start >= cycle || lone_holds >= kLoneHoldsToStop) {
+        // (A single rank has nobody to wait for: it keeps the grid, which only gathers.)
+        if (options.size > 1 && (now - last_start >= cycle || lone_holds >= kLoneHoldsToStop)) {
           // Idle for a whole cycle (nothing submitted earlier waits to be fused with this news),
           // or the last holds gathered nothing: holding a lone small collective for the next
           // tick would cost it up to a cycle (half of one on average) of pure latency. Go now.

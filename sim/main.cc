@@ -41,6 +41,27 @@ double RateGbit(const std::string& text) {
   return bits.ok() && *bits > 0 ? *bits / 1e9 : -1;
 }
 
+// --link (empty: the calibration's) into p->link_gbit; false (said) when it is not a rate.
+bool ReadLink(const std::string& link, Point* p) {
+  if (link.empty()) return true;
+  p->link_gbit = RateGbit(link);
+  if (p->link_gbit > 0) return true;
+  Say(fmt::format("--link {} is not allowed; allowed: a rate like 25gbit, 100mbit", link));
+  return false;
+}
+
+// --calibration (empty: the built-in one) into *cal; false (said) when it cannot be loaded.
+bool ReadCalibration(const std::string& path, Calibration* cal) {
+  if (path.empty()) return true;
+  auto c = kolo::sim::LoadCalibration(path);
+  if (!c.ok()) {
+    Say(c.status().ToString());
+    return false;
+  }
+  *cal = *c;
+  return true;
+}
+
 std::string Utc() {
   std::time_t t = std::time(nullptr);
   std::tm tm{};
@@ -120,13 +141,7 @@ int Predict(int argc, char** argv) {
                     compute));
     return 2;
   }
-  if (!link.empty()) {
-    p.link_gbit = RateGbit(link);
-    if (p.link_gbit <= 0) {
-      Say(fmt::format("--link {} is not allowed; allowed: a rate like 25gbit, 100mbit", link));
-      return 2;
-    }
-  }
+  if (!ReadLink(link, &p)) return 2;
   if (!ps_pacing.empty()) {
     auto rate = kolo::ParseBitRate("--ps-pacing", ps_pacing);
     if (!rate.ok()) {
@@ -139,14 +154,7 @@ int Predict(int argc, char** argv) {
   p.ps_on_worker_hosts = ps_hosts == "spread";
   if (p.transport == "auto" || p.transport == "shm") p.transport = "tcp";
   Calibration cal;
-  if (!calibration_path.empty()) {
-    auto c = kolo::sim::LoadCalibration(calibration_path);
-    if (!c.ok()) {
-      Say(c.status().ToString());
-      return 2;
-    }
-    cal = *c;
-  }
+  if (!ReadCalibration(calibration_path, &cal)) return 2;
   auto pred = kolo::sim::Predict(p, cal);
   nlohmann::json record;
   record["kolo_commit"] = "unknown";
@@ -224,7 +232,6 @@ int Allreduce(int argc, char** argv) {
   Point p;
   p.model = "none";
   std::string calibration_path, sizes_text = "4K,16K,64K,256K,1M,4M", link, json_path;
-  std::string intra = "shm";
   app.add_option("--ranks", p.ranks, "ranks")->check(CLI::Range(1, 65536));
   app.add_option("--ranks-per-host", p.ranks_per_host, "ranks per host (default: all on one)");
   app.add_option("--transport", p.transport, "between hosts: tcp | rdma");
@@ -246,13 +253,7 @@ int Allreduce(int argc, char** argv) {
                     p.ranks_per_host));
     return 2;
   }
-  if (!link.empty()) {
-    p.link_gbit = RateGbit(link);
-    if (p.link_gbit <= 0) {
-      Say(fmt::format("--link {} is not allowed; allowed: a rate like 25gbit, 100mbit", link));
-      return 2;
-    }
-  }
+  if (!ReadLink(link, &p)) return 2;
   if (p.transport != "tcp" && p.transport != "rdma") {
     Say(fmt::format("--transport {} is not allowed; allowed: tcp, rdma", p.transport));
     return 2;
@@ -271,14 +272,7 @@ int Allreduce(int argc, char** argv) {
     }
   }
   Calibration cal;
-  if (!calibration_path.empty()) {
-    auto c = kolo::sim::LoadCalibration(calibration_path);
-    if (!c.ok()) {
-      Say(c.status().ToString());
-      return 2;
-    }
-    cal = *c;
-  }
+  if (!ReadCalibration(calibration_path, &cal)) return 2;
   const std::vector<std::string> algorithms = {"ring", "recursive-doubling", "halving-doubling"};
   std::printf("# kolo-sim allreduce: %d ranks (%d per host), calibration %s; predicted us\n",
               p.ranks, p.ranks_per_host, cal.name.c_str());

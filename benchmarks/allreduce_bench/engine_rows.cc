@@ -188,26 +188,10 @@ class AloneRow final : public Backend {
   }
 
   Status RunOnce() override {
-    using collectives::AllreduceAlgorithm;
     const DataType dtype = env_.config->dtype;
-    const size_t bytes = count_ * DataTypeSize(dtype);
-    AllreduceAlgorithm a = algorithm_;
-    if (a == AllreduceAlgorithm::kAuto) {
-      a = collectives::ChooseAllreduceAlgorithm(bytes, comm_.size(), 1);
-    }
-    Status s;
-    switch (a) {
-      case AllreduceAlgorithm::kRecursiveDoubling:
-        s = collectives::RecursiveDoublingAllreduce(comm_, *region_, 0, count_, dtype, *scratch_);
-        break;
-      case AllreduceAlgorithm::kHalvingDoubling:
-        s = collectives::HalvingDoublingAllreduce(comm_, *region_, 0, count_, dtype, *scratch_);
-        break;
-      default:
-        s = collectives::RingAllreduce(comm_, *region_, 0, count_, dtype, *scratch_);
-        break;
-    }
-    KOLO_RETURN_IF_ERROR(s);
+    // hosts: the rule does not use it (ChooseAllreduceAlgorithm).
+    KOLO_RETURN_IF_ERROR(collectives::AllreduceWith(algorithm_, /*hosts=*/1, comm_, *region_, 0,
+                                                    count_, dtype, *scratch_));
     if (env_.config->op == ReduceOp::kAverage) {
       kernels::Scale(dtype, region_->data(), count_, 1.0 / comm_.size());
     }

@@ -28,6 +28,13 @@ void AddRingNeighbours(const std::vector<int>& group, int rank, std::vector<int>
   out->push_back(group[(i + n - 1) % n]);
 }
 
+// Sorted, without duplicates or `rank` itself.
+void Normalize(int rank, std::vector<int>* peers) {
+  std::sort(peers->begin(), peers->end());
+  peers->erase(std::unique(peers->begin(), peers->end()), peers->end());
+  peers->erase(std::remove(peers->begin(), peers->end(), rank), peers->end());
+}
+
 }  // namespace
 
 const char* AllreduceAlgorithmName(AllreduceAlgorithm algorithm) {
@@ -68,6 +75,23 @@ Status AllreduceWith(AllreduceAlgorithm algorithm, int hosts, Comm& comm, transp
   }
 }
 
+Status AllreduceWith(AllreduceAlgorithm algorithm, int hosts, Comm& comm,
+                     const std::vector<Extent>& extents, DataType dtype, Scratch& scratch) {
+  if (algorithm == AllreduceAlgorithm::kAuto && comm.device != nullptr) {
+    size_t bytes = 0;
+    for (const Extent& e : extents) bytes += e.nbytes;
+    algorithm = ChooseAllreduceAlgorithm(bytes, comm.size(), hosts);
+  }
+  switch (algorithm) {
+    case AllreduceAlgorithm::kRecursiveDoubling:
+      return RecursiveDoublingAllreduce(comm, extents, dtype, scratch);
+    case AllreduceAlgorithm::kHalvingDoubling:
+      return HalvingDoublingAllreduce(comm, extents, dtype, scratch);
+    default:
+      return RingAllreduce(comm, extents, dtype, scratch);
+  }
+}
+
 std::vector<int> PlanConnections(int rank, int size, int direct_max_ranks,
                                  const HostGroups* hierarchical) {
   std::vector<int> peers;
@@ -77,19 +101,13 @@ std::vector<int> PlanConnections(int rank, int size, int direct_max_ranks,
     }
     return peers;
   }
-  peers.push_back((rank + 1) % size);
-  peers.push_back((rank + size - 1) % size);
+  // The rings' neighbours, then the r XOR 2^k partners.
+  peers = PlanFullRingPeers(rank, size, hierarchical);
   for (int mask = 1; mask < size; mask <<= 1) {
     const int partner = rank ^ mask;
     if (partner < size) peers.push_back(partner);
   }
-  if (hierarchical != nullptr) {
-    AddRingNeighbours(hierarchical->local, rank, &peers);
-    AddRingNeighbours(hierarchical->cross, rank, &peers);
-  }
-  std::sort(peers.begin(), peers.end());
-  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
-  peers.erase(std::remove(peers.begin(), peers.end(), rank), peers.end());
+  Normalize(rank, &peers);
   return peers;
 }
 
@@ -103,9 +121,7 @@ std::vector<int> PlanFullRingPeers(int rank, int size, const HostGroups* hierarc
     AddRingNeighbours(hierarchical->local, rank, &peers);
     AddRingNeighbours(hierarchical->cross, rank, &peers);
   }
-  std::sort(peers.begin(), peers.end());
-  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
-  peers.erase(std::remove(peers.begin(), peers.end(), rank), peers.end());
+  Normalize(rank, &peers);
   return peers;
 }
 

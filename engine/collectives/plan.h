@@ -44,6 +44,9 @@ AllreduceAlgorithm ChooseAllreduceAlgorithm(size_t bytes, int ranks, int hosts);
 // rule's choice for the call's bytes, comm.size() ranks and `hosts` hosts.
 Status AllreduceWith(AllreduceAlgorithm algorithm, int hosts, Comm& comm, transport::Region& buf,
                      size_t offset_bytes, size_t count, DataType dtype, Scratch& scratch);
+// The same on the concatenation of `extents` (zero-copy Tensor Fusion).
+Status AllreduceWith(AllreduceAlgorithm algorithm, int hosts, Comm& comm,
+                     const std::vector<Extent>& extents, DataType dtype, Scratch& scratch);
 
 // The peers `rank` of `size` connects to (sorted, without `rank`): see the file comment.
 // `direct_max_ranks` is Comm::bitwise_direct_max_ranks; `hierarchical` the rank's host groups

@@ -37,58 +37,19 @@ transport::ConnectSettings PlannedSettings() {
 }
 
 // n ranks over `transport`, rank r connected only to PlanConnections(r, n).
-class PlannedJob {
+class PlannedJob : public RingJob {
  public:
-  PlannedJob(int n, const std::string& transport, int direct_max_ranks = 16) : n_(n) {
-    devices_.resize(static_cast<size_t>(n));
-    transport::ConnectSettings base = PlannedSettings();
-    base.hosts = kolo::testing::Layout(n);
-    auto statuses = kolo::testing::RunRankThreads(n, [&](int r) -> Status {
-      transport::ConnectSettings s = base;
-      s.peers = PlanConnections(r, n, direct_max_ranks, nullptr);
-      KOLO_ASSIGN_OR_RETURN(devices_[static_cast<size_t>(r)],
-                            transport::Connect(transport, s, store_, r, n));
-      return Status::OK();
-    });
-    for (const Status& s : statuses) EXPECT_TRUE(s.ok()) << s.ToString();
-    comms_.resize(static_cast<size_t>(n));
-    scratch_.resize(static_cast<size_t>(n));
-    for (int r = 0; r < n; ++r) {
-      comms_[r].device = devices_[r].get();
-      comms_[r].chunk_bytes = 16 << 10;
-      comms_[r].timeout = std::chrono::milliseconds(20000);
-      comms_[r].bitwise_direct_max_ranks = direct_max_ranks;
-    }
+  PlannedJob(int n, const std::string& transport, int direct_max_ranks = 16)
+      : RingJob(
+            n, transport,
+            [&](int r) {
+              transport::ConnectSettings s = PlannedSettings();
+              s.peers = PlanConnections(r, n, direct_max_ranks, nullptr);
+              return s;
+            },
+            16 << 10, std::chrono::milliseconds(20000)) {
+    for (int r = 0; r < n; ++r) comm(r).bitwise_direct_max_ranks = direct_max_ranks;
   }
-  ~PlannedJob() {
-    kolo::testing::RunRankThreads(n_, [&](int r) {
-      devices_[static_cast<size_t>(r)].reset();
-      return Status::OK();
-    });
-  }
-  bool ok() const {
-    return std::all_of(devices_.begin(), devices_.end(),
-                       [](const auto& d) { return d != nullptr; });
-  }
-  int size() const { return n_; }
-  transport::Device& device(int r) { return *devices_[static_cast<size_t>(r)]; }
-  Comm& comm(int r) { return comms_[static_cast<size_t>(r)]; }
-  Scratch& scratch(int r) { return scratch_[static_cast<size_t>(r)]; }
-  template <typename Fn>
-  std::vector<Status> Run(Fn fn) {
-    return kolo::testing::RunRankThreads(n_, [&](int r) -> Status {
-      Status s = fn(r);
-      if (!s.ok()) device(r).Abort(s);
-      return s;
-    });
-  }
-
- private:
-  int n_;
-  bootstrap::InMemoryStore store_;
-  kolo::testing::Devices devices_;
-  std::vector<Comm> comms_;
-  std::vector<Scratch> scratch_;
 };
 
 enum class Algo { kRecursiveDoubling, kHalvingDoubling };

@@ -19,13 +19,19 @@
 namespace kolo::testing {
 
 // n ranks connected through `transport` with `settings` (every rank on one host unless
-// settings.hosts says otherwise), with the collectives' per-rank state.
+// settings.hosts says otherwise), or rank r with settings_of(r), with the collectives' per-rank
+// state. The ranks shut down at once, as in a real job.
 class RingJob {
  public:
   RingJob(int n, const std::string& transport, const transport::ConnectSettings& settings,
           size_t chunk_bytes, std::chrono::milliseconds timeout = std::chrono::milliseconds(30000))
+      : RingJob(
+            n, transport, [&](int) { return settings; }, chunk_bytes, timeout) {}
+  RingJob(int n, const std::string& transport,
+          const std::function<transport::ConnectSettings(int)>& settings_of, size_t chunk_bytes,
+          std::chrono::milliseconds timeout = std::chrono::milliseconds(30000))
       : n_(n) {
-    devices_ = ConnectAll(transport, n, store_, settings);
+    devices_ = ConnectAll(transport, n, store_, settings_of);
     comms_.resize(static_cast<size_t>(n));
     scratch_.resize(static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) {
@@ -33,6 +39,12 @@ class RingJob {
       comms_[r].chunk_bytes = chunk_bytes;
       comms_[r].timeout = timeout;
     }
+  }
+  ~RingJob() {
+    RunRankThreads(n_, [&](int r) {
+      devices_[static_cast<size_t>(r)].reset();
+      return Status::OK();
+    });
   }
   bool ok() const {
     for (const auto& d : devices_) {

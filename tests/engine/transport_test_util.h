@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <string>
@@ -67,13 +68,16 @@ inline bootstrap::HostLayout Layout(int size, const std::vector<std::string>& ho
 }
 
 // Connects ranks 0..n-1 of a job of `size` ranks (the others, if any, join from elsewhere)
-// through the transport `name`. A rank that fails leaves its device null (and the test fails).
+// through the transport `name`, rank r with settings_of(r). A rank that fails leaves its device
+// null (and the test fails).
 inline Devices ConnectAll(const std::string& name, int n, bootstrap::Store& store,
-                          transport::ConnectSettings settings, int size = 0) {
+                          const std::function<transport::ConnectSettings(int)>& settings_of,
+                          int size = 0) {
   if (size == 0) size = n;
-  if (!settings.hosts.known()) settings.hosts = Layout(size);
   Devices devices(static_cast<size_t>(n));
   std::vector<Status> statuses = RunRankThreads(n, [&](int r) -> Status {
+    transport::ConnectSettings settings = settings_of(r);
+    if (!settings.hosts.known()) settings.hosts = Layout(size);
     KOLO_ASSIGN_OR_RETURN(devices[static_cast<size_t>(r)],
                           transport::Connect(name, settings, store, r, size));
     return Status::OK();
@@ -84,6 +88,13 @@ inline Devices ConnectAll(const std::string& name, int n, bootstrap::Store& stor
     }
   }
   return devices;
+}
+
+// The same, every rank with `settings`.
+inline Devices ConnectAll(const std::string& name, int n, bootstrap::Store& store,
+                          const transport::ConnectSettings& settings, int size = 0) {
+  return ConnectAll(
+      name, n, store, [&](int) { return settings; }, size);
 }
 
 inline std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {

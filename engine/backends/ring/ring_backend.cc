@@ -39,19 +39,12 @@ class RingBackend final : public Backend {
       bytes += p.bytes;
     }
     SlowRingScope slow;
-    switch (Pick(bytes)) {
-      case Algorithm::kRecursiveDoubling:
-        return collectives::RecursiveDoublingAllreduce(*comm_, extents, dtype, scratch_);
-      case Algorithm::kHalvingDoubling:
-        return collectives::HalvingDoublingAllreduce(*comm_, extents, dtype, scratch_);
-      default:
-        break;
-    }
-    if (hierarchical_) {
+    const Algorithm algorithm = Pick(bytes);
+    if (algorithm == Algorithm::kRing && hierarchical_) {
       return collectives::HierarchicalAllreduce(*comm_, *hierarchical_, extents, dtype,
                                                 hierarchical_scratch_);
     }
-    return collectives::RingAllreduce(*comm_, extents, dtype, scratch_);
+    return collectives::AllreduceWith(algorithm, hosts_, *comm_, extents, dtype, scratch_);
   }
 
   Status Broadcast(void* buf, size_t nbytes, int root) override {

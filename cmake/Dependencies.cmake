@@ -10,6 +10,9 @@ find_package(Threads REQUIRED)
 find_package(fmt REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
+# libcrypto: SHA-256/HMAC of the handshakes, X25519 and ChaCha20-Poly1305 for the secret under
+# mpirun, random bytes (engine/common/crypto.h). OpenSSL 3 (Debian 12: libssl-dev).
+find_package(OpenSSL 3.0 REQUIRED COMPONENTS Crypto)
 
 option(KOLO_WITH_MPI "Look for MPI (the mpi backend, the mpirun bootstrap and mpirun tests)" ON)
 option(KOLO_WITH_GLOO "Look for Gloo (a peer in kolo-allreduce-bench)" ON)

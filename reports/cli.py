@@ -96,10 +96,7 @@ def _sweep(args) -> int:
         if args.only:
             sweep = sweepfile.only(sweep, args.only)
     except sweepfile.SweepError as e:
-        print(f"sweep: {len(e.problems)} problem(s) in {e.path}:", file=sys.stderr)
-        for problem in e.problems:
-            print(f"  {problem}", file=sys.stderr)
-        return 2
+        return _bad_sweep(e)
     # Absolute: on an emulated cluster the ranks start through other hosts' shells.
     bin_dir = os.path.abspath(
         args.bin_dir or os.environ.get("KOLO_BIN_DIR") or os.path.join(ROOT, "build", "bin")
@@ -116,7 +113,10 @@ def _sweep(args) -> int:
     if fallback_note:
         print(f"sweep {sweep.name}: {fallback_note}", file=sys.stderr)
     if args.dry_run:
-        _dry_run(sweep, args.out, bin_dir)
+        try:
+            _dry_run(sweep, args.out, bin_dir)
+        except sweepfile.SweepError as e:
+            return _bad_sweep(e)
         return 0
     if (
         not args.bin_dir
@@ -144,6 +144,8 @@ def _sweep(args) -> int:
     except runner.TransportUnavailable as e:
         print(f"sweep: {e}", file=sys.stderr)
         return 2
+    except sweepfile.SweepError as e:  # a path out of the sweep file that would leave --out
+        return _bad_sweep(e)
     except (OSError, RuntimeError, schema.SchemaError) as e:
         print(f"sweep: {e}", file=sys.stderr)
         return 1
@@ -162,6 +164,13 @@ def _sweep(args) -> int:
     if fallback_note:
         print(f"sweep {sweep.name}: {fallback_note}", file=sys.stderr)
     return status
+
+
+def _bad_sweep(e: sweepfile.SweepError) -> int:
+    print(f"sweep: {len(e.problems)} problem(s) in {e.path}:", file=sys.stderr)
+    for problem in e.problems:
+        print(f"  {problem}", file=sys.stderr)
+    return 2
 
 
 def _network_here(
@@ -196,7 +205,7 @@ def _dry_run(sweep: sweepfile.Sweep, out_dir: str, bin_dir: str) -> None:
     current = None
     for point, shape in zip(sweep.points, shapes, strict=True):
         profile = sweepfile.profile_path(point, ROOT) if "profile" in point else None
-        json_path = os.path.join(out_dir, "points", point["point_id"], "record.json")
+        json_path = os.path.join(sweep.under(out_dir, "points", point["point_id"]), "record.json")
         argv = command(
             point,
             sweep.launcher,

@@ -118,7 +118,10 @@ def run(
     sweep: Sweep, out_dir: str, *, bin_dir: str, retry_failed: bool = False, stream=sys.stderr
 ) -> Outcome:
     """Runs every point of `sweep` that has no row in out_dir/results.csv yet (nor a failed one,
-    with retry_failed). Raises Interrupted on SIGINT/SIGTERM after stopping the running point."""
+    with retry_failed). Raises Interrupted on SIGINT/SIGTERM after stopping the running point, and
+    SweepError, before writing anything, when a point's folder would lie outside out_dir."""
+    for point in sweep.points:
+        sweep.under(out_dir, "points", point["point_id"])
     os.makedirs(os.path.join(out_dir, "points"), exist_ok=True)
     with open(os.path.join(out_dir, ".lock"), "w") as lock:
         try:
@@ -224,7 +227,7 @@ def _run_point(
     shape: cluster.Shape | None = None,
 ) -> dict:
     pid = point["point_id"]
-    pdir = os.path.join(out_dir, "points", pid)
+    pdir = sweep.under(out_dir, "points", pid)
     os.makedirs(pdir, exist_ok=True)
     log_path = os.path.join(pdir, "log.txt")
     json_path = os.path.join(pdir, "record.json")

@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,6 +22,10 @@ from reports import launchers, settings
 TABLES = ("sweep", "launcher", "fixed", "matrix", "exclude")
 SWEEP_KEYS = ("name", "description", "timeout_s", "repeats")
 DEFAULT_TIMEOUT_S = 600.0
+# [sweep] name: a plain file name, nothing a path could be made to leave --out with ("..", "/",
+# an absolute path, NUL), nor hidden.
+NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+NAME_ALLOWED = 'letters, digits, ".", "_" and "-", not starting with "."'
 
 
 class SweepError(Exception):
@@ -45,6 +50,17 @@ class Sweep:
     # What the loader added on its own (the single-rank baselines), one line each, for the runner
     # to say.
     added: list[str] = field(default_factory=list)
+
+    def under(self, out_dir: str, *parts: str) -> str:
+        """os.path.join(out_dir, *parts), for parts that come from the sweep file (point ids...).
+        Raises SweepError when the path would lie outside out_dir. Judged on the normalized path,
+        not symlinks: a results folder may well link elsewhere on purpose."""
+        path = os.path.join(out_dir, *parts)
+        base = os.path.normpath(os.path.abspath(out_dir))
+        full = os.path.normpath(os.path.abspath(path))
+        if any("\0" in p for p in parts) or os.path.commonpath([base, full]) != base:
+            raise SweepError(self.path, [f"path {path!r} would lie outside --out {out_dir}; refused"])
+        return path
 
     def label(self, point: dict) -> str:
         """The point's matrix settings (what sets it apart from the sweep's other points)."""
@@ -155,6 +171,10 @@ def load(path: str, root: str, hosts: str | None = None, hostfile: str | None = 
         raise SweepError(path, [f"cannot read the file: {e.strerror}"]) from None
     except tomllib.TOMLDecodeError as e:
         raise SweepError(path, [f"not valid TOML: {e}"]) from None
+    except UnicodeDecodeError as e:  # tomllib decodes the bytes whole before parsing
+        bad = f"byte 0x{e.object[e.start]:02x} at offset {e.start}"
+        why = f"not valid UTF-8 ({bad}); sweep files must be UTF-8"
+        raise SweepError(path, [why]) from None
     if hosts is not None and hostfile is not None:
         raise SweepError(path, ["--hosts and --hostfile are both given; give one"])
     if hosts is not None or hostfile is not None:
@@ -297,7 +317,10 @@ def _parse_sweep(table: dict, path: str, problems: list[str]):
             if not isinstance(value, str):
                 problems.append(f"{where} must be a string, not {settings._toml_type(value)}")
             elif key == "name":
-                name = value
+                if NAME_RE.fullmatch(value):
+                    name = value
+                else:
+                    problems.append(f"{where} = {value!r} is not allowed; allowed: {NAME_ALLOWED}")
             else:
                 description = value
         elif key == "timeout_s":

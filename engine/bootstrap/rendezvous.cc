@@ -3,8 +3,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
+#include <string>
+#include <vector>
 
+#include "engine/common/crypto.h"
 #include "engine/common/launch_env.h"
 #include "engine/common/logging.h"
 #include "engine/common/random.h"
@@ -25,6 +29,9 @@ Status MpiStart(const Options& options) {
   return mpi::CheckWorld(options.rank, options.size);
 }
 Status MpiBroadcastFromRoot(std::string* data) { return mpi::BroadcastString(data, 0); }
+Status MpiGatherToRoot(const std::string& mine, std::vector<std::string>* all) {
+  return mpi::GatherFixed(mine, 0, all);
+}
 #else
 Status MpiStart(const Options&) {
   return FailedPrecondition(
@@ -32,13 +39,26 @@ Status MpiStart(const Options&) {
       "rebuild with MPI (libopenmpi-dev) or launch with kolo-run");
 }
 Status MpiBroadcastFromRoot(std::string*) { return MpiStart(Options()); }
+Status MpiGatherToRoot(const std::string&, std::vector<std::string>*) { return MpiStart(Options()); }
 #endif
 
 std::chrono::milliseconds PeerTimeout(const Options& options) {
   return std::chrono::milliseconds(static_cast<int64_t>(options.peer_timeout_s * 1000.0));
 }
 
+// What the key that seals the secret for one rank is for (HKDF's info), and the associated data
+// that binds the sealed secret to the store's address and the rank it is for.
+constexpr char kSecretPurpose[] = "kolo mpirun job secret v1";
+std::string SecretAad(const std::string& addr, int rank) {
+  return fmt::format("{} rank {}", addr, rank);
+}
+
 // Under mpirun: rank 0 serves the store and tells everyone where it is and what the secret is.
+// MPI's channel is plain text (Open MPI's TCP transport sends what it is given), so the secret
+// travels only sealed: every rank sends rank 0 an X25519 public key (a gather); rank 0 seals the
+// secret for each rank under the key the two agree (HKDF-SHA-256 of the shared secret, then
+// ChaCha20-Poly1305) and broadcasts "ok <store address> <its public key> <sealed for rank 1> ...".
+// A passive observer sees public keys and ciphertexts only (engine/docs/wire.md).
 Status StartOverMpi(const Options& options, Rendezvous* rv) {
 #if KOLO_HAVE_MPI
   std::optional<mpi::StartupWatchdog> watchdog;
@@ -49,16 +69,34 @@ Status StartOverMpi(const Options& options, Rendezvous* rv) {
       "MPI start-up (MPI_Init and the rendezvous broadcast; KOLO_START_TIMEOUT_SECONDS)");
 #endif
   KOLO_RETURN_IF_ERROR(MpiStart(options));
+  // A rank whose key generation failed still takes part (an all-zero key, which rank 0 refuses
+  // for that rank alone), so that no rank waits in a collective forever.
+  auto key = X25519Key::Generate();
+  const X25519Key::PublicKey mine = key.ok() ? key->public_key() : X25519Key::PublicKey{};
+  std::vector<std::string> keys;
+  KOLO_RETURN_IF_ERROR(
+      MpiGatherToRoot(std::string(reinterpret_cast<const char*>(mine.data()), mine.size()), &keys));
   std::string payload;
   if (options.rank == 0) {
     // A failure on rank 0 still goes through the broadcast, so that no rank waits in it forever.
     TcpStoreServerOptions so;
     so.host = rv->listen_addr;
     so.secret = options.job_secret.empty() ? GenerateSecret() : options.job_secret;
-    auto server = TcpStoreServer::Start(so);
+    auto server = key.ok() ? TcpStoreServer::Start(so) : StatusOr<std::unique_ptr<TcpStoreServer>>(key.status());
     if (server.ok()) {
       rv->server = std::move(server).value();
-      payload = "ok " + rv->server->address() + " " + so.secret;
+      rv->secret = so.secret;
+      const std::string addr = rv->server->address();
+      payload = "ok " + addr + " " + Hex(mine.data(), mine.size());
+      for (size_t r = 1; r < keys.size(); ++r) {
+        X25519Key::PublicKey theirs{};
+        std::memcpy(theirs.data(), keys[r].data(), theirs.size());
+        auto agreed = key->Agree(theirs, mine, theirs, kSecretPurpose);
+        auto sealed = agreed.ok() ? SealOnce(*agreed, SecretAad(addr, static_cast<int>(r)), so.secret)
+                                  : StatusOr<std::string>(agreed.status());
+        // A rank whose key is unusable gets "-" and fails with the reason on its side.
+        payload += " " + (sealed.ok() ? Hex(sealed->data(), sealed->size()) : std::string("-"));
+      }
     } else {
       payload = "error " + server.status().ToString();
     }
@@ -70,12 +108,39 @@ Status StartOverMpi(const Options& options, Rendezvous* rv) {
   if (payload.rfind("error ", 0) == 0) {
     return Unavailable("rank 0 could not start the rendezvous store: {}", payload.substr(6));
   }
-  const size_t sp = payload.find(' ', 3);
-  if (payload.rfind("ok ", 0) != 0 || sp == std::string::npos) {
-    return Internal("malformed rendezvous broadcast from rank 0 ({} bytes)", payload.size());
+  std::vector<std::string> fields;
+  for (size_t at = 0; at <= payload.size();) {
+    const size_t sp = std::min(payload.find(' ', at), payload.size());
+    fields.push_back(payload.substr(at, sp - at));
+    at = sp + 1;
   }
-  const std::string addr = payload.substr(3, sp - 3);
-  rv->secret = payload.substr(sp + 1);
+  if (fields.size() != static_cast<size_t>(options.size) + 2 || fields[0] != "ok") {
+    return Internal("malformed rendezvous broadcast from rank 0 ({} bytes, {} fields for {} ranks)",
+                    payload.size(), fields.size(), options.size);
+  }
+  const std::string& addr = fields[1];
+  if (options.rank != 0) {
+    KOLO_RETURN_IF_ERROR(
+        key.status().WithContext(fmt::format("rank {}: the key for the job secret", options.rank)));
+    std::string root_key;
+    std::string sealed;
+    const std::string& entry = fields[static_cast<size_t>(options.rank) + 2];
+    if (!FromHex(fields[2], &root_key) || root_key.size() != 32 || entry == "-" ||
+        !FromHex(entry, &sealed)) {
+      return ProtocolError(
+          "rank 0 sent rank {} no usable sealed job secret (its key or this rank's was refused)",
+          options.rank);
+    }
+    X25519Key::PublicKey root{};
+    std::memcpy(root.data(), root_key.data(), root.size());
+    KOLO_ASSIGN_OR_RETURN(const Digest agreed, key->Agree(root, root, mine, kSecretPurpose));
+    auto secret = OpenOnce(agreed, SecretAad(addr, options.rank), sealed);
+    if (!secret.ok()) {
+      return secret.status().WithContext(
+          fmt::format("rank {}: opening the job secret rank 0 sealed for it", options.rank));
+    }
+    rv->secret = std::move(secret).value();
+  }
   KOLO_ASSIGN_OR_RETURN(auto client,
                         TcpStoreClient::Connect(addr, rv->secret, PeerTimeout(options)));
   rv->store = client.get();

@@ -14,7 +14,7 @@
 #include "engine/bootstrap/tcp_store_wire.h"
 #include "engine/common/logging.h"
 #include "engine/common/random.h"
-#include "engine/common/sha256.h"
+#include "engine/common/crypto.h"
 
 namespace kolo::bootstrap {
 

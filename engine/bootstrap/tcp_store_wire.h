@@ -16,7 +16,7 @@
 #include <string_view>
 
 #include "engine/bootstrap/tcp_store.h"
-#include "engine/common/sha256.h"
+#include "engine/common/crypto.h"
 
 namespace kolo::bootstrap {
 

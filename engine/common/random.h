@@ -1,12 +1,13 @@
-// Bytes from the kernel's random source, for job secrets and handshake nonces.
+// Random bytes from OpenSSL's generator (seeded by the kernel), for job secrets and handshake nonces.
 #pragma once
 
 #include <cstddef>
 
 namespace kolo {
 
-// Fills `buf` with `n` random bytes from getrandom, or from /dev/urandom on kernels without it.
-// False when neither is usable; the caller must not go on with predictable bytes.
+// Fills `buf` with `n` random bytes (RAND_bytes).
+// False when the generator fails (no kernel randomness); the caller must not go on with
+// predictable bytes.
 bool FillRandom(void* buf, size_t n);
 
 }  // namespace kolo

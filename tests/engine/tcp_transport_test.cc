@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "engine/bootstrap/store.h"
-#include "engine/common/sha256.h"
+#include "engine/common/crypto.h"
 #include "engine/transport/tcp/accumulation.h"
 #include "engine/transport/tcp/device.h"
 #include "engine/transport/tcp/pair.h"

@@ -1,8 +1,10 @@
 """Validation of sweep files: every kind of mistake is named with what is allowed, before any
 point runs, and the command line exits 2."""
 
+import json
+
 import pytest
-from reports import sweepfile
+from reports import runner, sweepfile
 
 from conftest import ROOT, run_cli
 
@@ -351,3 +353,65 @@ def test_a_cluster_sweep_with_a_bad_value_exits_2_naming_it(write_sweep, tmp_pat
     assert result.returncode == 2
     assert "[fixed] link: 'fast' is not allowed" in result.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_file_that_is_not_utf8_exits_2_naming_the_byte(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b'[sweep]\nname = "caf\xe9"\n[matrix]\nmodel=["vgg16"]\nranks=[1]\n')
+    out = tmp_path / "out"
+    result = run_cli("sweep", str(path), "--out", str(out), "--dry-run")
+    assert result.returncode == 2, result.stderr
+    assert f"sweep: 1 problem(s) in {path}:" in result.stderr
+    assert "not valid UTF-8 (byte 0xe9 at offset 19); sweep files must be UTF-8" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+BAD_NAMES = ["../x", "a/b", "..", ".", "/abs", "x\0y", ".hidden", "", "a\n", "a b"]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_a_name_that_is_not_a_plain_file_name_is_refused(name, write_sweep):
+    text = GOOD.replace('name = "good"', f"name = {json.dumps(name)}")  # a TOML basic string
+    with pytest.raises(sweepfile.SweepError) as err:
+        sweepfile.load(write_sweep(text), str(ROOT))
+    assert f"[sweep] name = {name!r} is not allowed; allowed: letters, digits" in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "..", "/abs"])
+def test_cli_refuses_a_name_that_would_leave_out(name, write_sweep, tmp_path):
+    out = tmp_path / "runs" / "out"
+    path = write_sweep(GOOD.replace('name = "good"', f"name = {json.dumps(name)}"))
+    for extra in (["--dry-run"], []):
+        result = run_cli("sweep", path, "--out", str(out), "--no-report", *extra)
+        assert result.returncode == 2, result.stderr
+        assert f"[sweep] name = {name!r} is not allowed" in result.stderr
+        assert "Traceback" not in result.stderr
+    # Nothing written, in --out, beside it or above it: only the sweep file is there.
+    assert [p.name for p in tmp_path.iterdir()] == ["sweep.toml"]
+
+
+def test_a_plain_name_with_dots_and_dashes_still_runs(write_sweep, tmp_path):
+    path = write_sweep(GOOD.replace('name = "good"', 'name = "paper-fig6_v1.2"'))
+    assert sweepfile.load(path, str(ROOT)).name == "paper-fig6_v1.2"
+    result = run_cli("sweep", path, "--out", str(tmp_path / "out"), "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "sweep paper-fig6_v1.2: 6 point(s)" in result.stdout
+
+
+@pytest.mark.parametrize("parts", [("..", "x"), ("/etc",), ("points", "..", "..", "x"), ("a\0b",)])
+def test_under_refuses_a_path_that_leaves_out(parts, write_sweep, tmp_path):
+    sweep = sweepfile.load(write_sweep(GOOD), str(ROOT))
+    out = str(tmp_path / "out")
+    assert sweep.under(out, "points", "0123abcd") == f"{out}/points/0123abcd"
+    with pytest.raises(sweepfile.SweepError, match="would lie outside --out"):
+        sweep.under(out, *parts)
+
+
+def test_the_runner_writes_nothing_when_a_point_folder_would_leave_out(write_sweep, tmp_path):
+    sweep = sweepfile.load(write_sweep(GOOD), str(ROOT))
+    sweep.points[-1]["point_id"] = "../../escaped"  # ids are hashes today; the check must not rely on it
+    out = tmp_path / "runs" / "out"
+    with pytest.raises(sweepfile.SweepError, match="would lie outside --out"):
+        runner.run(sweep, str(out), bin_dir=str(tmp_path / "bin"))
+    assert [p.name for p in tmp_path.iterdir()] == ["sweep.toml"]

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/common/status.h"
 
@@ -56,6 +57,11 @@ Status CheckWorld(int rank, int size);
 // MPI_COMM_WORLD; on the other ranks *data is replaced. Collective: every rank must call it.
 // REQUIRES: EnsureInitialized().ok().
 Status BroadcastString(std::string* data, int root);
+
+// Gathers `mine` (the same number of bytes on every rank) to `root`, which gets every rank's bytes
+// in rank order in *all; the other ranks get *all empty. Collective: every rank must call it.
+// REQUIRES: EnsureInitialized().ok().
+Status GatherFixed(const std::string& mine, int root, std::vector<std::string>* all);
 
 // "<call>: <MPI_Error_string(code)> (MPI error <code>)", as kInternal.
 Status MpiErrorStatus(const char* call, int code);

@@ -10,7 +10,7 @@
 #include <deque>
 #include <string>
 
-#include "engine/common/sha256.h"
+#include "engine/common/crypto.h"
 #include "engine/common/status.h"
 #include "engine/transport/poll_core.h"
 #include "engine/transport/rdma/peer_info.h"

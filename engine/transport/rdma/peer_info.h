@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/common/sha256.h"
+#include "engine/common/crypto.h"
 #include "engine/common/status.h"
 
 namespace kolo::transport::rdma {

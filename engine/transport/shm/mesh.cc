@@ -11,6 +11,7 @@
 #include <cstring>
 #include <thread>
 
+#include "engine/common/crypto.h"
 #include "engine/common/logging.h"
 #include "engine/common/random.h"
 #include "engine/transport/poll_core.h"
@@ -32,12 +33,6 @@ constexpr size_t kMaxNameBytes = 100;
 // could not map it, a 2-byte length and its reason.
 constexpr uint8_t kMapped = 0;
 constexpr uint8_t kRefused = 1;
-
-std::string Hex(const uint8_t* bytes, size_t n) {
-  std::string out;
-  for (size_t i = 0; i < n; ++i) out += fmt::format("{:02x}", bytes[i]);
-  return out;
-}
 
 socklen_t AbstractAddress(const std::string& name, sockaddr_un* addr) {
   *addr = sockaddr_un{};

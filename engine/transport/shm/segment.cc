@@ -10,8 +10,8 @@
 #include <new>
 #include <utility>
 
+#include "engine/common/crypto.h"
 #include "engine/common/random.h"
-#include "engine/common/sha256.h"
 
 namespace kolo::transport::shm {
 namespace {
@@ -22,12 +22,6 @@ constexpr size_t kRingOffset = 2 * kPage;
 constexpr int kCreateAttempts = 4;
 static_assert(sizeof(SegmentHeader) <= kPage);
 static_assert(2 * sizeof(RingControl) <= kPage);
-
-std::string Hex(const uint8_t* bytes, size_t n) {
-  std::string out;
-  for (size_t i = 0; i < n; ++i) out += fmt::format("{:02x}", bytes[i]);
-  return out;
-}
 
 // Closes a descriptor on every path out.
 struct CloseOnExit {

@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "engine/common/sha256.h"
+#include "engine/common/crypto.h"
 #include "engine/common/status.h"
 
 namespace kolo::transport::tcp {

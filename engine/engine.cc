@@ -6,6 +6,7 @@
 
 #include "engine/backends/ring/staged_ring.h"
 #include "engine/collectives/plan.h"
+#include "engine/collectives/settings_check.h"
 #include "engine/common/logging.h"
 #include "engine/engine_impl.h"
 #include "engine/transport/registry.h"
@@ -14,38 +15,6 @@ namespace kolo {
 namespace {
 
 using coordinator::CollectiveType;
-
-// Settings every rank must share: they decide fusion groups and cache bits, which every rank
-// computes on its own.
-std::string AgreementKey(const Options& o) {
-  return fmt::format(
-      "size={} backend={} fusion_threshold_bytes={} cache_capacity={} hierarchical_allreduce={} "
-      "allreduce_algorithm={}",
-      o.size, o.backend, o.fusion_threshold_bytes, o.cache_capacity, o.hierarchical_allreduce,
-      o.allreduce_algorithm);
-}
-
-Status CheckAgreement(collectives::Comm& comm, const Options& o) {
-  const std::string mine = AgreementKey(o);
-  KOLO_ASSIGN_OR_RETURN(auto all, collectives::GatherMessages(comm, 0, {mine.begin(), mine.end()}));
-  std::string verdict;
-  if (comm.rank() == 0) {
-    for (size_t r = 1; r < all.size(); ++r) {
-      const std::string theirs(all[r].begin(), all[r].end());
-      if (theirs != mine) {
-        verdict = fmt::format(
-            "ranks disagree on settings that must match: rank 0 has '{}', rank "
-            "{} has '{}'",
-            mine, r, theirs);
-        break;
-      }
-    }
-  }
-  KOLO_ASSIGN_OR_RETURN(auto answer,
-                        collectives::BroadcastMessage(comm, 0, {verdict.begin(), verdict.end()}));
-  if (!answer.empty()) return InvalidArgument("{}", std::string(answer.begin(), answer.end()));
-  return Status::OK();
-}
 
 }  // namespace
 
@@ -125,7 +94,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
   e.comm.chunk_bytes = static_cast<size_t>(options.ring_chunk_bytes);
   e.comm.timeout = link.timeout;
   e.comm.messages = &e.message_scratch;
-  KOLO_RETURN_IF_ERROR(CheckAgreement(e.comm, options));
+  KOLO_RETURN_IF_ERROR(collectives::CheckSettingsMatch(e.comm, MustMatch(options)));
 
   if (options.backend == "mpi") {
     std::string why;

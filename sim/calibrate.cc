@@ -5,16 +5,17 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
-#include <sstream>
+#include <string_view>
 
+#include "engine/common/file.h"
 #include "engine/common/tensor.h"
 #include "engine/coordinator/message.h"
 #include "engine/fusion/planner.h"
 #include "models/zoo/zoo.h"
+#include "sim/model.h"
 
 namespace kolo::sim {
 namespace {
@@ -63,20 +64,18 @@ bool Solve(std::vector<std::vector<double>> a, std::vector<double> b, std::vecto
 
 namespace {
 
-StatusOr<Json> ReadJsonFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return NotFound("cannot read {}", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
+// `what` names the file in errors ("kolo-allreduce-bench document").
+StatusOr<Json> ReadJsonFile(const std::string& path, std::string_view what) {
+  KOLO_ASSIGN_OR_RETURN(std::string text, ReadFileBounded(path, kMaxInputFileBytes, what));
   try {
-    return Json::parse(ss.str());
+    return Json::parse(text);
   } catch (const Json::parse_error& e) {
     return InvalidArgument("{}: not valid JSON: {}", path, e.what());
   }
 }
 
 StatusOr<Json> ReadBenchDocument(const std::string& path) {
-  KOLO_ASSIGN_OR_RETURN(Json j, ReadJsonFile(path));
+  KOLO_ASSIGN_OR_RETURN(Json j, ReadJsonFile(path, "kolo-allreduce-bench document"));
   if (!j.is_object() || !j.contains("rows") || !j.contains("ranks") || !j.contains("hosts")) {
     return InvalidArgument("{}: not a kolo-allreduce-bench --json document (no ranks, hosts, rows)",
                            path);
@@ -87,7 +86,7 @@ StatusOr<Json> ReadBenchDocument(const std::string& path) {
 }  // namespace
 
 StatusOr<double> ReadStepJitter(const std::string& path) {
-  KOLO_ASSIGN_OR_RETURN(Json j, ReadJsonFile(path));
+  KOLO_ASSIGN_OR_RETURN(Json j, ReadJsonFile(path, "run record"));
   const auto number = [](const Json& o, const char* key) {
     return o.is_object() && o.contains(key) && o.at(key).is_number();
   };

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/common/file.h"
 #include "engine/common/options.h"
 #include "sim/calibrate.h"
 #include "sim/model.h"
@@ -427,14 +428,14 @@ int Calibrate(int argc, char** argv) {
   };
   std::vector<Incast> incasts;
   for (const auto& f : incast_files) {
-    std::ifstream in(f);
-    if (!in) {
-      Say(fmt::format("--incast {}: cannot read it", f));
+    auto text = kolo::ReadFileBounded(f, kolo::sim::kMaxInputFileBytes, "--incast");
+    if (!text.ok()) {
+      Say(text.status().message());
       return 2;
     }
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(in);
+      j = nlohmann::json::parse(*text);
     } catch (const nlohmann::json::exception& e) {
       Say(fmt::format("{}: not a scripts/cluster-incast summary.json: {}", f, e.what()));
       return 2;

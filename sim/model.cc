@@ -5,15 +5,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <numbers>
 #include <queue>
-#include <sstream>
 
 #include "engine/backends/ps/placement.h"
 #include "engine/collectives/plan.h"
+#include "engine/common/file.h"
 #include "engine/common/options.h"
 #include "engine/common/tensor.h"
 #include "engine/coordinator/controller.h"
@@ -244,11 +243,8 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text, const std::st
 }
 
 StatusOr<Calibration> LoadCalibration(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return NotFound("cannot read the calibration {}", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return CalibrationFromJson(ss.str(), path);
+  KOLO_ASSIGN_OR_RETURN(std::string text, ReadFileBounded(path, kMaxInputFileBytes, "calibration"));
+  return CalibrationFromJson(text, path);
 }
 
 std::string CalibrationToJson(const Calibration& c) {

@@ -114,7 +114,14 @@ struct Calibration {
   double step_jitter = 0;
 };
 
+// The most kolo-sim reads of any one file it is given (calibrations, kolo-allreduce-bench
+// documents, run records, incast summaries; the replay profile's bound too): every one is read
+// through ReadFileBounded (engine/common/file.h), so a FIFO, a device or a huge file named by
+// mistake is an error naming it, not a hang or memory without end.
+inline constexpr size_t kMaxInputFileBytes = size_t{64} << 20;
+
 StatusOr<Calibration> CalibrationFromJson(const std::string& text, const std::string& origin);
+// Reads and checks the calibration in `path` (a regular file of at most kMaxInputFileBytes).
 StatusOr<Calibration> LoadCalibration(const std::string& path);
 std::string CalibrationToJson(const Calibration& c);
 

@@ -10,7 +10,6 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
@@ -24,6 +23,7 @@
 #include "benchmarks/allreduce_bench/sweep.h"
 #include "engine/bootstrap/rendezvous.h"
 #include "engine/collectives/plan.h"
+#include "engine/common/file.h"
 #include "engine/common/logging.h"
 #include "engine/common/options.h"
 #include "engine/transport/registry.h"
@@ -79,16 +79,16 @@ Status Configure(const BenchConfig& config, Options* options) {
   return Status::OK();
 }
 
+// The most read of a /proc file (its size says 0; /proc/self/status is about 1.5 KiB).
+constexpr size_t kProcFileBytes = 64 << 10;
+
 // Sets *wrong_rows to the number of checked rows with a wrong element (the same on every rank).
 // Seconds since this process started (its start time in /proc/self/stat against the boot
 // clock); 0 when unreadable.
 double SecondsSinceProcessStart() {
-  std::FILE* f = std::fopen("/proc/self/stat", "r");
-  if (f == nullptr) return 0;
-  char buf[1024] = {};
-  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  const std::string stat(buf, n);
+  auto text = ReadFileBounded("/proc/self/stat", kProcFileBytes, "/proc/self/stat");
+  if (!text.ok()) return 0;
+  const std::string& stat = *text;
   // Fields after the command name (which may hold spaces) start after the last ')'.
   const size_t close = stat.rfind(')');
   if (close == std::string::npos) return 0;
@@ -113,7 +113,9 @@ struct ProcessMemory {
 // VmRSS and VmHWM of /proc/self/status.
 ProcessMemory ReadProcessMemory() {
   ProcessMemory m;
-  std::ifstream in("/proc/self/status");
+  auto text = ReadFileBounded("/proc/self/status", kProcFileBytes, "/proc/self/status");
+  if (!text.ok()) return m;
+  std::istringstream in(*text);
   std::string line;
   while (std::getline(in, line)) {
     long long kb = 0;

@@ -19,7 +19,8 @@
 // A Get that finds no key waits on the server until the key is set or timeout_ms passes. A client
 // has one request outstanding at a time. A connection that sends anything else (bad magic,
 // oversized frame, unknown op, no hello within the hello timeout) is closed; the server keeps
-// serving.
+// serving. However many connections are turned away, and whichever way, the server writes at most
+// a few lines per 10 s about them (one RejectionLog, engine/common/logging.h).
 #pragma once
 
 #include <atomic>
@@ -73,7 +74,8 @@ class TcpStoreServer {
   // connection (their clients see Unavailable).
   void Stop() KOLO_EXCLUDES(stop_mu_);
 
-  // Connections closed for a wrong secret, a protocol violation or a hello timeout.
+  // Connections turned away: a wrong secret, a protocol violation, a hello timeout, one beyond
+  // max_connections.
   uint64_t rejected_connections() const { return rejected_.load(); }
   // Connections whose hello was accepted.
   uint64_t accepted_clients() const { return accepted_.load(); }
@@ -92,9 +94,6 @@ class TcpStoreServer {
   Mutex stop_mu_;  // serialises Stop()
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> accepted_{0};
-  // Wrong proofs of the secret: a few lines per interval, the rest counted (a local user cannot
-  // flood the log).
-  LogLimiter security_log_{5, std::chrono::seconds(10)};
 };
 
 // A Store backed by a TcpStoreServer. Thread-safe: requests from several threads are serialised.

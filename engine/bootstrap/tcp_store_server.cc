@@ -45,7 +45,8 @@ class TcpStoreServer::Loop {
         listen_fd_(std::move(listen_fd)),
         epoll_fd_(std::move(epoll_fd)),
         wake_fd_(wake_fd),
-        owner_(owner) {}
+        owner_(owner),
+        rejections_(fmt::format("store {}", address_)) {}
 
   void Run();
 
@@ -59,6 +60,8 @@ class TcpStoreServer::Loop {
   void Flush(Conn& c);
   void UpdateInterest(Conn& c);
   void Reject(Conn& c, const std::string& why);
+  // Every turned-away connection is logged through here: a few lines per 10 s, the rest counted.
+  void LogRejection(LogLevel level, const std::string& peer, const std::string& why);
   void ExpireDeadlines();
   void Sweep();
   int NextTimeoutMs() const;
@@ -70,6 +73,8 @@ class TcpStoreServer::Loop {
   UniqueFd epoll_fd_;
   const int wake_fd_;
   TcpStoreServer* const owner_;
+  // Hundreds of idle or garbage connections from a local user must not flood the job's log.
+  RejectionLog rejections_;
   std::map<int, std::unique_ptr<Conn>> conns_;        // by fd
   std::map<std::string, std::vector<uint8_t>> data_;  // the store's contents
   std::multimap<std::string, int> waiters_;           // key -> fd of a parked Get
@@ -151,6 +156,7 @@ void TcpStoreServer::Loop::Run() {
       if (it != conns_.end() && !it->second->dead) OnEvent(*it->second, events[i].events);
     }
     ExpireDeadlines();
+    rejections_.Flush();
     while (!ready_.empty()) {
       const int fd = ready_.back();
       ready_.pop_back();
@@ -177,8 +183,9 @@ void TcpStoreServer::Loop::Accept() {
     const std::string peer = FormatAddress(sa);
     if (conns_.size() >= options_.max_connections) {
       owner_->rejected_++;
-      KOLO_LOG(kWarning, "store {}: closed connection from {}: {} connections already open",
-               address_, peer, conns_.size());
+      LogRejection(LogLevel::kWarning, peer,
+                   fmt::format("{} connections already open (at most {} allowed)", conns_.size(),
+                               options_.max_connections));
       continue;
     }
     const int one = 1;
@@ -187,9 +194,7 @@ void TcpStoreServer::Loop::Accept() {
     c->peer = peer;
     if (!FillRandom(c->nonce.data(), c->nonce.size())) {
       owner_->rejected_++;
-      KOLO_LOG(kError,
-               "store {}: closed connection from {}: no kernel randomness for its challenge",
-               address_, peer);
+      LogRejection(LogLevel::kError, peer, "no kernel randomness for its challenge");
       continue;
     }
     c->hello_deadline = Clock::now() + options_.hello_timeout;
@@ -198,7 +203,8 @@ void TcpStoreServer::Loop::Accept() {
     ev.events = c->interest;
     ev.data.fd = fd;
     if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
-      KOLO_LOG(kWarning, "store {}: epoll_ctl for {} failed (errno {})", address_, peer, errno);
+      owner_->rejected_++;
+      LogRejection(LogLevel::kWarning, peer, fmt::format("epoll_ctl failed (errno {})", errno));
       continue;
     }
     c->fd = std::move(owned);
@@ -285,10 +291,7 @@ bool TcpStoreServer::Loop::ProcessHello(Conn& c) {
     owner_->accepted_++;
   } else {
     owner_->rejected_++;
-    if (auto held = owner_->security_log_.Allow()) {
-      KOLO_LOG(kWarning, "store {}: closed connection from {}: wrong job secret{}", address_,
-               c.peer, LogLimiter::Held(*held));
-    }
+    LogRejection(LogLevel::kWarning, c.peer, "wrong job secret");
     c.closing = true;
   }
   Flush(c);
@@ -407,8 +410,14 @@ void TcpStoreServer::Loop::UpdateInterest(Conn& c) {
 
 void TcpStoreServer::Loop::Reject(Conn& c, const std::string& why) {
   owner_->rejected_++;
-  KOLO_LOG(kWarning, "store {}: closed connection from {}: {}", address_, c.peer, why);
+  LogRejection(LogLevel::kWarning, c.peer, why);
   c.dead = true;
+}
+
+void TcpStoreServer::Loop::LogRejection(LogLevel level, const std::string& peer,
+                                        const std::string& why) {
+  rejections_.Reject(level,
+                     fmt::format("store {}: closed connection from {}: {}", address_, peer, why));
 }
 
 void TcpStoreServer::Loop::RemoveWaiter(Conn& c) {
@@ -451,7 +460,8 @@ void TcpStoreServer::Loop::Sweep() {
 }
 
 int TcpStoreServer::Loop::NextTimeoutMs() const {
-  Clock::time_point next = Clock::time_point::max();
+  // Also wakes when a count of held-back rejection lines is due.
+  Clock::time_point next = rejections_.next_flush();
   for (const auto& [fd, c] : conns_) {
     if (!c->authed || c->closing) next = std::min(next, c->hello_deadline);
     if (c->waiting) next = std::min(next, c->wait_deadline);

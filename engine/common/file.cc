@@ -50,6 +50,34 @@ Status WriteAll(int fd, std::string_view text, const std::string& path, std::str
   return Status::OK();
 }
 
+// "a FIFO", "a directory", ...: what a path that is not a regular file is, for errors.
+const char* FileKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "of an unknown kind";
+}
+
+// What may be read: a regular file of at most `max_bytes`. Anything else (a FIFO, which would
+// block or never end; a device such as /dev/zero, which never ends; a directory) is refused,
+// naming what it is.
+Status CheckReadable(const struct stat& st, const std::string& path, size_t max_bytes,
+                     std::string_view what) {
+  if (!S_ISREG(st.st_mode)) {
+    return InvalidArgument(
+        "{} '{}' is {}, not a regular file: kolo reads only regular files (of at most {} bytes)",
+        what, path, FileKind(st.st_mode), max_bytes);
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    return InvalidArgument("{} '{}' is {} bytes, more than the {} allowed", what, path,
+                           st.st_size, max_bytes);
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 StatusOr<int> OpenForWriting(const std::string& path, mode_t mode, std::string_view what) {
@@ -136,24 +164,26 @@ Status CheckWritable(const std::string& path, std::string_view what) {
 
 StatusOr<std::string> ReadFileBounded(const std::string& path, size_t max_bytes,
                                       std::string_view what) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (path.empty()) return InvalidArgument("{}: the path is empty; name a file to read", what);
+  // Looked at before it is opened, so that a device is never opened at all (opening some has
+  // effects of its own); checked again on the descriptor below, in case the path changed between.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    KOLO_RETURN_IF_ERROR(CheckReadable(st, path, max_bytes, what));
+  }
+  // O_NONBLOCK: a FIFO opens at once, with or without a writer, instead of waiting for one (and
+  // is then refused); O_NOCTTY: a terminal named by mistake does not become ours.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     return ErrnoStatus(StatusCode::kNotFound, fmt::format("{} '{}' cannot be read", what, path),
                        errno);
   }
-  struct stat st {};
-  Status s;
-  if (::fstat(fd, &st) != 0) {
-    s = ErrnoStatus(StatusCode::kInternal, "fstat " + path, errno);
-  } else if (!S_ISREG(st.st_mode)) {
-    s = InvalidArgument("{} '{}' is not a regular file: name a file", what, path);
-  } else if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    s = InvalidArgument("{} '{}' is {} bytes, more than the {} allowed", what, path, st.st_size,
-                        max_bytes);
-  }
+  Status s = ::fstat(fd, &st) == 0 ? CheckReadable(st, path, max_bytes, what)
+                                   : ErrnoStatus(StatusCode::kInternal, "fstat " + path, errno);
   std::string text;
   while (s.ok()) {
-    // Bounded even if the file grows while it is read.
+    // Bounded even if the file grows while it is read, and for files whose size says nothing
+    // (those of /proc report 0).
     char buf[65536];
     const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;

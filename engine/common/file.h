@@ -31,8 +31,11 @@ Status WriteFileAtomically(const std::string& path, std::string_view text, mode_
 // user's file, in an existing directory this user may write. Creates nothing.
 Status CheckWritable(const std::string& path, std::string_view what);
 
-// Reads the whole of `path`, a regular file of at most `max_bytes` (a larger file, or a device
-// such as /dev/zero, is refused with its size and the limit).
+// Reads the whole of `path`, a regular file of at most `max_bytes`. Every file kolo reads goes
+// through here, user-named or not. Refused, with the path, what it is and what is allowed: a
+// FIFO (never waited on: it is opened without blocking and refused), a device such as /dev/zero
+// (never opened), a directory, a socket; a file larger than `max_bytes`, or one that grows past it
+// while it is read. `what` names the file in errors ("--calibration", "replay profile").
 StatusOr<std::string> ReadFileBounded(const std::string& path, size_t max_bytes,
                                       std::string_view what);
 

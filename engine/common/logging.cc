@@ -1,5 +1,6 @@
 #include "engine/common/logging.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -70,6 +71,89 @@ std::optional<int64_t> LogLimiter::Allow(Clock::time_point now) {
 
 std::string LogLimiter::Held(int64_t held) {
   return held > 0 ? fmt::format(" ({} more like it held back before this one)", held) : "";
+}
+
+RejectionLog::~RejectionLog() {
+  int64_t held = 0;
+  Clock::time_point start;
+  {
+    MutexLock lock(mu_);
+    held = held_;
+    start = window_start_;
+    held_ = 0;
+    pending_.store(0, std::memory_order_relaxed);
+  }
+  // The listener is closing: its last count is written now, whether or not its interval is over.
+  if (held > 0 && LogLevel::kWarning >= GetLogLevel()) {
+    LogLine(LogLevel::kWarning, CountLine(held, start, Clock::now()));
+  }
+}
+
+std::string RejectionLog::CountLine(int64_t held, Clock::time_point start,
+                                    Clock::time_point now) const {
+  // The held-back rejections all came after `start`, so "the last N s" is true for N at least the
+  // time since (rounded to the nearest second: the count is written within moments of the
+  // interval's end, so this reads "10 s" with the default interval).
+  const int64_t seconds = std::max<int64_t>(
+      1, (std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count() + 500) / 1000);
+  return fmt::format("{}: ... and {} more rejected connection{} in the last {} s", prefix_, held,
+                     held == 1 ? "" : "s", seconds);
+}
+
+int64_t RejectionLog::TakeDue(Clock::time_point now, Clock::time_point* start) {
+  if (held_ == 0 || now - window_start_ < interval_) return 0;
+  const int64_t held = held_;
+  *start = window_start_;
+  held_ = 0;
+  pending_.store(0, std::memory_order_relaxed);
+  return held;
+}
+
+void RejectionLog::Reject(LogLevel level, const std::string& text, Clock::time_point now) {
+  rejected_.fetch_add(1, std::memory_order_relaxed);
+  int64_t due = 0;
+  Clock::time_point due_start;
+  bool write = false;
+  {
+    MutexLock lock(mu_);
+    due = TakeDue(now, &due_start);
+    if (in_window_ == 0 || now - window_start_ >= interval_) {
+      window_start_ = now;
+      in_window_ = 0;
+    }
+    if (in_window_ < burst_) {
+      ++in_window_;
+      write = true;
+    } else {
+      ++held_;
+      pending_.store(held_, std::memory_order_relaxed);
+    }
+  }
+  // Written outside the lock: a slow stderr holds up only this thread.
+  if (due > 0 && LogLevel::kWarning >= GetLogLevel()) {
+    LogLine(LogLevel::kWarning, CountLine(due, due_start, now));
+  }
+  if (write && level >= GetLogLevel()) LogLine(level, text);
+}
+
+void RejectionLog::Flush(Clock::time_point now) {
+  // Called on every wake-up of a busy loop (the TCP device's progress): no lock unless a count is
+  // pending.
+  if (pending_.load(std::memory_order_relaxed) == 0) return;
+  int64_t due = 0;
+  Clock::time_point start;
+  {
+    MutexLock lock(mu_);
+    due = TakeDue(now, &start);
+  }
+  if (due > 0 && LogLevel::kWarning >= GetLogLevel()) {
+    LogLine(LogLevel::kWarning, CountLine(due, start, now));
+  }
+}
+
+RejectionLog::Clock::time_point RejectionLog::next_flush() const {
+  MutexLock lock(mu_);
+  return held_ > 0 ? window_start_ + interval_ : Clock::time_point::max();
 }
 
 }  // namespace kolo

@@ -1,6 +1,7 @@
 #include "engine/common/options.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,9 +9,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
+#include <cstdio>
 
 #include "engine/common/fault_inject.h"
+#include "engine/common/file.h"
 #include "engine/common/launch_env.h"
 
 extern char** environ;
@@ -384,16 +386,22 @@ int OnlineCpus() {
 int64_t LastLevelCacheBytes() {
   // sysfs describes the cache a core actually shares (on AMD, its CCX's L3); glibc's sysconf may
   // report the whole package's, which is several times more than any rank can use.
+  // A sysfs attribute is at most a page (and says so in its size).
+  constexpr size_t kAttributeBytes = 4096;
   int best_level = 0;
   int64_t best_bytes = 0;
   for (int i = 0; i < 16; ++i) {
     const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i);
-    std::ifstream level_file(dir + "/level"), size_file(dir + "/size");
+    auto level_text = ReadFileBounded(dir + "/level", kAttributeBytes, "cache level");
+    auto size_text = ReadFileBounded(dir + "/size", kAttributeBytes, "cache size");
+    if (!level_text.ok() || !size_text.ok()) continue;
     int level = 0;
-    int64_t value = 0;
+    long long value = 0;
     char unit = 0;
-    if (!(level_file >> level) || !(size_file >> value) || value <= 0) continue;
-    size_file >> unit;
+    if (std::sscanf(level_text->c_str(), "%d", &level) != 1 ||
+        std::sscanf(size_text->c_str(), "%lld%c", &value, &unit) < 1 || value <= 0) {
+      continue;
+    }
     const int64_t bytes = unit == 'K' ? value << 10 : unit == 'M' ? value << 20 : value;
     if (level > best_level) {
       best_level = level;
@@ -409,6 +417,26 @@ const std::vector<std::string>& AllreduceAlgorithmNames() {
   static const std::vector<std::string> kNames = {"auto", "ring", "recursive-doubling",
                                                   "halving-doubling"};
   return kNames;
+}
+
+std::vector<MatchedSetting> MustMatch(const Options& o) {
+  std::vector<MatchedSetting> out = {
+      {"size", fmt::format("{}", o.size)},
+      {"backend", o.backend},
+      {"transport", o.transport},
+      {"fusion_threshold_bytes", fmt::format("{}", o.fusion_threshold_bytes)},
+      {"cache_capacity", fmt::format("{}", o.cache_capacity)},
+      {"hierarchical_allreduce", o.hierarchical_allreduce ? "true" : "false"},
+      {"allreduce_algorithm", o.allreduce_algorithm},
+      {"ring_chunk_bytes", fmt::format("{}", o.ring_chunk_bytes)},
+  };
+  if (o.backend == "ps") {
+    out.push_back({"ps_servers", fmt::format("{}", o.ps_servers)});
+    out.push_back({"ps_server_ranks", fmt::format("{}", fmt::join(o.ps_server_ranks, ","))});
+    out.push_back({"ps_placement", o.ps_placement});
+  }
+  out.insert(out.end(), o.app_settings.begin(), o.app_settings.end());
+  return out;
 }
 
 StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string>& env) {

@@ -15,6 +15,13 @@
 
 namespace kolo {
 
+// A setting every rank of a job must share, by name, as the start-up check compares it.
+struct MatchedSetting {
+  std::string name;
+  std::string value;
+  bool operator==(const MatchedSetting&) const = default;
+};
+
 struct Options {
   // --- Launch: which rank this process is. From OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}
   // under mpirun, else KOLO_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE} (set by kolo-run), else srun's or
@@ -132,12 +139,19 @@ struct Options {
   // KOLO_STALL_CHECK_SECONDS: rank 0 warns about a tensor some ranks submitted and others did
   // not after this long; 0 disables the check.
   double stall_warning_s = 60.0;
-  // KOLO_STALL_SHUTDOWN_SECONDS: after this long a stalled tensor fails on every rank; 0 = never.
-  double stall_shutdown_s = 0.0;
+  // KOLO_STALL_SHUTDOWN_SECONDS: after this long a stalled tensor fails on every rank, naming the
+  // ranks that never submitted it; 0 = never. A job whose ranks fell out of step (one stopped
+  // early, one trains something else) then ends instead of waiting forever: every rank is alive,
+  // so no peer timeout fires. Five minutes: far beyond the skew of ranks in step, even on
+  // oversubscribed hosts.
+  double stall_shutdown_s = 300.0;
   // KOLO_TIMELINE: path of the Chrome-trace timeline; empty = no timeline. Every rank writes its
   // own file: "%r" in the path is replaced by the rank; without it, ranks other than 0 insert
   // ".rank<N>" before the extension. Events carry pid = rank, so files merge by concatenation.
   std::string timeline_path;
+  // Settings of the application (kolo-train: the model, batch size, steps...) that every rank
+  // must share too; the start-up check compares them with the engine's (MustMatch).
+  std::vector<MatchedSetting> app_settings;
   // KOLO_LOG_LEVEL: trace, debug, info, warning, error.
   LogLevel log_level = LogLevel::kWarning;
 
@@ -173,11 +187,18 @@ struct Options {
   Status Validate() const;
 };
 
-// Reads the options from `env` (name -> value). Invalid values are errors naming the variable,
-// the value and what is allowed.
 // The allreduce algorithms Options::allreduce_algorithm may name, in help-text order.
 const std::vector<std::string>& AllreduceAlgorithmNames();
 
+// The settings every rank of a job must share, the one list the start-up check compares
+// (collectives/settings_check.h): those that decide what every rank computes on its own (fusion
+// groups, cache bits, the algorithm and its message sizes, roles) and how ranks connect, then the
+// application's (Options::app_settings). A new setting of that kind is added here. Per-rank values
+// (paths, the rank, the host, timeouts) are not on it.
+std::vector<MatchedSetting> MustMatch(const Options& o);
+
+// Reads the options from `env` (name -> value). Invalid values are errors naming the variable,
+// the value and what is allowed.
 StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string>& env);
 // The same, from this process's environment.
 StatusOr<Options> OptionsFromEnvironment();

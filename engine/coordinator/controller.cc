@@ -1,9 +1,12 @@
 #include "engine/coordinator/controller.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <utility>
 
 #include "engine/common/logging.h"
 
@@ -288,15 +291,36 @@ Status Controller::CoordinatorRound(std::vector<Response>* responses) {
 void Controller::InspectStalls(SteadyClock::time_point now, std::vector<Response>* errors) {
   last_stall_check_ = now;
   if (settings_.stall_warning_s > 0) {
+    // One line per set of missing ranks, not one per tensor: a rank that stopped leaves every
+    // tensor of a step waiting (hundreds), and the line should name it, not flood the log.
     const auto warn_after = std::chrono::duration<double>(settings_.stall_warning_s);
-    for (const auto& s : table_->FindStalled(now, warn_after)) {
+    std::map<std::pair<std::vector<int>, std::vector<int>>, std::vector<MessageTable::Stalled>>
+        groups;
+    for (auto& s : table_->FindStalled(now, warn_after)) {
       auto& last = stall_warned_[s.name];
       if (last != SteadyClock::time_point{} && now - last < warn_after) continue;
       last = now;
+      groups[{s.ready_ranks, s.missing_ranks}].push_back(std::move(s));
+    }
+    for (const auto& [ranks, stalled] : groups) {
+      constexpr size_t kNamed = 3;
+      std::vector<std::string> names;
+      double longest = 0;
+      for (const auto& s : stalled) {
+        if (names.size() < kNamed) names.push_back(fmt::format("'{}'", s.name));
+        longest = std::max(longest, s.waited_s);
+      }
+      const std::string more =
+          stalled.size() > kNamed ? fmt::format(" and {} more", stalled.size() - kNamed) : "";
       KOLO_LOG(kWarning,
-               "stalled: tensor '{}' has waited {:.1f} s: ready on ranks {}, missing on ranks {}. "
-               "Every rank must submit the same tensors.",
-               s.name, s.waited_s, FormatRanks(s.ready_ranks), FormatRanks(s.missing_ranks));
+               "stalled: {} tensor{} ({}{}) waited up to {:.1f} s: ready on ranks {}, missing on "
+               "ranks {}. Every rank must submit the same tensors{}.",
+               stalled.size(), stalled.size() > 1 ? "s" : "", fmt::join(names, ", "), more, longest,
+               FormatRanks(ranks.first), FormatRanks(ranks.second),
+               settings_.stall_shutdown_s > 0
+                   ? fmt::format("; they fail at {:g} s (KOLO_STALL_SHUTDOWN_SECONDS)",
+                                 settings_.stall_shutdown_s)
+                   : std::string());
     }
   }
   if (settings_.stall_shutdown_s > 0) {

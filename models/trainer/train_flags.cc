@@ -249,6 +249,26 @@ ParsedFlags ParseTrainFlags(int argc, char** argv) {
     out.exit_code = 2;
     return out;
   }
+  // What every rank must share for the job to run in step (MustMatch): a rank that trains
+  // another model or stops after fewer batches would leave the others waiting for tensors it never
+  // submits, so the engine refuses such a job at start-up, naming the setting and the ranks.
+  o.engine.app_settings = {
+      {"model", o.model},
+      {"batch_size", fmt::format("{}", o.batch_size)},
+      {"num_warmup_batches", fmt::format("{}", o.num_warmup_batches)},
+      {"num_batches", fmt::format("{}", o.num_batches)},
+      {"backward_passes_per_step", fmt::format("{}", o.backward_passes_per_step)},
+      {"compute", o.compute},
+      {"precision", compute::PrecisionName(o.precision)},
+      {"image_size", fmt::format("{}", o.image_size)},
+      {"num_classes", fmt::format("{}", o.num_classes)},
+      {"dilation", fmt::format("{}", o.dilation)},
+      {"learning_rate", o.learning_rate_given ? fmt::format("{}", o.sgd.learning_rate) : "auto"},
+      {"momentum", fmt::format("{}", o.sgd.momentum)},
+      {"weight_decay", fmt::format("{}", o.sgd.weight_decay)},
+      {"seed", fmt::format("{}", o.seed)},
+      {"ps_staging", PsStagingName(o.ps_staging)},
+  };
   out.options = std::move(o);
   return out;
 }

@@ -29,6 +29,7 @@
 #include "engine/bootstrap/tcp_store.h"
 #include "engine/bootstrap/tcp_store_wire.h"
 #include "gtest/gtest.h"
+#include "tests/engine/flood_test_util.h"
 
 namespace kolo::bootstrap {
 namespace {
@@ -447,6 +448,68 @@ TEST(TcpStore, AFloodOfWrongSecretsLogsAFewLines) {
   EXPECT_EQ(server->rejected_connections(), static_cast<uint64_t>(kFlood));
   EXPECT_GE(lines, 1);
   EXPECT_LE(lines, 5) << "one warning per rejected connection floods the log";
+}
+
+// Hundreds of connections that never say a word, garbage ones and ones that hang up at once, at
+// the store: every one is turned away, yet the server writes a few lines about them (at most 5 in
+// 10 s, not one each: before, 300 idle connections wrote 300 lines in one second), and when it
+// stops one line counts the rest. A client connected before the flood and one after are served.
+TEST(TcpStore, AFloodOfIdleAndGarbageConnectionsLogsAFewLines) {
+  using kolo::testing::AllClosedByPeerWithin;
+  using kolo::testing::ClientFds;
+  using kolo::testing::ConnectWithin;
+  using kolo::testing::CountedInSummaries;
+  using kolo::testing::LinesWith;
+  using kolo::testing::StderrToFile;
+  auto server = StartServer(milliseconds(300));
+  ASSERT_TRUE(server);
+  const std::string addr = server->address();
+  auto before = ConnectClient(addr);
+  ASSERT_TRUE(before);
+  constexpr int kIdle = 300, kGarbage = 50, kHangUps = 20;
+  constexpr uint64_t kTotal = kIdle + kGarbage + kHangUps;
+  StderrToFile log;
+  ASSERT_TRUE(log.ok());
+  ClientFds fds;
+  for (int i = 0; i < kIdle + kGarbage; ++i) {
+    const int fd = ConnectWithin(addr);
+    ASSERT_GE(fd, 0) << "connection " << i;
+    fds.push_back(fd);
+    if (i >= kIdle) {
+      const std::string garbage(64, '\xab');  // magic 0xabababab
+      ASSERT_TRUE(SendAll(fd, garbage));
+    }
+  }
+  for (int i = 0; i < kHangUps; ++i) {
+    const int fd = ConnectWithin(addr);
+    ASSERT_GE(fd, 0);
+    close(fd);
+  }
+  EXPECT_TRUE(AllClosedByPeerWithin(fds, milliseconds(10000)));
+  const auto deadline = Clock::now() + milliseconds(5000);
+  while (server->rejected_connections() < kTotal && Clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_EQ(server->rejected_connections(), kTotal);
+  ASSERT_TRUE(before->Set("after/flood", B("served")).ok());
+  auto after = ConnectClient(addr);
+  ASSERT_TRUE(after);
+  EXPECT_EQ(*after->Get("after/flood", milliseconds(2000)), B("served"));
+
+  const std::string prefix = "store " + addr + ": ";
+  const std::string during = log.Text();
+  const int lines = LinesWith(during, prefix);
+  EXPECT_GE(lines, 1);
+  EXPECT_LE(lines, 5) << "the flood's lines flood the log; the first of them:\n"
+                      << during.substr(0, 3000);
+  server->Stop();
+  log.Stop();
+  // Every rejection is either written on its own line or counted in a summary (on Stop).
+  const std::string all = log.Text();
+  const int written = LinesWith(all, prefix + "closed connection from");
+  EXPECT_EQ(written + CountedInSummaries(all, "store " + addr), static_cast<int64_t>(kTotal))
+      << all.substr(0, 3000);
+  EXPECT_GE(LinesWith(all, prefix + "... and "), 1) << all.substr(0, 3000);
 }
 
 TEST(TcpStore, WrongSecretIsRejectedAndServerKeepsServing) {

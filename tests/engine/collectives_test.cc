@@ -1,6 +1,7 @@
 // The ring collectives over the real TCP transport, ranks as threads, against references computed
 // here independently of the code under test.
 #include "engine/collectives/collectives.h"
+#include "engine/collectives/settings_check.h"
 
 #include <gtest/gtest.h>
 
@@ -639,6 +640,28 @@ TEST(RingExtentsErrors, MisalignedExtentIsRejected) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, RingExtents, ::testing::Values(1, 2, 3, 4, 5));
+
+}  // namespace
+}  // namespace kolo::collectives
+
+namespace kolo::collectives {
+namespace {
+
+TEST(SettingMismatch, NamesEverySettingThatDiffersWithItsRanks) {
+  const std::vector<MatchedSetting> base = {{"size", "4"}, {"backend", "ring"}, {"num_batches", "40"}};
+  std::vector<std::vector<MatchedSetting>> all(4, base);
+  EXPECT_EQ(DescribeSettingMismatch(all), "");
+  all[3][2].value = "3";
+  all[1][1].value = "mpi";
+  all[2].pop_back();  // an older build that does not list it
+  EXPECT_EQ(DescribeSettingMismatch(all),
+            "ranks disagree on settings that must match: backend is 'mpi' on rank 1, 'ring' on "
+            "ranks 0,2,3; num_batches is '3' on rank 3, '40' on ranks 0,1, not set on rank 2");
+  // Same settings in another order: named as such, not passed.
+  std::vector<std::vector<MatchedSetting>> swapped(2, base);
+  std::swap(swapped[1][0], swapped[1][1]);
+  EXPECT_NE(DescribeSettingMismatch(swapped).find("another order"), std::string::npos);
+}
 
 }  // namespace
 }  // namespace kolo::collectives

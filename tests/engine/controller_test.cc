@@ -4,6 +4,7 @@
 // coordinator layer), with a hand-advanced clock so that stall times pass in no time.
 #include "engine/coordinator/controller.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -288,6 +289,31 @@ TEST(Controller, StalledTensorIsFailedAfterTheShutdownTimeNamingTheMissingRank) 
     EXPECT_THAT(c2.responses[r][0].error, HasSubstr("submitted by ranks 0,2, never by ranks 1"));
   }
   EXPECT_EQ(job.rank(0).pending(), 0u);
+}
+
+// A rank that stopped leaves a whole step waiting: one warning line for the lot, naming a few.
+TEST(Controller, StallWarningsAreOneLinePerSetOfMissingRanks) {
+  ControllerSettings s;
+  s.stall_warning_s = 2;
+  s.stall_shutdown_s = 0;
+  Job job(3, s);
+  std::vector<Request> step;
+  for (int i = 0; i < 20; ++i) step.push_back(Req(fmt::format("t{:02}", i)));
+  job.Run({step, {}, step});
+  job.clock().Advance(3s);
+  ::testing::internal::CaptureStderr();
+  job.Run({{}, {}, {}});
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  size_t lines = 0;
+  for (size_t at = 0; (at = log.find("stalled:", at)) != std::string::npos; ++at) ++lines;
+  EXPECT_EQ(lines, 1u) << log;
+  EXPECT_THAT(log, HasSubstr("20 tensors ('t00', 't01', 't02' and 17 more)"));
+  EXPECT_THAT(log, HasSubstr("ready on ranks 0,2, missing on ranks 1"));
+  // Not again before another stall_warning_s has passed.
+  job.clock().Advance(1500ms);
+  ::testing::internal::CaptureStderr();
+  job.Run({{}, {}, {}});
+  EXPECT_EQ(::testing::internal::GetCapturedStderr().find("stalled:"), std::string::npos);
 }
 
 TEST(Controller, ACacheHitWaitingPastTheStallTimeIsHandedBackAndFailed) {

@@ -642,24 +642,45 @@ TEST(Engine, StalledCacheHitFailsAfterShutdownTimeNamingMissingRanks) {
   });
 }
 
+// One mechanism for every setting that must match, the engine's and the application's: a rank
+// with another value fails at start-up on every rank, naming the setting, the values and the
+// ranks that hold each.
 TEST(Engine, SettingsThatMustAgreeAreChecked) {
+  constexpr int kRanks = 4;
   bootstrap::InMemoryStore store;
   std::vector<std::thread> threads;
-  std::vector<Status> results(2);
-  for (int r = 0; r < 2; ++r) {
+  std::vector<Status> results(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
     threads.emplace_back([&, r] {
-      auto o = RankOptions(r, 2);
-      o.fusion_threshold_bytes = r == 0 ? (64 << 20) : (32 << 20);
+      auto o = RankOptions(r, kRanks);
+      o.fusion_threshold_bytes = r == 1 ? (32 << 20) : (64 << 20);
+      o.app_settings = {{"model", "resnet101"}, {"num_batches", r == 2 ? "3" : "40"}};
       auto e = Engine::Create(o, &store);
       results[r] = e.status();
     });
   }
   for (auto& t : threads) t.join();
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < kRanks; ++r) {
     ASSERT_FALSE(results[r].ok()) << "rank " << r;
-    EXPECT_NE(results[r].message().find("fusion_threshold_bytes"), std::string::npos)
-        << results[r].ToString();
+    EXPECT_EQ(results[r].code(), StatusCode::kInvalidArgument) << results[r].ToString();
+    const std::string m = results[r].message();
+    EXPECT_NE(m.find("fusion_threshold_bytes is '33554432' on rank 1, '67108864' on ranks 0,2,3"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("num_batches is '3' on rank 2, '40' on ranks 0,1,3"), std::string::npos) << m;
+    EXPECT_EQ(m.find("model"), std::string::npos) << "model matches: " << m;
   }
+}
+
+TEST(Engine, MatchingApplicationSettingsPass) {
+  RunRanks(
+      3,
+      [](int r) {
+        auto o = RankOptions(r, 3);
+        o.app_settings = {{"model", "vgg16"}, {"num_batches", "5"}};
+        return o;
+      },
+      [](int, Engine&) {});
 }
 
 TEST(Engine, ShutdownFailsLaterSubmissions) {

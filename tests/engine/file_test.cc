@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -130,6 +131,61 @@ TEST_F(FileTest, ReadsAreBounded) {
   EXPECT_NE(big.status().message().find("is 5 bytes, more than the 4 allowed"), std::string::npos);
   EXPECT_FALSE(ReadFileBounded("/dev/zero", 1 << 20, "replay profile").ok());
   EXPECT_FALSE(ReadFileBounded(Path("missing"), 10, "replay profile").ok());
+}
+
+// Whatever is not a regular file is refused at once, naming the path, what it is and what is
+// allowed: a FIFO with no writer and one whose writer never stops (either would hang a reader),
+// /dev/zero (which never ends), a directory. Also files of /proc, whose size says 0, are read.
+TEST_F(FileTest, ReadsRefuseWhatIsNotARegularFileWithoutWaiting) {
+  const std::string fifo = Path("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto refused = [](const std::string& path, const std::string& kind) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto read = ReadFileBounded(path, 1 << 20, "--calibration");
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(s, 2.0) << path;
+    ASSERT_FALSE(read.ok()) << path;
+    const std::string& m = read.status().message();
+    EXPECT_NE(m.find("--calibration '" + path + "' is " + kind + ", not a regular file"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("kolo reads only regular files (of at most 1048576 bytes)"),
+              std::string::npos)
+        << m;
+  };
+  refused(fifo, "a FIFO");
+  {
+    // A writer holds the FIFO open (O_RDWR opens it without waiting for a reader) and has filled
+    // it: still refused, not read.
+    const int writer = ::open(fifo.c_str(), O_RDWR | O_NONBLOCK);
+    ASSERT_GE(writer, 0);
+    const std::string bytes(4096, 'x');
+    ASSERT_EQ(::write(writer, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+    refused(fifo, "a FIFO");
+    ::close(writer);
+  }
+  refused("/dev/zero", "a character device");
+  refused(dir_, "a directory");
+  // A link to /dev/zero is followed and refused for what it leads to.
+  ASSERT_EQ(::symlink("/dev/zero", Path("zero-link").c_str()), 0);
+  refused(Path("zero-link"), "a character device");
+
+  Write(Path("big"), std::string(1001, 'y'));
+  auto big = ReadFileBounded(Path("big"), 1000, "--calibration");
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.status().message().find("'" + Path("big") + "' is 1001 bytes, more than the 1000 "
+                                        "allowed"),
+            std::string::npos)
+      << big.status().message();
+
+  auto proc = ReadFileBounded("/proc/self/status", 1 << 20, "process status");
+  ASSERT_TRUE(proc.ok()) << proc.status().ToString();
+  EXPECT_NE(proc->find("VmRSS"), std::string::npos);
+  auto small = ReadFileBounded("/proc/self/status", 16, "process status");
+  ASSERT_FALSE(small.ok());
+  EXPECT_NE(small.status().message().find("grew past the 16 bytes allowed"), std::string::npos)
+      << small.status().message();
 }
 
 }  // namespace

@@ -94,5 +94,78 @@ TEST(LogLimiter, LetsABurstThroughPerIntervalAndCountsTheRest) {
   EXPECT_EQ(LogLimiter::Held(0), "");
 }
 
+// Lines of `out` that contain `what`.
+int CountLines(const std::string& out, const std::string& what) {
+  int n = 0;
+  for (size_t at = out.find(what); at != std::string::npos; at = out.find(what, at + 1)) ++n;
+  return n;
+}
+
+// A flood within one interval writes the burst; the count of the rest follows once the interval is
+// over (on the next rejection or a Flush, whichever comes first), once; then a new burst.
+TEST(RejectionLog, WritesABurstPerIntervalThenOneLineCountingTheRest) {
+  using std::chrono::milliseconds;
+  const auto t0 = RejectionLog::Clock::time_point{} + std::chrono::hours(1);
+  ::testing::internal::CaptureStderr();
+  {
+    RejectionLog log("store 127.0.0.1:1", 4, milliseconds(10000));
+    EXPECT_EQ(log.next_flush(), RejectionLog::Clock::time_point::max());
+    for (int i = 0; i < 300; ++i) {
+      log.Reject(LogLevel::kWarning, fmt::format("store 127.0.0.1:1: idle connection {}", i),
+                 t0 + milliseconds(i));
+    }
+    EXPECT_EQ(log.rejected(), 300);
+    EXPECT_EQ(log.next_flush(), t0 + milliseconds(10000));
+    log.Flush(t0 + milliseconds(9999));  // the interval is not over: nothing yet
+    const std::string burst = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(CountLines(burst, "idle connection"), 4) << burst;
+    EXPECT_EQ(CountLines(burst, "more rejected"), 0) << burst;
+
+    ::testing::internal::CaptureStderr();
+    log.Flush(t0 + milliseconds(10000));
+    log.Flush(t0 + milliseconds(10001));  // once
+    EXPECT_EQ(log.next_flush(), RejectionLog::Clock::time_point::max());
+    const std::string count = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(CountLines(count, "\n"), 1) << count;
+    EXPECT_EQ(CountLines(count, "store 127.0.0.1:1: ... and 296 more rejected connections in the "
+                                "last 10 s\n"),
+              1)
+        << count;
+
+    // The next interval: a burst again; its count comes first on the rejection after it ends.
+    ::testing::internal::CaptureStderr();
+    for (int i = 0; i < 5; ++i) {
+      log.Reject(LogLevel::kWarning, "store 127.0.0.1:1: garbage", t0 + milliseconds(20000 + i));
+    }
+    log.Reject(LogLevel::kWarning, "store 127.0.0.1:1: late", t0 + milliseconds(31000));
+    const std::string next = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(CountLines(next, "garbage"), 4) << next;
+    const size_t counted = next.find("... and 1 more rejected connection in the last 11 s");
+    ASSERT_NE(counted, std::string::npos) << next;
+    EXPECT_LT(counted, next.find("late")) << "the count comes before the line that follows it";
+    // What is held back when the listener closes is counted then.
+    ::testing::internal::CaptureStderr();
+    for (int i = 0; i < 10; ++i) {
+      log.Reject(LogLevel::kWarning, "store 127.0.0.1:1: more", t0 + milliseconds(31001 + i));
+    }
+  }
+  const std::string closing = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(CountLines(closing, ": more\n"), 3) << closing;
+  EXPECT_NE(closing.find("... and 7 more rejected connections"), std::string::npos) << closing;
+}
+
+TEST(RejectionLog, LinesBelowTheLevelAreCountedNotWritten) {
+  const LogLevel saved = GetLogLevel();
+  SetLogLevel(LogLevel::kError);
+  ::testing::internal::CaptureStderr();
+  {
+    RejectionLog log("rank 0: TCP listener");
+    for (int i = 0; i < 10; ++i) log.Reject(LogLevel::kWarning, "rank 0: rejected");
+    EXPECT_EQ(log.rejected(), 10);
+  }
+  SetLogLevel(saved);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+}
+
 }  // namespace
 }  // namespace kolo

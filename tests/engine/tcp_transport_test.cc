@@ -25,6 +25,7 @@
 #include "engine/transport/tcp/device.h"
 #include "engine/transport/tcp/pair.h"
 #include "engine/transport/tcp/socket.h"
+#include "tests/engine/flood_test_util.h"
 #include "tests/engine/rank_threads.h"
 
 namespace kolo::transport::tcp {
@@ -541,6 +542,109 @@ TEST(TcpTransport, ConnectionsAfterSetupAreClosedAndHarmless) {
   EXPECT_EQ(in, buf);
   std::vector<Completion> sender;
   EXPECT_TRUE(WaitFor(*d[1], 1, &sender, milliseconds(5000)).ok());
+}
+
+// Hundreds of idle and garbage connections at a rank's TCP listener, during set-up and after it:
+// every one is turned away, yet the listener writes a few lines about them (at most 5 in 10 s,
+// through one RejectionLog from set-up to close; before, each connection after set-up wrote a line
+// of its own), and when the device closes one line counts the rest. Set-up completes and the pair
+// carries data afterwards.
+TEST(TcpTransport, AFloodOfIdleAndGarbageConnectionsLogsAFewLines) {
+  using kolo::testing::AllClosedByPeerWithin;
+  using kolo::testing::ClientFds;
+  using kolo::testing::ConnectWithin;
+  using kolo::testing::CountedInSummaries;
+  using kolo::testing::LinesWith;
+  using kolo::testing::StderrToFile;
+  constexpr int kSetupIdle = 100, kGarbage = 50, kLateIdle = 300;
+  bootstrap::InMemoryStore store;
+  StderrToFile log;
+  ASSERT_TRUE(log.ok());
+  std::mt19937 rng(5);
+  std::vector<uint8_t> garbage(300);  // more than a hello, and no hello's magic
+  for (auto& b : garbage) b = static_cast<uint8_t>(rng());
+
+  // Set-up: rank 0 accepts while garbage arrives and idle connections sit at its port.
+  std::unique_ptr<Device> rank0;
+  Status setup0;
+  std::thread t0([&] {
+    auto dev = Connect(Options(), store, 0, 2);
+    setup0 = dev.status();
+    if (dev.ok()) rank0 = std::move(dev).value();
+  });
+  const std::string addr = Listening(store, 0);
+  const std::string prefix = "rank 0: TCP listener " + addr;
+  {
+    ClientFds idle, rejected;
+    // (No ASSERT until t0 is joined: the thread must not outlive the test.)
+    for (int i = 0; i < kSetupIdle + kGarbage; ++i) {
+      const int fd = ConnectWithin(addr);
+      if (fd < 0) break;
+      (i < kSetupIdle ? idle : rejected).push_back(fd);
+      if (i >= kSetupIdle) (void)::send(fd, garbage.data(), garbage.size(), MSG_NOSIGNAL);
+    }
+    EXPECT_EQ(idle.size() + rejected.size(), static_cast<size_t>(kSetupIdle + kGarbage));
+    EXPECT_TRUE(AllClosedByPeerWithin(rejected, milliseconds(10000)));
+    auto rank1 = Connect(Options(), store, 1, 2);
+    t0.join();
+    ASSERT_TRUE(setup0.ok()) << setup0.ToString();
+    ASSERT_TRUE(rank1.ok()) << rank1.status().ToString();
+    // Set-up is over: the idle ones are closed with it.
+    EXPECT_TRUE(AllClosedByPeerWithin(idle, milliseconds(10000)));
+
+    // After set-up: rank 0 polls (which serves its listener) while hundreds more arrive.
+    std::atomic<bool> stop{false};
+    Status poll_status;
+    std::vector<Completion> done;
+    std::thread poller([&] {
+      while (!stop && poll_status.ok()) {
+        poll_status = rank0->Poll(&done, milliseconds(50));
+        if (poll_status.code() == StatusCode::kDeadlineExceeded) poll_status = Status::OK();
+      }
+    });
+    ClientFds late;
+    for (int i = 0; i < kLateIdle + kGarbage; ++i) {
+      const int fd = ConnectWithin(addr);
+      if (fd < 0) break;
+      late.push_back(fd);
+      if (i >= kLateIdle) (void)::send(fd, garbage.data(), garbage.size(), MSG_NOSIGNAL);
+    }
+    EXPECT_EQ(late.size(), static_cast<size_t>(kLateIdle + kGarbage));
+    EXPECT_TRUE(AllClosedByPeerWithin(late, milliseconds(10000)));
+    stop = true;
+    poller.join();
+    ASSERT_TRUE(poll_status.ok()) << poll_status.ToString();
+
+    // The pair still carries data.
+    uint64_t a = 77, b = 0;
+    auto ra = (*rank1)->Register(&a, 8);
+    auto rb = rank0->Register(&b, 8);
+    ASSERT_TRUE(ra.ok() && rb.ok());
+    ASSERT_TRUE((*rank1)->pair(0).Send(**ra, 0, 8, 3).ok());
+    ASSERT_TRUE(rank0->pair(1).Recv(**rb, 0, 8, 3).ok());
+    done.clear();
+    ASSERT_TRUE(WaitFor(*rank0, 1, &done, milliseconds(5000)).ok());
+    EXPECT_EQ(b, 77u);
+    std::vector<Completion> sent;
+    EXPECT_TRUE(WaitFor(**rank1, 1, &sent, milliseconds(5000)).ok());
+
+    const std::string during = log.Text();
+    const int lines = LinesWith(during, "connection from");  // whatever the wording
+    EXPECT_GE(lines, 1);
+    EXPECT_LE(lines, 5) << "the flood's lines flood the log; the first of them:\n"
+                        << during.substr(0, 3000);
+    // Both close, as the ranks of a job do, concurrently.
+    std::thread close1([&] { rank1->reset(); });
+    rank0.reset();
+    close1.join();
+  }
+  log.Stop();
+  // Every rejection is either written on its own line or counted (at the latest when rank 0's
+  // device closed).
+  const std::string all = log.Text();
+  const int written = LinesWith(all, prefix + ": rejected connection from");
+  EXPECT_EQ(written + CountedInSummaries(all, prefix), kGarbage + kLateIdle + kGarbage)
+      << all.substr(0, 3000);
 }
 
 TEST(TcpTransport, SetupTimeoutNamesMissingRanks) {

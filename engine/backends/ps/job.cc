@@ -7,54 +7,40 @@
 #include <cerrno>
 
 #include "engine/collectives/collectives.h"
+#include "engine/collectives/settings_check.h"
 #include "engine/transport/registry.h"
 
 namespace kolo::backends::ps {
 namespace {
 
-// Settings that every rank, worker or server, must share: they fix roles, placement and framing.
-std::string AgreementKey(const Options& o) {
-  return fmt::format(
-      "size={} backend={} ps_servers={} ps_server_ranks=[{}] ps_placement={} "
-      "ring_chunk_bytes={}",
-      o.size, o.backend, o.ps_servers, fmt::join(o.ps_server_ranks, ","), o.ps_placement,
-      o.ring_chunk_bytes);
-}
-
-// Rank 0's verdict on every rank's "settings\nhost" message.
-std::string RootAnswer(const std::vector<std::vector<uint8_t>>& all, const std::string& key) {
+// Every rank's host name, one per line, from rank 0.
+std::string RootAnswer(const std::vector<std::vector<uint8_t>>& all) {
   std::string hosts(1, 'H');
-  for (size_t r = 0; r < all.size(); ++r) {
-    const std::string theirs(all[r].begin(), all[r].end());
-    const size_t nl = std::min(theirs.find('\n'), theirs.size());
-    if (theirs.compare(0, nl, key) != 0) {
-      return fmt::format(
-          "Eranks disagree on parameter-server settings that must match: rank 0 has '{}', rank {} "
-          "has '{}'",
-          key, r, theirs.substr(0, nl));
-    }
-    hosts.append(theirs, std::min(nl + 1, theirs.size()), std::string::npos);
+  for (const auto& theirs : all) {
+    hosts.append(theirs.begin(), theirs.end());
     hosts.push_back('\n');
   }
   return hosts;
 }
 
-// Gathers (settings, host name) at rank 0, which checks the settings and answers with either an
-// error ("E" + text) or every rank's host name ("H" + names, one per line).
+// Checks that every rank, worker or server, has the settings that must match (MustMatch: roles,
+// placement and framing among them), then gathers the host names at rank 0, which answers with
+// every rank's ("H" + names, one per line).
 StatusOr<std::vector<std::string>> AgreeAndListHosts(transport::Device& device, const Options& o,
                                                      std::chrono::milliseconds timeout) {
   collectives::Comm comm;
   comm.device = &device;
   comm.timeout = timeout;
   KOLO_ASSIGN_OR_RETURN(const std::string host, bootstrap::ThisHostName(o.host_name));
-  const std::string mine = fmt::format("{}\n{}", AgreementKey(o), host);
-  KOLO_ASSIGN_OR_RETURN(auto all, collectives::GatherMessages(comm, 0, {mine.begin(), mine.end()}));
-  const std::string answer = comm.rank() == 0 ? RootAnswer(all, AgreementKey(o)) : std::string();
+  KOLO_RETURN_IF_ERROR(collectives::CheckSettingsMatch(comm, MustMatch(o)));
+  KOLO_ASSIGN_OR_RETURN(auto all, collectives::GatherMessages(comm, 0, {host.begin(), host.end()}));
+  const std::string answer = comm.rank() == 0 ? RootAnswer(all) : std::string();
   KOLO_ASSIGN_OR_RETURN(auto reply,
                         collectives::BroadcastMessage(comm, 0, {answer.begin(), answer.end()}));
   const std::string text(reply.begin(), reply.end());
-  if (text.empty()) return ProtocolError("rank 0 sent an empty answer to the settings check");
-  if (text[0] != 'H') return InvalidArgument("{}", text.substr(1));
+  if (text.empty() || text[0] != 'H') {
+    return ProtocolError("rank 0 sent a malformed host list ({} bytes)", text.size());
+  }
   std::vector<std::string> hosts;
   size_t start = 1;
   for (size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {

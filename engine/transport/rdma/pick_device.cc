@@ -4,8 +4,9 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <string>
+
+#include "engine/common/file.h"
 
 namespace kolo::transport::rdma {
 namespace {
@@ -116,15 +117,16 @@ StatusOr<int> PickDevice(const RdmaOptions& options, DeviceList* devices) {
 int PickRoceGid(const char* device, uint8_t port) {
   int best = 0;
   for (int i = 0; i < 256; ++i) {
-    std::ifstream type(
-        fmt::format("/sys/class/infiniband/{}/ports/{}/gid_attrs/types/{}", device, port, i));
-    std::string t;
-    if (!type || !std::getline(type, t)) continue;
-    std::ifstream gid(fmt::format("/sys/class/infiniband/{}/ports/{}/gids/{}", device, port, i));
-    std::string g;
-    if (!gid || !std::getline(gid, g)) continue;
-    if (t.find("RoCE v2") != std::string::npos &&
-        g.rfind("0000:0000:0000:0000:0000:ffff:", 0) == 0) {
+    // sysfs attributes, each at most a page (and saying so in its size).
+    auto t = ReadFileBounded(
+        fmt::format("/sys/class/infiniband/{}/ports/{}/gid_attrs/types/{}", device, port, i), 4096,
+        "GID type");
+    if (!t.ok()) continue;
+    auto g = ReadFileBounded(
+        fmt::format("/sys/class/infiniband/{}/ports/{}/gids/{}", device, port, i), 4096, "GID");
+    if (!g.ok()) continue;
+    if (t->find("RoCE v2") != std::string::npos &&
+        g->rfind("0000:0000:0000:0000:0000:ffff:", 0) == 0) {
       best = i;
       break;
     }

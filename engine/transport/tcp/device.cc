@@ -26,7 +26,8 @@ class TcpDevice final : public PairedDevice<TcpPair, TcpState> {
       : PairedDevice(rank, size, options.busy_poll, options.timeout),
         socket_buffer_bytes_(
             static_cast<uint64_t>(std::max<int64_t>(options.socket_buffer_bytes, 0))),
-        listener_(std::move(mesh.listener)) {
+        listener_(std::move(mesh.listener)),
+        rejections_(std::move(mesh.rejections)) {
     for (int peer = 0; peer < size; ++peer) {
       if (peer == rank || !mesh.peers[static_cast<size_t>(peer)].valid()) continue;
       AddPair(std::make_unique<TcpPair>(state_, peer,
@@ -80,7 +81,10 @@ class TcpDevice final : public PairedDevice<TcpPair, TcpState> {
   void AfterSleep() override {}
 
  protected:
-  Status Advance() override { return SendKeepalives(); }
+  Status Advance() override {
+    rejections_->Flush();  // a count of held-back rejection lines, when one is due
+    return SendKeepalives();
+  }
 
   // Late connections, or progress on a pair (an error is recorded as the device's).
   Status OnEvent(const epoll_event& event) override {
@@ -94,13 +98,16 @@ class TcpDevice final : public PairedDevice<TcpPair, TcpState> {
   }
 
  private:
-  // Every peer is connected at set-up; whoever connects later is turned away.
+  // Every peer is connected at set-up; whoever connects later is turned away, and logged through
+  // the listener's RejectionLog (a few lines per 10 s however many come).
   void RejectLateConnections() {
     for (;;) {
       Fd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
       if (!fd.valid()) return;
-      KOLO_LOG(kWarning, "rank {}: closed a connection from {}: every peer is already connected",
-               state_.rank, PeerAddress(fd.get()));
+      rejections_->Reject(LogLevel::kWarning,
+                          fmt::format("{}: rejected connection from {}: every peer is already "
+                                      "connected",
+                                      rejections_->prefix(), PeerAddress(fd.get())));
     }
   }
 
@@ -157,6 +164,7 @@ class TcpDevice final : public PairedDevice<TcpPair, TcpState> {
 
   const uint64_t socket_buffer_bytes_;
   Fd listener_;
+  std::shared_ptr<RejectionLog> rejections_;  // the listener's, from set-up
   bool closed_ = false;
 };
 

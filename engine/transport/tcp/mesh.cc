@@ -58,6 +58,8 @@ class MeshBuilder {
     KOLO_ASSIGN_OR_RETURN(mesh_.listener,
                           Listen(options_.listen_addr, options_.socket_buffer_bytes, &bound));
     const std::string mine = FormatAddress(bound);
+    listener_name_ = fmt::format("rank {}: TCP listener {}", rank_, mine);
+    mesh_.rejections = std::make_shared<RejectionLog>(listener_name_);
     KOLO_RETURN_IF_ERROR(store.Set(fmt::format("tcp/addr/{}", rank_),
                                    std::vector<uint8_t>(mine.begin(), mine.end())));
     // Lower ranks accept, higher ranks connect.
@@ -112,7 +114,8 @@ class MeshBuilder {
     std::vector<Conn*> owners;
     fds.push_back({mesh_.listener.get(), POLLIN, 0});
     owners.push_back(nullptr);
-    Clock::time_point wake = deadline_;
+    // Also wakes when a count of held-back rejection lines is due.
+    Clock::time_point wake = std::min(deadline_, mesh_.rejections->next_flush());
     for (Conn& c : conns_) {
       if (c.state == Conn::State::kRetryWait || c.state == Conn::State::kAwaitHello) {
         wake = std::min(wake, c.deadline);
@@ -131,16 +134,14 @@ class MeshBuilder {
     if (n > 0 && fds[0].revents != 0) AcceptAll();
     // Drop finished or failed connections, expire silent ones, restart refused connects.
     const auto now = Clock::now();
+    mesh_.rejections->Flush(now);
     for (auto it = conns_.begin(); it != conns_.end();) {
       if (!it->fd.valid() && it->state != Conn::State::kRetryWait) {
         it = conns_.erase(it);
         continue;
       }
       if (it->state == Conn::State::kAwaitHello && now >= it->deadline) {
-        if (auto held = security_log_.Allow()) {
-          KOLO_LOG(kWarning, "rank {}: closing connection from {}: no handshake within {} ms{}",
-                   rank_, it->remote, Bound().count(), LogLimiter::Held(*held));
-        }
+        LogRejection(it->remote, fmt::format("no handshake within {} ms", Bound().count()));
         it = conns_.erase(it);
         continue;
       }
@@ -174,9 +175,13 @@ class MeshBuilder {
     for (;;) {
       Fd fd(::accept4(mesh_.listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
       if (!fd.valid()) {
+        // EMFILE and the like leave the connection in the backlog and the listener readable: the
+        // next Step tries again, so this line could repeat on every one.
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
-          KOLO_LOG(kWarning, "rank {}: accept failed: {}", rank_,
-                   ErrnoStatus(StatusCode::kInternal, "accept4", errno).message());
+          mesh_.rejections->Reject(
+              LogLevel::kWarning,
+              fmt::format("{}: accept failed: {}", listener_name_,
+                          ErrnoStatus(StatusCode::kInternal, "accept4", errno).message()));
         }
         return;
       }
@@ -197,8 +202,7 @@ class MeshBuilder {
         }
       }
       if (!s.ok()) {
-        KOLO_LOG(kWarning, "rank {}: dropping connection from {}: {}", rank_, c.remote,
-                 s.ToString());
+        LogRejection(c.remote, s.ToString());
         continue;
       }
       c.fd = std::move(fd);
@@ -225,11 +229,15 @@ class MeshBuilder {
   }
 
   void Reject(Conn& c, const std::string& why) {
-    if (auto held = security_log_.Allow()) {
-      KOLO_LOG(kWarning, "rank {}: rejected connection from {}: {}{}", rank_, c.remote, why,
-               LogLimiter::Held(*held));
-    }
+    LogRejection(c.remote, why);
     c.fd.reset();
+  }
+
+  // Every turned-away connection is logged through here: a few lines per 10 s, the rest counted.
+  void LogRejection(const std::string& remote, const std::string& why) {
+    mesh_.rejections->Reject(
+        LogLevel::kWarning,
+        fmt::format("{}: rejected connection from {}: {}", listener_name_, remote, why));
   }
 
   Status Advance(Conn& c) {
@@ -360,8 +368,7 @@ class MeshBuilder {
   std::vector<bool> is_peer_;  // the ranks to connect to
   int expected_ = 0;
   int connected_ = 0;
-  // Rejected and silent connections: a few lines per interval, the rest counted.
-  LogLimiter security_log_{5, std::chrono::seconds(10)};
+  std::string listener_name_;  // "rank 0: TCP listener 127.0.0.1:4242", for log lines
 };
 
 }  // namespace

@@ -13,6 +13,23 @@
 namespace kolo::coordinator {
 namespace {
 
+// The bit vector of one exchange, W = the cache's words: ANDed, the hit bits [0, W) and the step
+// check [W, W+2); ORed, the flags word (W+2), the invalidated bits [W+3, 2W+3), the hit bits again
+// [2W+3, 3W+3) and the step check again [3W+3, 3W+5). The step check is sent twice, ANDed and
+// ORed: both results are equal exactly when every rank sent the same words.
+struct Layout {
+  size_t w;
+  size_t and_check() const { return w; }
+  size_t flags() const { return w + kCheckWords; }
+  size_t invalid() const { return w + kCheckWords + 1; }
+  size_t or_hits() const { return 2 * w + kCheckWords + 1; }
+  size_t or_check() const { return 3 * w + kCheckWords + 1; }
+  size_t and_words() const { return w + kCheckWords; }
+  size_t or_words() const { return 2 * w + kCheckWords + 1; }
+  size_t total() const { return 3 * w + 2 * kCheckWords + 1; }
+  static constexpr size_t kCheckWords = 2;
+};
+
 constexpr uint64_t kFlagUncached = 1;  // some rank has requests for the coordinator
 constexpr uint64_t kFlagShutdown = 2;  // some rank asked to shut down
 
@@ -42,13 +59,13 @@ Controller::Controller(const ControllerSettings& settings, Peers& peers, Clock& 
       clock_(clock),
       hit_stall_after_(HitStallAfter(settings)),
       cache_(settings.cache_capacity),
-      bits_(3 * cache_.words() + 1, 0),
+      bits_(Layout{cache_.words()}.total(), 0),
       last_stall_check_(clock.Now()) {
   if (settings.rank == 0) table_.emplace(settings.size);
 }
 
 size_t Controller::ExchangeWords(const ControllerSettings& settings) {
-  return 3 * ResponseCache::WordsFor(settings.cache_capacity) + 1;
+  return Layout{ResponseCache::WordsFor(settings.cache_capacity)}.total();
 }
 
 void Controller::Release(PendingMap::iterator it) {
@@ -78,7 +95,7 @@ void Controller::Add(const Request& request, SteadyClock::time_point submitted) 
   entry.cache_bit = -1;
   fresh_ = true;
   int bit = -1;
-  const size_t words = cache_.words();
+  const Layout at{cache_.words()};
   switch (settings_.size > 1 ? cache_.Find(request, settings_.rank, &bit)
                              : ResponseCache::Lookup::kMiss) {
     case ResponseCache::Lookup::kHit:
@@ -90,7 +107,7 @@ void Controller::Add(const Request& request, SteadyClock::time_point submitted) 
       break;
     case ResponseCache::Lookup::kMismatch:
       // Set in this cycle's invalid vector: every rank drops the entry and renegotiates.
-      bits_[words + 1 + static_cast<size_t>(bit) / 64] |= uint64_t{1} << (bit % 64);
+      bits_[at.invalid() + static_cast<size_t>(bit) / 64] |= uint64_t{1} << (bit % 64);
       unreported_.push_back(request.name);
       break;
     case ResponseCache::Lookup::kMiss:
@@ -135,6 +152,7 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
                              NegotiationStats* stats) {
   const auto start = clock_.Now();
   const size_t words = cache_.words();
+  const Layout at{words};
   const size_t first_new = responses->size();
   *stats = NegotiationStats{};
   if (settings_.size == 1) {
@@ -170,34 +188,46 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
     const size_t word = static_cast<size_t>(entry.cache_bit) / 64;
     if (hit_stall_after_ > SteadyClock::duration::zero() &&
         start - entry.submitted >= hit_stall_after_) {
-      bits_[words + 1 + word] |= mask;
+      bits_[at.invalid() + word] |= mask;
       handed_back = true;
     } else {
       bits_[word] |= mask;
-      bits_[2 * words + 1 + word] |= mask;
+      bits_[at.or_hits() + word] |= mask;
     }
   }
   const bool rank0_round =
       table_ && table_->pending() > 0 && start - last_stall_check_ > kStallCheckEvery;
   const bool reporting = !unreported_.empty();
-  if (reporting || rank0_round || handed_back) bits_[words] |= kFlagUncached;
-  if (shutdown) bits_[words] |= kFlagShutdown;
-  KOLO_RETURN_IF_ERROR(peers_.BitwiseAllreduce(bits_.data(), words, 2 * words + 1));
-  *stop = (bits_[words] & kFlagShutdown) != 0;
-  const bool uncached = (bits_[words] & kFlagUncached) != 0;
+  if (reporting || rank0_round || handed_back) bits_[at.flags()] |= kFlagUncached;
+  if (shutdown) bits_[at.flags()] |= kFlagShutdown;
+  // The step check: which exchange this is and what this rank has agreed so far (every response
+  // it was handed, and its cache, from which this exchange's hits are read). Ranks that differ
+  // would run different collectives; they stop here, before running any.
+  const uint64_t check[Layout::kCheckWords] = {exchanges_,
+                                               MixFingerprint(history_, cache_.digest())};
+  for (size_t i = 0; i < Layout::kCheckWords; ++i) {
+    bits_[at.and_check() + i] = bits_[at.or_check() + i] = check[i];
+  }
+  KOLO_RETURN_IF_ERROR(peers_.BitwiseAllreduce(bits_.data(), at.and_words(), at.or_words()));
+  ++exchanges_;
+  for (size_t i = 0; i < Layout::kCheckWords; ++i) {
+    if (bits_[at.and_check() + i] != bits_[at.or_check() + i]) return OutOfStep(check);
+  }
+  *stop = (bits_[at.flags()] & kFlagShutdown) != 0;
+  const bool uncached = (bits_[at.flags()] & kFlagUncached) != 0;
   // Offered somewhere, agreed nowhere, not invalidated: a rank that submits one of these next
   // completes (or comes closer to completing) a collective its peers already wait for, and starts
   // the next exchange at once instead of on its cycle grid. Likewise a rank with a request to
   // report after a round in which others reported theirs.
   awaited_.assign(words, 0);
   for (size_t w = 0; w < words; ++w) {
-    awaited_[w] = bits_[2 * words + 1 + w] & ~bits_[w] & ~bits_[words + 1 + w];
+    awaited_[w] = bits_[at.or_hits() + w] & ~bits_[w] & ~bits_[at.invalid() + w];
   }
   others_reported_ = uncached && !reporting;
 
   // Invalidated entries: every rank drops them and renegotiates any pending use.
   for (size_t w = 0; w < words; ++w) {
-    for (uint64_t m = bits_[words + 1 + w]; m != 0; m &= m - 1) {
+    for (uint64_t m = bits_[at.invalid() + w]; m != 0; m &= m - 1) {
       const int bit = static_cast<int>(w * 64 + static_cast<size_t>(__builtin_ctzll(m)));
       for (auto& [name, entry] : pending_) {
         if (entry.cache_bit == bit) {
@@ -248,8 +278,53 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
       if (it != pending_.end()) Release(it);
     }
   }
+  // What this rank was handed, in order, for the next exchange's step check.
+  for (size_t i = first_new; i < responses->size(); ++i) {
+    history_ = MixFingerprint(history_, Fingerprint((*responses)[i]));
+    ++agreed_;
+  }
+  if (responses->size() > first_new) last_agreed_ = responses->back().request.name;
   UpdateHitStallDue();
   return Status::OK();
+}
+
+Status Controller::OutOfStep(const uint64_t (&check)[2]) {
+  // Every rank saw the same AND and OR, so every rank is here, in this exchange: one more round,
+  // on this error path only, tells rank 0 what each rank has agreed, so that the error names them.
+  const std::string mine = fmt::format("{} {:016x} {} {}", check[0], check[1], agreed_, last_agreed_);
+  std::string verdict;
+  auto all = peers_.GatherAtRoot({mine.begin(), mine.end()});
+  if (!all.ok()) return all.status().WithContext("ranks are out of step; asking which");
+  if (settings_.rank == 0) {
+    // Ranks grouped by what they sent.
+    std::map<std::string, std::vector<int>> groups;
+    for (size_t r = 0; r < all->size(); ++r) {
+      groups[std::string((*all)[r].begin(), (*all)[r].end())].push_back(static_cast<int>(r));
+    }
+    std::vector<std::string> parts;
+    for (const auto& [text, ranks] : groups) {
+      // "<exchange> <digest> <agreed> <last name>"
+      std::vector<std::string> f;
+      size_t at = 0;
+      for (int i = 0; i < 3; ++i) {
+        const size_t sp = std::min(text.find(' ', at), text.size());
+        f.push_back(text.substr(at, sp - at));
+        at = std::min(sp + 1, text.size());
+      }
+      parts.push_back(fmt::format("rank{} {}: exchange {}, {} collectives agreed, the last '{}' "
+                                  "(history {})",
+                                  ranks.size() > 1 ? "s" : "", FormatRanks(ranks), f[0], f[2],
+                                  text.substr(at), f[1]));
+    }
+    verdict = fmt::format(
+        "ranks are out of step: they would run different collectives ({}). Every rank must "
+        "submit the same tensors in a compatible order; a difference that passed negotiation is a "
+        "bug: please report it",
+        fmt::join(parts, "; "));
+  }
+  auto answer = peers_.BroadcastFromRoot({verdict.begin(), verdict.end()});
+  if (!answer.ok()) return answer.status().WithContext("ranks are out of step; asking which");
+  return FailedPrecondition("{}", std::string(answer->begin(), answer->end()));
 }
 
 Status Controller::CoordinatorRound(std::vector<Response>* responses) {

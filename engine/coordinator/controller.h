@@ -131,6 +131,9 @@ class Controller {
   // its request for each costs more than the bit exchange itself.
   void Release(PendingMap::iterator it);
   Status CoordinatorRound(std::vector<Response>* responses);
+  // The step check of an exchange failed (ranks sent different words): finds out what each rank
+  // has agreed and returns the error naming them, on every rank.
+  Status OutOfStep(const uint64_t (&check)[2]);
   void InspectStalls(SteadyClock::time_point now, std::vector<Response>* errors);
   // Recomputes hit_stall_due_ from the pending cache hits.
   void UpdateHitStallDue();
@@ -155,9 +158,14 @@ class Controller {
   // reported requests to the coordinator in it while this rank had none.
   std::vector<uint64_t> awaited_;
   bool others_reported_ = false;
-  // The cycle's bit vector: cache_.words() hit words (AND), one flags word and cache_.words()
-  // invalidation words (OR).
+  // The cycle's bit vector (its layout: Layout in controller.cc).
   std::vector<uint64_t> bits_;
+  // The step check (negotiation.md): exchanges done, a running fingerprint of every response
+  // handed out, how many, and the last one's name (for the error).
+  uint64_t exchanges_ = 0;
+  uint64_t history_ = 0;
+  int64_t agreed_ = 0;
+  std::string last_agreed_;
   SteadyClock::time_point last_stall_check_;
   // When the oldest pending cache hit will have waited hit_stall_after_; max() when none will.
   SteadyClock::time_point hit_stall_due_ = SteadyClock::time_point::max();

@@ -141,6 +141,44 @@ size_t Response::bytes() const {
   return static_cast<size_t>(NumElements(request.shape)) * DataTypeSize(request.dtype);
 }
 
+namespace {
+
+// splitmix64's finaliser: spreads every input bit over the output.
+uint64_t Spread(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// FNV-1a over bytes, continuing from `h`.
+uint64_t Fnv(uint64_t h, const void* data, size_t n) {
+  const auto* b = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+}  // namespace
+
+uint64_t MixFingerprint(uint64_t state, uint64_t value) { return Spread(state ^ Spread(value)); }
+
+uint64_t Fingerprint(const Response& r) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  const Request& q = r.request;
+  const uint8_t fixed[] = {static_cast<uint8_t>(r.kind), static_cast<uint8_t>(q.type),
+                           static_cast<uint8_t>(q.dtype), q.reduce_op,
+                           static_cast<uint8_t>(q.on_device)};
+  h = Fnv(h, fixed, sizeof fixed);
+  h = Fnv(h, &q.root, sizeof q.root);
+  h = Fnv(h, q.name.data(), q.name.size());
+  const uint64_t dims = q.shape.size();
+  h = Fnv(h, &dims, sizeof dims);
+  for (int64_t d : q.shape) h = Fnv(h, &d, sizeof d);
+  for (int64_t d : r.first_dims) h = Fnv(h, &d, sizeof d);
+  h = Fnv(h, r.error.data(), r.error.size());
+  return Spread(h);
+}
+
 std::vector<uint8_t> Serialize(const RequestList& list) {
   Writer w;
   w.U32(kRequestMagic);

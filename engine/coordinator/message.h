@@ -64,6 +64,13 @@ struct ResponseList {
   std::vector<Response> responses;
 };
 
+// A 64-bit fingerprint of everything that makes a response the collective it is (kind, name, type,
+// dtype, op, root, shape, memory, allgather sizes, error text): equal on every rank for the same
+// response. Not cryptographic; it detects ranks that fell out of step (Controller).
+uint64_t Fingerprint(const Response& response);
+// Mixes `value` into `state` (order matters): for running fingerprints of sequences.
+uint64_t MixFingerprint(uint64_t state, uint64_t value);
+
 std::vector<uint8_t> Serialize(const RequestList& list);
 std::vector<uint8_t> Serialize(const ResponseList& list);
 StatusOr<RequestList> ParseRequestList(const std::vector<uint8_t>& bytes);

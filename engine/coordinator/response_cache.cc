@@ -3,7 +3,7 @@
 namespace kolo::coordinator {
 
 ResponseCache::ResponseCache(int capacity)
-    : capacity_(capacity), slots_(capacity), lru_pos_(capacity) {
+    : capacity_(capacity), slots_(capacity), lru_pos_(capacity), fingerprints_(capacity, 0) {
   for (int b = capacity - 1; b >= 0; --b) free_.push_back(b);
 }
 
@@ -37,15 +37,27 @@ void ResponseCache::Put(const Response& response) {
     bit = lru_.back();
     by_name_.erase(slots_[bit]->request.name);
   }
+  if (slots_[bit]) contents_ ^= Term(bit, fingerprints_[bit]);
   slots_[bit] = response;
+  fingerprints_[bit] = Fingerprint(response);
+  contents_ ^= Term(bit, fingerprints_[bit]);
   by_name_[response.request.name] = bit;
   Touch(bit);
 }
 
-void ResponseCache::Touch(int bit) { lru_.splice(lru_.begin(), lru_, lru_pos_[bit]); }
+void ResponseCache::Touch(int bit) {
+  lru_.splice(lru_.begin(), lru_, lru_pos_[bit]);
+  recency_ = MixFingerprint(recency_, static_cast<uint64_t>(bit));
+}
+
+uint64_t ResponseCache::Term(int bit, uint64_t f) {
+  return MixFingerprint(static_cast<uint64_t>(bit) + 1, f);
+}
 
 void ResponseCache::Erase(int bit) {
   if (!slots_[bit]) return;
+  contents_ ^= Term(bit, fingerprints_[bit]);
+  recency_ = MixFingerprint(recency_, ~static_cast<uint64_t>(bit));
   by_name_.erase(slots_[bit]->request.name);
   slots_[bit].reset();
   lru_.erase(lru_pos_[bit]);

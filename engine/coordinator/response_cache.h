@@ -42,14 +42,23 @@ class ResponseCache {
   const Response& Get(int bit) const;
   bool Occupied(int bit) const;
   size_t entries() const { return by_name_.size(); }
+  // A fingerprint of the whole cache (which response in which bit, and the order of recency that
+  // decides evictions); equal on ranks whose caches are equal, which they must be: every rank
+  // reads this cycle's hits from its own. Cheap: kept up to date by Put, Touch and Erase.
+  uint64_t digest() const { return contents_ ^ recency_; }
 
  private:
+  // The term of `bit` holding a response of fingerprint `f` in contents_.
+  static uint64_t Term(int bit, uint64_t f);
   int capacity_;
   std::vector<std::optional<Response>> slots_;  // by bit
   std::unordered_map<std::string, int> by_name_;
   std::list<int> lru_;  // most recent at front
   std::vector<std::list<int>::iterator> lru_pos_;
   std::vector<int> free_;  // free bits, lowest last
+  std::vector<uint64_t> fingerprints_;  // by bit, of the occupied slots
+  uint64_t contents_ = 0;               // XOR of Term(bit, fingerprint) over occupied bits
+  uint64_t recency_ = 0;                // running mix of the bits touched, in order
 };
 
 }  // namespace kolo::coordinator

@@ -136,11 +136,15 @@ std::vector<std::string> Names(const std::vector<Response>& rs) {
 // N ranks, each a Controller with in-memory peers and one shared fake clock.
 class Job {
  public:
-  explicit Job(int size, ControllerSettings base = {}) : size_(size), ex_(size) {
+  // `capacities`, when given, sets each rank's cache capacity (ranks that disagree, which the
+  // engine's start-up check refuses, to make ranks fall out of step).
+  explicit Job(int size, ControllerSettings base = {}, std::vector<int> capacities = {})
+      : size_(size), ex_(size) {
     for (int r = 0; r < size; ++r) {
       ControllerSettings s = base;
       s.rank = r;
       s.size = size;
+      if (!capacities.empty()) s.cache_capacity = capacities[static_cast<size_t>(r)];
       peers_.push_back(std::make_unique<MemoryPeers>(ex_, r));
       controllers_.push_back(std::make_unique<Controller>(s, *peers_.back(), clock_));
     }
@@ -289,6 +293,43 @@ TEST(Controller, StalledTensorIsFailedAfterTheShutdownTimeNamingTheMissingRank) 
     EXPECT_THAT(c2.responses[r][0].error, HasSubstr("submitted by ranks 0,2, never by ranks 1"));
   }
   EXPECT_EQ(job.rank(0).pending(), 0u);
+}
+
+// Ranks whose caches differ would read different hits from the same bits, and run different
+// collectives. The step check in every exchange stops them all at the first exchange after the
+// caches diverged, before any collective runs, naming what each rank had agreed.
+TEST(Controller, RanksOutOfStepStopAtTheNextExchangeNamingEachRank) {
+  Job job(3, {}, {3, 3, 2});  // rank 2 evicts one entry the others keep
+  auto c1 = job.Run({{Req("a"), Req("b"), Req("c")}, {Req("a"), Req("b"), Req("c")},
+                     {Req("a"), Req("b"), Req("c")}});
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(c1.status[r].ok()) << c1.status[r].ToString();
+    EXPECT_EQ(c1.responses[r].size(), 3u);
+  }
+  auto c2 = job.Run({{Req("a")}, {Req("a")}, {Req("a")}});
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_FALSE(c2.status[r].ok()) << "rank " << r;
+    EXPECT_TRUE(c2.responses[r].empty()) << "rank " << r << " was handed a collective";
+    const std::string m = c2.status[r].ToString();
+    EXPECT_THAT(m, HasSubstr("ranks are out of step"));
+    EXPECT_THAT(m, HasSubstr("ranks 0,1: exchange 1, 3 collectives agreed, the last 'c'"));
+    EXPECT_THAT(m, HasSubstr("rank 2: exchange 1, 3 collectives agreed, the last 'c'"));
+  }
+}
+
+// Ranks in step pass the check every exchange: many cycles of hits, misses and invalidations.
+TEST(Controller, RanksInStepPassTheCheckThroughCacheChurn) {
+  Job job(3, {}, {4, 4, 4});
+  for (int step = 0; step < 20; ++step) {
+    std::vector<Request> mine;
+    for (int i = 0; i < 3; ++i) mine.push_back(Req(fmt::format("t{}", (step + i) % 7)));
+    // Its shape changes every step: the cached entry is invalidated and renegotiated each time.
+    mine.push_back(step % 2 ? Req("u", {8}) : Req("u"));
+    auto c = job.Run({mine, mine, mine});
+    for (int r = 0; r < 3; ++r) ASSERT_TRUE(c.status[r].ok()) << step << ": " << c.status[r].ToString();
+    auto drain = job.Run({{}, {}, {}});
+    for (int r = 0; r < 3; ++r) ASSERT_TRUE(drain.status[r].ok()) << drain.status[r].ToString();
+  }
 }
 
 // A rank that stopped leaves a whole step waiting: one warning line for the lot, naming a few.

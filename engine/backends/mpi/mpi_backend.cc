@@ -30,15 +30,19 @@ namespace {
 // Aborts the MPI job when one blocking call outlives the peer timeout.
 class Watchdog {
  public:
-  explicit Watchdog(std::chrono::milliseconds timeout)
-      : timeout_(timeout), thread_([this] { Watch(); }) {}
-  ~Watchdog() {
+  static constexpr auto kProgressEvery = std::chrono::milliseconds(5);
+  // `comm`: the communicator to probe for progress while idle (see Progress).
+  Watchdog(std::chrono::milliseconds timeout, MPI_Comm comm)
+      : timeout_(timeout), comm_(comm), progress_(ThreadMultiple()), thread_([this] { Watch(); }) {}
+  ~Watchdog() { Stop(); }
+  // Ends the watching thread (before the communicator it probes is freed). Idempotent.
+  void Stop() {
     {
       MutexLock lock(mu_);
       stop_ = true;
     }
     cv_.notify_all();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
   }
   // Marks the calling thread's blocking call (`what`, a literal, of `bytes`) as started, and
   // finished. Nothing is formatted unless the watchdog fires.
@@ -58,8 +62,13 @@ class Watchdog {
   void Watch() {
     MutexLock lock(mu_);
     while (!stop_) {
-      cv_.WaitFor(mu_, std::chrono::milliseconds(200));
-      if (stop_ || !busy_ || std::chrono::steady_clock::now() - since_ < timeout_) continue;
+      cv_.WaitFor(mu_, progress_ ? kProgressEvery : std::chrono::milliseconds(200));
+      if (stop_) break;
+      if (!busy_) {
+        Progress();
+        continue;
+      }
+      if (std::chrono::steady_clock::now() - since_ < timeout_) continue;
       KOLO_LOG(kError,
                "mpi {} of {} bytes: still blocked after {} ms (the peer timeout): some rank "
                "stopped taking part (MPI does not say which); aborting the MPI job",
@@ -69,8 +78,34 @@ class Watchdog {
     }
   }
 
+  // Drives MPI's progress engine while this rank is not inside an MPI call. MPI promises only that
+  // one side of a transfer completes: a rank may leave a collective with a protocol message its
+  // peer still needs queued (Open MPI's ob1 queues a rendezvous FIN when its transport is out of
+  // resources, and sends it at the next progress call). The engine then negotiates over kolo's own
+  // transport, calling no MPI, and the peer would wait in the collective until the peer timeout.
+  // With MPI_THREAD_MULTIPLE (what kolo asks for) a probe from this thread every few ms keeps
+  // MPI moving; under mu_, so never during the engine's own call. Lower thread levels: none.
+  void Progress() KOLO_REQUIRES(mu_) {
+    if (!progress_) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) {
+      progress_ = false;
+      return;
+    }
+    int flag = 0;
+    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, MPI_STATUS_IGNORE);
+  }
+
+  static bool ThreadMultiple() {
+    int provided = MPI_THREAD_SINGLE;
+    return MPI_Query_thread(&provided) == MPI_SUCCESS && provided == MPI_THREAD_MULTIPLE;
+  }
+
   const std::chrono::milliseconds timeout_;
+  const MPI_Comm comm_;
   Mutex mu_;
+  bool progress_ KOLO_GUARDED_BY(mu_);
   CondVar cv_;
   bool stop_ KOLO_GUARDED_BY(mu_) = false;
   bool busy_ KOLO_GUARDED_BY(mu_) = false;
@@ -82,11 +117,12 @@ class Watchdog {
 
 class MpiBackend final : public Backend {
  public:
-  explicit MpiBackend(std::chrono::milliseconds timeout) : watchdog_(timeout) {
-    MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+  explicit MpiBackend(std::chrono::milliseconds timeout)
+      : comm_(DupWorld()), watchdog_(timeout, comm_) {
     MPI_Comm_rank(comm_, &rank_);
   }
   ~MpiBackend() override {
+    watchdog_.Stop();
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&comm_);
@@ -149,8 +185,14 @@ class MpiBackend final : public Backend {
   }
 
  private:
+  static MPI_Comm DupWorld() {
+    MPI_Comm comm = MPI_COMM_NULL;
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+    return comm;
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;  // before watchdog_, which probes it
   Watchdog watchdog_;
-  MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   mpi::SumTypes types_;
 };

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "engine/engine.h"
@@ -20,6 +22,26 @@
 
 namespace kolo::models::trainer {
 namespace {
+
+// Where the run is and who it is, for the stop deadline's message (main.cc): read from another
+// thread, so behind a mutex (never touched from a signal handler).
+struct Whereabouts {
+  std::mutex mu;
+  std::string phase = "start-up (parsing flags)";
+  std::string who = "rank ?";
+};
+Whereabouts& Where() {
+  static Whereabouts w;
+  return w;
+}
+void SetPhase(std::string phase) {
+  std::lock_guard<std::mutex> lock(Where().mu);
+  Where().phase = std::move(phase);
+}
+void SetWho(std::string who) {
+  std::lock_guard<std::mutex> lock(Where().mu);
+  Where().who = std::move(who);
+}
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -135,10 +157,12 @@ class Run {
     record_.hosts = {HostName()};
     record_.settings = SettingsFrom(o);
     rank_ = o.engine.rank;
+    SetWho(fmt::format("rank {}", rank_));
   }
 
   int Execute() {
     Status s = Train();
+    SetPhase("shutting down the engine");
     // A rank stopped by a signal may see its peers' shutdown as a failed collective: then the
     // signal is the cause. An engine that failed before the signal (a peer lost, after which the
     // launcher stops every rank) keeps its own error as the cause.
@@ -154,8 +178,13 @@ class Run {
     if (interrupted_) {
       record_.error = "interrupted";
       record_.results.reset();
-      std::fprintf(stderr, "kolo-train %s: interrupted; stopped after the current step\n",
-                   Who().c_str());
+      if (steps_done_ == 0) {
+        std::fprintf(stderr, "kolo-train %s: interrupted during start-up, before any step\n",
+                     Who().c_str());
+      } else {
+        std::fprintf(stderr, "kolo-train %s: interrupted; stopped after step %d\n",
+                     Who().c_str(), steps_done_);
+      }
     } else if (!s.ok()) {
       record_.error = s.message();
       std::fprintf(stderr, "kolo-train %s: error: %s\n", Who().c_str(), s.message().c_str());
@@ -210,6 +239,7 @@ class Run {
   const std::atomic<int64_t>* stop_ns_;
   RunRecord record_;
   int rank_ = 0;
+  int steps_done_ = 0;  // steps run, warm-up included
   bool interrupted_ = false;
   bool bad_setting_ = false;  // the compute refused a setting at set-up: exit as for a bad flag
   bool serving_ = false;      // a parameter-server rank
@@ -227,13 +257,18 @@ class Run {
 Status Run::Setup() {
   // --backend none: one rank with no engine at all (the single-rank baseline).
   if (o_.engine.backend != "none") {
+    SetPhase("start-up (rendezvous and connecting to the other ranks; no step has run)");
     KOLO_ASSIGN_OR_RETURN(engine_, Engine::Create(o_.engine));
     if (engine_->role() == Role::kServer) {
       serving_ = true;
+      SetWho(Who());
+      SetPhase("serving parameters");
       return Status::OK();
     }
     rank_ = engine_->rank();  // the worker index under parameter servers
+    SetWho(Who());
   }
+  SetPhase("start-up (building the model and the compute; no step has run)");
   if (Stopping()) return Status::OK();
   zoo::ModelConfig mc;
   mc.image_size = o_.image_size;
@@ -294,6 +329,7 @@ Status Run::Train() {
       KOLO_RETURN_IF_ERROR(backend_->SetParameter(static_cast<int>(p), values));
     }
   }
+  SetPhase("start-up (broadcasting the initial parameters; no step has run)");
   KOLO_RETURN_IF_ERROR(trainer.BroadcastParameters());
   KOLO_RETURN_IF_ERROR(trainer.SetData(MakeSyntheticBatches(graph_->input_shape(), o_.batch_size,
                                                             o_.backward_passes_per_step,
@@ -321,7 +357,10 @@ Status Run::Loop(Trainer& trainer, const compute::SgdConfig& sgd) {
     if (Stopping()) return Status::OK();
     const bool timed = step >= o_.num_warmup_batches;
     if (step == o_.num_warmup_batches && distributed()) timed_start_ = engine_->stats();
+    SetPhase(fmt::format("step {} of {}{}", step + 1, total,
+                         timed ? "" : " (warm-up)"));
     KOLO_ASSIGN_OR_RETURN(StepStats st, trainer.Step());
+    ++steps_done_;
     last_loss_ = st.loss;
     const double wall_s = st.seconds;
     Represent(&st, o_.dilation);
@@ -445,6 +484,16 @@ Status Run::Finish(const Trainer& trainer) {
 }
 
 }  // namespace
+
+std::string CurrentPhase() {
+  std::lock_guard<std::mutex> lock(Where().mu);
+  return Where().phase;
+}
+
+std::string WhoForSignals() {
+  std::lock_guard<std::mutex> lock(Where().mu);
+  return Where().who;
+}
 
 int RunTraining(const TrainOptions& options, const std::atomic<bool>& stop,
                 const std::string& kolo_commit, const std::atomic<int64_t>* stop_ns) {

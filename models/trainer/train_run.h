@@ -26,4 +26,10 @@ inline constexpr int kExitInterrupted = 130;
 int RunTraining(const TrainOptions& options, const std::atomic<bool>& stop,
                 const std::string& kolo_commit, const std::atomic<int64_t>* stop_ns = nullptr);
 
+// Where this process's RunTraining is, for a message after a signal: "start-up (...)", "step N of
+// M", "shutting down". Thread-safe.
+std::string CurrentPhase();
+// "rank N" once the rank is known ("worker N", "server N" under parameter servers), else "rank ?".
+std::string WhoForSignals();
+
 }  // namespace kolo::models::trainer

@@ -4,6 +4,9 @@
 # writes the record with status=failed, error="interrupted". Checked for one process (SIGINT), 2
 # ranks under kolo-run (which forwards SIGINT) and 2 ranks under mpirun (which turns SIGINT into
 # SIGTERM for the ranks; its SIGKILL grace is raised from 1 s so that a step can finish).
+# And a rank ends within a second of SIGTERM where no step can finish: waiting in the rendezvous
+# for a rank that has not started, waiting for one killed at start-up, and (mpirun) blocked in an
+# MPI collective whose peer is stopped; it says which phase it was in.
 # Usage: train_signal.sh BIN_DIR. Exit 77 (skip) without kolo-train or oneDNN.
 set -euo pipefail
 
@@ -15,11 +18,17 @@ train=$bin/kolo-train
 work=$(mktemp -d)
 launched=
 cleanup() {
-  # Only what this script started: the launcher, its process group and its children (the ranks).
+  # Only what this script started: the launcher, its process group and its children (the ranks),
+  # and any rank of its jobs (by their --json path), stopped ones included.
   if [[ -n $launched ]] && kill -0 "$launched" 2>/dev/null; then
     pkill -KILL -P "$launched" 2>/dev/null || true
     kill -KILL -- "-$launched" 2>/dev/null || true
   fi
+  local pid
+  for pid in $(pgrep -f -- "--json $work/run.json" || true); do
+    kill -CONT "$pid" 2>/dev/null || true
+    kill -KILL "$pid" 2>/dev/null || true
+  done
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -96,5 +105,62 @@ os.execvp(sys.argv[1], sys.argv[1:])' mpirun --oversubscribe --allow-run-as-root
   echo "mpirun, 2 ranks: ok (mpirun exited $rc after ${SECONDS} s)"
 else
   echo "note: mpirun part not run (no mpirun, or no MPI in this build)"
+fi
+
+# SIGTERM to one rank where it cannot finish a step: it must be gone within 1 s (polled every
+# 50 ms) and name the phase. `term_rank VAR=VALUE WHAT` signals the rank of the job in $work/out.
+term_rank() {
+  local pid= waited=0
+  until pid=$(job_rank_pid "--json $work/run.json" "$1") && [[ -n $pid ]]; do
+    ((waited++ < 200)) || fail "$2: rank $1 did not start within 20 s"
+    sleep 0.1
+  done
+  # Only the kolo-train process itself (kolo-run starts it through sh -c in the first cases).
+  while [[ $(cat "/proc/$pid/comm" 2>/dev/null) != kolo-train ]]; do
+    ((waited++ < 400)) || fail "$2: rank $1 never became kolo-train"
+    sleep 0.05
+  done
+  sleep "${3:-0.5}"
+  kill -TERM "$pid"
+  local start=$EPOCHREALTIME
+  waited=0
+  while kill -0 "$pid" 2>/dev/null; do
+    ((waited++ < 40)) || fail "$2: rank still running 2 s after SIGTERM"
+    sleep 0.05
+  done
+  local took
+  took=$(python3 -c "print(f'{$EPOCHREALTIME - $start:.2f}')")
+  python3 -c "import sys; sys.exit(0 if $took <= 1.0 else 1)" || fail "$2: ended $took s after SIGTERM (> 1 s)"
+  echo "$2: ended $took s after SIGTERM"
+}
+# shellcheck source=tests/scripts/lib/job.bash
+source "$(dirname "$0")/lib/job.bash"
+if [[ -x $bin/kolo-run ]]; then
+  # Rank 0 in the rendezvous, rank 1 not started yet.
+  job_start "$bin/kolo-run" -np 2 --timeout-s 60 -- sh -c \
+    '[ "$KOLO_RANK" = 1 ] && sleep 20; exec "$@"' sh "$train" "${args[@]}" --json "$work/run.json"
+  term_rank KOLO_RANK=0 "rendezvous, a rank missing"
+  grep -q "rank 0: SIGTERM during start-up (rendezvous" "$work/out" || fail "rendezvous: phase not named"
+  kill -TERM "$launched" 2>/dev/null || true
+  job_wait_bounded 15 || fail "kolo-run still running 15 s after SIGTERM"
+  # Rank 1 killed at start-up: rank 0 still waits for it (its connection is not yet made).
+  job_start "$bin/kolo-run" -np 2 --timeout-s 60 -- sh -c \
+    '[ "$KOLO_RANK" = 1 ] && { sleep 0.3; kill -KILL $$; }; exec "$@"' sh "$train" "${args[@]}" \
+    --json "$work/run.json"
+  term_rank KOLO_RANK=0 "start-up, a rank killed" 0.8
+  job_wait_bounded 15 || fail "kolo-run still running 15 s after its rank ended"
+fi
+if command -v mpirun >/dev/null && grep -q "KOLO_HAVE_MPI 1" "$config" 2>/dev/null; then
+  # Rank 0 blocked inside MPI_Allreduce (the mpi backend) while rank 1 is stopped.
+  job_start mpirun --oversubscribe --allow-run-as-root --mca btl self,tcp --mca btl_tcp_if_include lo \
+    --mca oob_tcp_if_include lo -np 2 "$train" "${args[@]}" --backend mpi --json "$work/run.json"
+  job_wait_step "mpi backend"
+  stopped=$(job_rank_pid "--json $work/run.json" OMPI_COMM_WORLD_RANK=1)
+  [[ -n $stopped ]] || fail "mpi backend: rank 1 not found"
+  kill -STOP "$stopped"
+  term_rank OMPI_COMM_WORLD_RANK=0 "inside an MPI collective, its peer stopped"
+  grep -q "rank 0: SIGTERM during step" "$work/out" || fail "mpi backend: phase not named"
+  kill -KILL "$stopped" 2>/dev/null || true
+  job_wait_bounded 30 || { job_cleanup "--json $work/run.json"; fail "mpirun still running 30 s later"; }
 fi
 echo "PASS"

@@ -32,7 +32,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -40,10 +39,22 @@
 
 #include "engine/bootstrap/rendezvous.h"
 #include "engine/bootstrap/tcp_store.h"
+#include "engine/common/file.h"
 
 extern char** environ;
 
 namespace {
+
+// A number from a sysfs file (a CPU's package or core id), or -1 when it cannot be read.
+long ReadSysfsNumber(const std::string& path) {
+  auto text = kolo::ReadFileBounded(path, 64, "CPU topology");
+  if (!text.ok()) return -1;
+  try {
+    return std::stol(*text);
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
 
 using kolo::bootstrap::Clock;
 constexpr auto kSettle = std::chrono::seconds(3);      // a rank failed -> SIGTERM to the rest
@@ -126,8 +137,8 @@ std::vector<std::vector<int>> BindingUnits(const std::string& bind_to, std::stri
     long package = -1, core = -1;
     if (bind_to == "core") {
       const std::string topo = fmt::format("/sys/devices/system/cpu/cpu{}/topology/", cpu);
-      std::ifstream(topo + "physical_package_id") >> package;
-      std::ifstream(topo + "core_id") >> core;
+      package = ReadSysfsNumber(topo + "physical_package_id");
+      core = ReadSysfsNumber(topo + "core_id");
     }
     if (core < 0) {
       units.push_back({cpu});
@@ -250,16 +261,12 @@ void Launcher::SignalAll(int sig) {
 
 // True when the process is stopped (SIGSTOP, or a tracer's stop): it cannot act on SIGTERM.
 bool IsStopped(pid_t pid) {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
-  FILE* f = std::fopen(path, "re");
-  if (f == nullptr) return false;
-  char buf[512] = {};
-  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
+  auto stat = kolo::ReadFileBounded(fmt::format("/proc/{}/stat", pid), 4096, "process status");
+  if (!stat.ok()) return false;
   // "pid (comm) S ...": the state follows the last ')' (comm may hold parentheses).
-  const char* close = std::strrchr(buf, ')');
-  return n > 0 && close != nullptr && close[1] == ' ' && (close[2] == 'T' || close[2] == 't');
+  const size_t close = stat->rfind(')');
+  return close != std::string::npos && close + 2 < stat->size() && (*stat)[close + 1] == ' ' &&
+         ((*stat)[close + 2] == 'T' || (*stat)[close + 2] == 't');
 }
 
 void Launcher::TerminateAll() {

@@ -14,7 +14,7 @@ namespace {
 
 struct Armed {
   int rank = -1;
-  int signal = 0;
+  int signal = 0;  // 0: an action the caller takes (SKEW, EXIT)
   FaultPointId point = FaultPointId::kSend;
   int64_t at = 0;
 };
@@ -42,8 +42,9 @@ Status ConfigureFaultInjection(const std::string& value) {
   if (value.empty()) return Status::OK();
   const auto bad = [&](const std::string& why) {
     return InvalidArgument(
-        "KOLO_FAULT_INJECT='{}': {}; expected RANK:SIGNAL:POINT:N with SIGNAL STOP or KILL, POINT "
-        "send or mpi, N >= 1 (for example 2:STOP:send:500)",
+        "KOLO_FAULT_INJECT='{}': {}; expected RANK:ACTION:POINT:N with ACTION STOP or KILL and "
+        "POINT send, mpi, negotiate or step, or SKEW:negotiate or EXIT:step, N >= 1 (for example "
+        "2:STOP:send:500)",
         value, why);
   };
   const std::vector<std::string> parts = Split(value, ':');
@@ -56,15 +57,23 @@ Status ConfigureFaultInjection(const std::string& value) {
     a.signal = SIGSTOP;
   } else if (parts[1] == "KILL") {
     a.signal = SIGKILL;
-  } else {
-    return bad(fmt::format("signal '{}'", parts[1]));
+  } else if (parts[1] != "SKEW" && parts[1] != "EXIT") {
+    return bad(fmt::format("action '{}'", parts[1]));
   }
   if (parts[2] == "send") {
     a.point = FaultPointId::kSend;
   } else if (parts[2] == "mpi") {
     a.point = FaultPointId::kMpi;
+  } else if (parts[2] == "negotiate") {
+    a.point = FaultPointId::kNegotiate;
+  } else if (parts[2] == "step") {
+    a.point = FaultPointId::kStep;
   } else {
     return bad(fmt::format("point '{}'", parts[2]));
+  }
+  if ((parts[1] == "SKEW" && a.point != FaultPointId::kNegotiate) ||
+      (parts[1] == "EXIT" && a.point != FaultPointId::kStep)) {
+    return bad(fmt::format("{} at point '{}'", parts[1], parts[2]));
   }
   KOLO_ASSIGN_OR_RETURN(a.at, ParseInt("KOLO_FAULT_INJECT count", parts[3], 1, int64_t{1} << 40));
   g_fault = a;
@@ -73,16 +82,22 @@ Status ConfigureFaultInjection(const std::string& value) {
   return Status::OK();
 }
 
-void FaultPoint(FaultPointId point, int rank) {
-  if (!g_armed.load(std::memory_order_relaxed)) return;
-  if (!g_armed.load(std::memory_order_acquire)) return;
+bool FaultPoint(FaultPointId point, int rank) {
+  if (!g_armed.load(std::memory_order_relaxed)) return false;
+  if (!g_armed.load(std::memory_order_acquire)) return false;
   const Armed& a = g_fault;
-  if (a.point != point || a.rank != rank) return;
-  if (g_passes.fetch_add(1) + 1 != a.at) return;
+  if (a.point != point || a.rank != rank) return false;
+  if (g_passes.fetch_add(1) + 1 != a.at) return false;
+  if (a.signal == 0) {
+    KOLO_LOG(kWarning, "KOLO_FAULT_INJECT: rank {} {} here", rank,
+             point == FaultPointId::kNegotiate ? "skews its step check" : "stops training");
+    return true;
+  }
   KOLO_LOG(kWarning, "KOLO_FAULT_INJECT: rank {} raises SIG{} on itself here", rank,
            a.signal == SIGSTOP ? "STOP" : "KILL");
   std::fflush(stderr);
   ::raise(a.signal);
+  return false;
 }
 
 namespace {

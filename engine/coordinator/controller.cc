@@ -8,6 +8,7 @@
 #include <map>
 #include <utility>
 
+#include "engine/common/fault_inject.h"
 #include "engine/common/logging.h"
 
 namespace kolo::coordinator {
@@ -203,6 +204,7 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
   // The step check: which exchange this is and what this rank has agreed so far (every response
   // it was handed, and its cache, from which this exchange's hits are read). Ranks that differ
   // would run different collectives; they stop here, before running any.
+  if (FaultPoint(FaultPointId::kNegotiate, settings_.rank)) history_ ^= 1;  // tests only
   const uint64_t check[Layout::kCheckWords] = {exchanges_,
                                                MixFingerprint(history_, cache_.digest())};
   for (size_t i = 0; i < Layout::kCheckWords; ++i) {
@@ -285,6 +287,11 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
   }
   if (responses->size() > first_new) last_agreed_ = responses->back().request.name;
   UpdateHitStallDue();
+  for (size_t i = first_new; i < responses->size(); ++i) {
+    if ((*responses)[i].kind == Response::Kind::kFatal) {
+      return DeadlineExceeded("{}", (*responses)[i].error);
+    }
+  }
   return Status::OK();
 }
 
@@ -311,9 +318,9 @@ Status Controller::OutOfStep(const uint64_t (&check)[2]) {
         f.push_back(text.substr(at, sp - at));
         at = std::min(sp + 1, text.size());
       }
-      parts.push_back(fmt::format("rank{} {}: exchange {}, {} collectives agreed, the last '{}' "
-                                  "(history {})",
-                                  ranks.size() > 1 ? "s" : "", FormatRanks(ranks), f[0], f[2],
+      parts.push_back(fmt::format("rank{} {}: exchange {}, {} agreed, the last '{}' (history {})",
+                                  ranks.size() > 1 ? "s" : "", FormatRanks(ranks), f[0],
+                                  f[2] == "1" ? "1 collective" : f[2] + " collectives",
                                   text.substr(at), f[1]));
     }
     verdict = fmt::format(
@@ -323,7 +330,15 @@ Status Controller::OutOfStep(const uint64_t (&check)[2]) {
         fmt::join(parts, "; "));
   }
   auto answer = peers_.BroadcastFromRoot({verdict.begin(), verdict.end()});
-  if (!answer.ok()) return answer.status().WithContext("ranks are out of step; asking which");
+  if (!answer.ok()) {
+    // Rank 0 fails as soon as it has sent the verdict, and its abort may overtake the broadcast
+    // (an abort passes unread messages): the abort then carries the verdict, which every rank
+    // reports alike.
+    const std::string& m = answer.status().message();
+    const size_t at = m.find("ranks are out of step: ");
+    if (at != std::string::npos) return FailedPrecondition("{}", m.substr(at));
+    return answer.status().WithContext("ranks are out of step; asking which");
+  }
   return FailedPrecondition("{}", std::string(answer->begin(), answer->end()));
 }
 
@@ -399,14 +414,39 @@ void Controller::InspectStalls(SteadyClock::time_point now, std::vector<Response
     }
   }
   if (settings_.stall_shutdown_s > 0) {
-    for (const auto& s :
-         table_->FindStalled(now, std::chrono::duration<double>(settings_.stall_shutdown_s))) {
+    // Past the shutdown time the job ends, on every rank: one message for all the tensors that
+    // stalled that long, grouped by the ranks that have and lack them, sent as a fatal response.
+    auto stalled =
+        table_->FindStalled(now, std::chrono::duration<double>(settings_.stall_shutdown_s));
+    if (stalled.empty()) return;
+    std::map<std::pair<std::vector<int>, std::vector<int>>, std::vector<const MessageTable::Stalled*>>
+        groups;
+    double longest = 0;
+    for (const auto& s : stalled) {
+      groups[{s.ready_ranks, s.missing_ranks}].push_back(&s);
+      longest = std::max(longest, s.waited_s);
+    }
+    std::vector<std::string> parts;
+    for (const auto& [ranks, members] : groups) {
+      constexpr size_t kNamed = 3;
+      std::vector<std::string> names;
+      for (size_t i = 0; i < members.size() && i < kNamed; ++i) {
+        names.push_back(fmt::format("'{}'", members[i]->name));
+      }
+      parts.push_back(fmt::format(
+          "{}{} submitted by ranks {}, never by ranks {}", fmt::join(names, ", "),
+          members.size() > kNamed ? fmt::format(" and {} more", members.size() - kNamed) : "",
+          FormatRanks(ranks.first), FormatRanks(ranks.second)));
+    }
+    const std::string message = fmt::format(
+        "tensors stalled for up to {:.1f} s (KOLO_STALL_SHUTDOWN_SECONDS={:g}), so the job "
+        "ends: {}",
+        longest, settings_.stall_shutdown_s, fmt::join(parts, "; "));
+    for (const auto& s : stalled) {
       stall_warned_.erase(s.name);
-      errors->push_back(table_->Fail(
-          s.name, fmt::format("'{}' stalled for {:.1f} s (KOLO_STALL_SHUTDOWN_SECONDS={}): "
-                              "submitted by ranks {}, never by ranks {}",
-                              s.name, s.waited_s, settings_.stall_shutdown_s,
-                              FormatRanks(s.ready_ranks), FormatRanks(s.missing_ranks))));
+      Response r = table_->Fail(s.name, message);
+      r.kind = Response::Kind::kFatal;
+      errors->push_back(std::move(r));
     }
   }
 }

@@ -236,7 +236,7 @@ StatusOr<ResponseList> ParseResponseList(const std::vector<uint8_t>& bytes) {
   list.responses.resize(n);
   for (auto& r : list.responses) {
     uint8_t kind;
-    if (!rd.U8(&kind) || kind > 1 || !ReadRequest(rd, &r.request) ||
+    if (!rd.U8(&kind) || kind > 2 || !ReadRequest(rd, &r.request) ||
         !rd.Dims(&r.first_dims, kMaxItems) || !rd.Str(&r.error, 1 << 20)) {
       return ProtocolError("malformed response in response list");
     }

@@ -48,15 +48,16 @@ struct RequestList {
 };
 
 struct Response {
-  enum class Kind : uint8_t { kCollective = 0, kError = 1 };
+  // kFatal: an error that ends the job on every rank (a tensor stalled past the shutdown time).
+  enum class Kind : uint8_t { kCollective = 0, kError = 1, kFatal = 2 };
   Kind kind = Kind::kCollective;
   // The agreed request (from the lowest rank that submitted it); for errors, the tensor's name.
   Request request;
   // Allgather: every rank's first dimension, in rank order. Empty otherwise.
   std::vector<int64_t> first_dims;
-  std::string error;  // kError only
+  std::string error;  // kError and kFatal only
 
-  bool is_error() const { return kind == Kind::kError; }
+  bool is_error() const { return kind != Kind::kCollective; }
   size_t bytes() const;  // the tensor's bytes on this rank (allgather: per-rank varies; 0)
 };
 

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "engine/common/file.h"
@@ -111,7 +111,10 @@ std::string UtcTimestamp() {
 }
 
 std::string CpuModel() {
-  std::ifstream in("/proc/cpuinfo");
+  // Several KiB per processor: 4 MiB holds the first processor's lines on any host.
+  auto text = ReadFileBounded("/proc/cpuinfo", 4 << 20, "/proc/cpuinfo");
+  if (!text.ok()) return "unknown";
+  std::istringstream in(*text);
   std::string line;
   while (std::getline(in, line)) {
     if (line.rfind("model name", 0) != 0) continue;

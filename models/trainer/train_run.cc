@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/common/fault_inject.h"
 #include "engine/engine.h"
 #include "models/compute/replay/profile.h"
 #include "models/graph/init.h"
@@ -355,6 +356,8 @@ Status Run::Loop(Trainer& trainer, const compute::SgdConfig& sgd) {
   }
   for (int step = 0; step < total; ++step) {
     if (Stopping()) return Status::OK();
+    // Tests only (KOLO_FAULT_INJECT=R:EXIT:step:N): this rank finishes early.
+    if (FaultPoint(FaultPointId::kStep, rank_)) break;
     const bool timed = step >= o_.num_warmup_batches;
     if (step == o_.num_warmup_batches && distributed()) timed_start_ = engine_->stats();
     SetPhase(fmt::format("step {} of {}{}", step + 1, total,

@@ -611,7 +611,7 @@ TEST(Engine, StalledTensorFailsAfterShutdownTimeNamingMissingRanks) {
                                    ReduceOp::kSum);
     ASSERT_TRUE(h.ok());
     ExpectStalledWithoutRank2(engine.Wait(*h, std::chrono::seconds(20)));
-  });
+  }, /*clean_shutdown=*/false);
 }
 
 // In steady state a tensor is a response-cache hit, agreed by the bit exchange alone, which says
@@ -639,7 +639,7 @@ TEST(Engine, StalledCacheHitFailsAfterShutdownTimeNamingMissingRanks) {
     ExpectStalledWithoutRank2(engine.Wait(*h, std::chrono::seconds(20)));
     // Failed by the stall shutdown (1.5 s), not by rank 2's shutdown at 4 s.
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(3500));
-  });
+  }, /*clean_shutdown=*/false);
 }
 
 // One mechanism for every setting that must match, the engine's and the application's: a rank

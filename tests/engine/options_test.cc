@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 namespace kolo {
 namespace {
 
@@ -15,6 +17,7 @@ TEST(Options, DefaultsFollowHorovod) {
   EXPECT_EQ(o->cycle_time_ms, 1.0);
   EXPECT_EQ(o->cache_capacity, 1024);
   EXPECT_EQ(o->stall_warning_s, 60.0);
+  EXPECT_EQ(o->stall_shutdown_s, 300.0);  // a job out of step ends (Horovod's default: never)
   EXPECT_EQ(o->peer_timeout_s, 30.0);
   EXPECT_EQ(o->size, 1);
   EXPECT_EQ(o->backend, "ring");
@@ -83,7 +86,40 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{{{"KOLO_SIZE", "0"}}, "KOLO_SIZE"},
                       BadCase{{{"KOLO_JOB_SECRET", "short"}}, "16"},
                       BadCase{{{"KOLO_SIZE", "2"}, {"KOLO_BACKEND", "mpi"}}, "mpirun"},
-                      BadCase{{{"KOLO_PEER_TIMEOUT_SECONDS", "nan"}}, "nan"}));
+                      BadCase{{{"KOLO_PEER_TIMEOUT_SECONDS", "nan"}}, "nan"},
+                      BadCase{{{"KOLO_FAULT_INJECT", "1:SKEW:send:4"}}, "SKEW at point 'send'"},
+                      BadCase{{{"KOLO_FAULT_INJECT", "1:EXIT:mpi:4"}}, "EXIT at point 'mpi'"},
+                      BadCase{{{"KOLO_FAULT_INJECT", "1:HUP:step:4"}}, "action 'HUP'"},
+                      BadCase{{{"KOLO_FAULT_INJECT", "1:STOP:later:4"}}, "point 'later'"}));
+
+// The one list of settings every rank must share: the engine's, then the application's, and the
+// parameter-server layout only where it applies.
+TEST(Options, MustMatchListsEngineThenApplicationSettings) {
+  Options o;
+  o.size = 4;
+  o.app_settings = {{"model", "vgg16"}};
+  auto names = [](const std::vector<MatchedSetting>& list) {
+    std::vector<std::string> out;
+    for (const auto& s : list) out.push_back(s.name);
+    return out;
+  };
+  const auto ring = names(MustMatch(o));
+  EXPECT_EQ(ring.front(), "size");
+  EXPECT_EQ(ring.back(), "model");
+  EXPECT_EQ(std::count(ring.begin(), ring.end(), "fusion_threshold_bytes"), 1);
+  EXPECT_EQ(std::count(ring.begin(), ring.end(), "ps_servers"), 0);
+  EXPECT_EQ(std::count(ring.begin(), ring.end(), "timeline_path"), 0);
+  o.backend = "ps";
+  const auto ps = names(MustMatch(o));
+  EXPECT_EQ(std::count(ps.begin(), ps.end(), "ps_servers"), 1);
+  Options other = o;
+  other.fusion_threshold_bytes = 1;
+  EXPECT_NE(MustMatch(o), MustMatch(other));
+  other = o;
+  other.timeline_path = "/tmp/t.json";  // per rank
+  other.rank = 3;
+  EXPECT_EQ(MustMatch(o), MustMatch(other));
+}
 
 TEST(Options, ANumberSetToNothingIsRefusedNotIgnored) {
   auto o = OptionsFromEnvironment(Env{{"KOLO_RING_CHUNK_BYTES", ""}});

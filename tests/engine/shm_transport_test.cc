@@ -1,10 +1,12 @@
-// What is particular to the shared-memory transport: its segments (refused unless they are this
-// job's own, gone from /dev/shm as soon as both ranks have mapped them, whatever happens next),
-// its set-up (impostors, timeouts, ranks on several hosts), and peers in real processes that are
-// killed or stopped. The contract it shares with the other transports is tested in
-// transport_contract_test.cc.
+// What is particular to the shared-memory transport: its segments (anonymous memory files passed
+// by descriptor, never named in /dev/shm, refused unless they are what was announced), its set-up
+// (impostors, offers without their descriptor or with extra ones, timeouts, ranks on several
+// hosts), and peers in real processes that are killed or stopped. The contract it shares with the
+// other transports is tested in transport_contract_test.cc; SIGKILLs of whole jobs during set-up,
+// under kolo-run, in tests/scripts/shm_kill_setup.sh.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -13,11 +15,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,6 +49,46 @@ using Clock = std::chrono::steady_clock;
 
 std::string SegmentPrefix(const std::string& secret) { return "kolo-" + JobId(secret) + "-"; }
 
+// Descriptors of this process open on a memory file whose label starts with `label`.
+int MemoryFileDescriptors(const std::string& label) {
+  int n = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    std::error_code link_ec;
+    const std::string target = std::filesystem::read_symlink(e.path(), link_ec).string();
+    if (!link_ec && target.rfind("/memfd:" + label, 0) == 0) ++n;
+  }
+  return n;
+}
+
+// Descriptors of this process open on a segment of the job of `secret` (memory files labelled
+// "kolo-<job>-...", which /proc shows as "/memfd:kolo-<job>-<low>-<high> (deleted)").
+int SegmentDescriptors(const std::string& secret) {
+  return MemoryFileDescriptors(SegmentPrefix(secret));
+}
+
+// Mappings of this process of a segment of the job of `secret`.
+int SegmentMappings(const std::string& secret) {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    n += line.find("/memfd:" + SegmentPrefix(secret)) != std::string::npos;
+  }
+  return n;
+}
+
+// A memory file labelled "kolo-test" of `bytes`, unsealed unless `seals`, or -1.
+int MemoryFile(size_t bytes, int seals = 0) {
+  const int fd = ::memfd_create("kolo-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -1;
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+      (seals != 0 && ::fcntl(fd, F_ADD_SEALS, seals) != 0)) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 // Rank 0 posts a receive from `from` and waits for it; returns the Poll's status.
 Status ExchangeOne(Devices& d, int from, int to, uint64_t tag) {
   uint64_t out = tag, in = 0;
@@ -65,66 +109,102 @@ Status ExchangeOne(Devices& d, int from, int to, uint64_t tag) {
 }
 
 TEST(ShmSegment, TheCreatorsSegmentOpensAndNothingElseDoes) {
-  const std::string job = JobId(kolo::testing::FreshSecret());
+  const std::string secret = kolo::testing::FreshSecret();
+  const std::string job = JobId(secret);
   EXPECT_EQ(job.size(), 16u);
   EXPECT_EQ(JobId("same secret"), JobId("same secret"));
   EXPECT_NE(JobId("same secret"), JobId("other secret"));
-  auto made = Segment::Create(job, 1, 3, 64 << 10);
+  const size_t bytes = SegmentBytes(64 << 10);
+  tcp::Fd fd;
+  auto made = Segment::Create(job, 1, 3, 64 << 10, &fd);
   ASSERT_TRUE(made.ok()) << made.status().ToString();
-  const std::string name = made->name();
-  EXPECT_TRUE(IsSegmentName(name, job, 1, 3)) << name;
-  EXPECT_EQ(name.find(JobId("secret")), std::string::npos);
-  const std::string path = "/dev/shm" + name;
+  ASSERT_TRUE(fd.valid());
+  // No name anywhere: only a label in /proc, which never holds the secret.
+  EXPECT_TRUE(ShmFiles(SegmentPrefix(secret)).empty());
+  std::error_code ec;
+  const std::string target =
+      std::filesystem::read_symlink(fmt::format("/proc/self/fd/{}", fd.get()), ec).string();
+  EXPECT_EQ(target, fmt::format("/memfd:kolo-{}-1-3 (deleted)", job)) << ec.message();
+  EXPECT_EQ(target.find(secret), std::string::npos);
+  EXPECT_EQ(::fcntl(fd.get(), F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
   struct stat st {};
-  ASSERT_EQ(::stat(path.c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  ASSERT_EQ(::fstat(fd.get(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
   EXPECT_EQ(st.st_uid, ::geteuid());
-  EXPECT_EQ(static_cast<size_t>(st.st_size), SegmentBytes(64 << 10));
+  EXPECT_EQ(static_cast<size_t>(st.st_size), bytes);
+  // Its size is sealed: nobody can shrink it under a mapping.
+  EXPECT_NE(::ftruncate(fd.get(), 4096), 0);
+  EXPECT_NE(::ftruncate(fd.get(), static_cast<off_t>(2 * bytes)), 0);
 
-  // The announced segment opens, and both see the same rings.
-  auto opened = Segment::Open(name, job, 1, 3, 64 << 10, made->nonce());
+  // The descriptor passed opens, and both see the same rings; Open closes what it was given.
+  EXPECT_EQ(SegmentDescriptors(secret), 1);
+  auto opened = Segment::Open(tcp::Fd(::dup(fd.get())), 1, 3, 64 << 10, made->nonce());
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  EXPECT_EQ(SegmentDescriptors(secret), 1);
   made->ring(1)[5] = 42;
   EXPECT_EQ(opened->ring(1)[5], 42);
   made->control(0).head.store(7);
   EXPECT_EQ(opened->control(0).head.load(), 7u);
 
-  // Not what was announced: another nonce (a stale segment under a reused name), other ranks,
-  // another ring size, another job's name.
+  // Not what was announced: another nonce, other ranks, another ring size.
   SegmentNonce other = made->nonce();
   other[0] ^= 1;
-  Status s = Segment::Open(name, job, 1, 3, 64 << 10, other).status();
+  Status s = Segment::Open(tcp::Fd(::dup(fd.get())), 1, 3, 64 << 10, other).status();
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
-  EXPECT_NE(s.message().find("stale or foreign"), std::string::npos) << s.message();
-  EXPECT_FALSE(Segment::Open(name, job, 1, 3, 128 << 10, made->nonce()).ok());
-  s = Segment::Open(name, job, 0, 3, 64 << 10, made->nonce()).status();
-  EXPECT_EQ(s.code(), StatusCode::kProtocol) << s.ToString();  // not a name for ranks 0 and 3
-  EXPECT_FALSE(Segment::Open(name, JobId("another job"), 1, 3, 64 << 10, made->nonce()).ok());
-  EXPECT_FALSE(Segment::Open("/etc/passwd", job, 1, 3, 64 << 10, made->nonce()).ok());
+  EXPECT_NE(s.message().find("is not the one announced"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("segment of ranks 1 and 3 that rank 1 sent"), std::string::npos)
+      << s.message();
+  s = Segment::Open(tcp::Fd(::dup(fd.get())), 0, 3, 64 << 10, made->nonce()).status();
+  EXPECT_NE(s.message().find("ranks 1 and 3, ring 65536 bytes) is not the one announced"),
+            std::string::npos)
+      << s.ToString();
+  s = Segment::Open(tcp::Fd(::dup(fd.get())), 1, 3, 128 << 10, made->nonce()).status();
+  EXPECT_NE(s.message().find(fmt::format("{} bytes, expected {}", bytes, SegmentBytes(128 << 10))),
+            std::string::npos)
+      << s.ToString();
+  EXPECT_EQ(SegmentDescriptors(secret), 1);  // each refused descriptor was closed
 
-  // A mode other than 0600, or another owner.
-  ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
-  s = Segment::Open(name, job, 1, 3, 64 << 10, made->nonce()).status();
-  EXPECT_NE(s.message().find("mode 644"), std::string::npos) << s.ToString();
-  ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
+  // Not a sealed memory file: a pipe, a file on disk, a memory file that could still shrink.
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  ::close(pipe_fds[1]);
+  s = Segment::Open(tcp::Fd(pipe_fds[0]), 1, 3, 64 << 10, made->nonce()).status();
+  EXPECT_NE(s.message().find("expected a regular file"), std::string::npos) << s.ToString();
+  char path[] = "/tmp/kolo_shm_segment_XXXXXX";
+  const int file = ::mkstemp(path);
+  ASSERT_GE(file, 0);
+  ::unlink(path);
+  ASSERT_EQ(::ftruncate(file, static_cast<off_t>(bytes)), 0);
+  s = Segment::Open(tcp::Fd(file), 1, 3, 64 << 10, made->nonce()).status();
+  EXPECT_NE(s.message().find("sealed against any change of its size"), std::string::npos)
+      << s.ToString();
+  const int unsealed = MemoryFile(bytes);
+  ASSERT_GE(unsealed, 0);
+  s = Segment::Open(tcp::Fd(unsealed), 1, 3, 64 << 10, made->nonce()).status();
+  EXPECT_NE(s.message().find("sealed against any change of its size"), std::string::npos)
+      << s.ToString();
+  // A sealed memory file of the right size whose header is not a segment's.
+  const int blank = MemoryFile(bytes, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  ASSERT_GE(blank, 0);
+  s = Segment::Open(tcp::Fd(blank), 1, 3, 64 << 10, made->nonce()).status();
+  EXPECT_NE(s.message().find("magic 0x0"), std::string::npos) << s.ToString();
+  // Another owner.
   if (::geteuid() == 0) {
-    ASSERT_EQ(::chown(path.c_str(), 65534, 65534), 0);
-    s = Segment::Open(name, job, 1, 3, 64 << 10, made->nonce()).status();
+    const int foreign = MemoryFile(bytes, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    ASSERT_GE(foreign, 0);
+    ASSERT_EQ(::fchown(foreign, 65534, 65534), 0);
+    s = Segment::Open(tcp::Fd(foreign), 1, 3, 64 << 10, made->nonce()).status();
     EXPECT_NE(s.message().find("owner uid 65534"), std::string::npos) << s.ToString();
-    ASSERT_EQ(::chown(path.c_str(), 0, 0), 0);
   }
-  // A symbolic link under a segment's name is not followed.
-  const std::string link_name = fmt::format("/kolo-{}-1-3-{}", job, "0123456789abcdef");
-  ASSERT_EQ(::symlink(path.c_str(), ("/dev/shm" + link_name).c_str()), 0);
-  s = Segment::Open(link_name, job, 1, 3, 64 << 10, made->nonce()).status();
-  EXPECT_FALSE(s.ok());
-  ::unlink(("/dev/shm" + link_name).c_str());
 
-  EXPECT_TRUE(Unlink(name).ok());
-  EXPECT_TRUE(Unlink(name).ok());  // already gone: fine
-  EXPECT_TRUE(ShmFiles(name.substr(1)).empty());
-  // Still mapped after the name is gone.
+  // The creator's descriptor closed: the mappings alone keep the memory.
+  fd.reset();
+  EXPECT_EQ(SegmentDescriptors(secret), 0);
+  EXPECT_EQ(SegmentMappings(secret), 2);
   EXPECT_EQ(opened->ring(1)[5], 42);
+  *opened = Segment();
+  *made = Segment();
+  EXPECT_EQ(SegmentMappings(secret), 0);
 
   EXPECT_EQ(CheckRingBytes(3 << 20).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(CheckRingBytes(32 << 10).code(), StatusCode::kInvalidArgument);
@@ -139,44 +219,17 @@ TEST(ShmTransport, NothingIsLeftInDevShmAfterSetupShutdownOrAbort) {
     {
       Devices d = ConnectAll("shm", 4, store, settings);
       ASSERT_TRUE(d[0] && d[1] && d[2] && d[3]);
-      // Every segment is unlinked once set-up has returned on both of its ranks.
+      // No segment has a name, and once set-up has returned no descriptor of one is left open:
+      // the 6 pairs' segments are held by their mappings alone, one per rank of the pair.
       EXPECT_TRUE(ShmFiles(prefix).empty()) << ShmFiles(prefix).front();
+      EXPECT_EQ(SegmentDescriptors(settings.secret), 0);
+      EXPECT_EQ(SegmentMappings(settings.secret), 12);
       ASSERT_TRUE(ExchangeOne(d, 3, 0, 11).ok());
       if (abort) d[2]->Abort(Internal("test abort"));
     }
     EXPECT_TRUE(ShmFiles(prefix).empty());
+    EXPECT_EQ(SegmentMappings(settings.secret), 0);
   }
-}
-
-// Files left in /dev/shm under this job's names (a killed earlier run, or placed there by someone)
-// are never opened, reused or removed: every segment has a fresh random name, made exclusively.
-TEST(ShmTransport, StaleSegmentsUnderTheJobsNamesAreIgnored) {
-  bootstrap::InMemoryStore store;
-  ConnectSettings settings = TestSettings();
-  const std::string job = JobId(settings.secret);
-  std::vector<std::string> planted;
-  for (int i = 0; i < 3; ++i) {
-    const std::string path = fmt::format("/dev/shm/kolo-{}-0-1-{:016x}", job, 0xdead0000u + i);
-    const int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0666);
-    ASSERT_GE(fd, 0) << path;
-    ASSERT_EQ(::write(fd, "stale", 5), 5);
-    ::close(fd);
-    if (i == 1 && ::geteuid() == 0) {
-      ASSERT_EQ(::chown(path.c_str(), 65534, 65534), 0);
-    }
-    planted.push_back(path);
-  }
-  {
-    Devices d = ConnectAll("shm", 2, store, settings);
-    ASSERT_TRUE(d[0] && d[1]);
-    EXPECT_TRUE(ExchangeOne(d, 0, 1, 5).ok());
-  }
-  for (const std::string& path : planted) {
-    EXPECT_TRUE(std::filesystem::exists(path)) << path << " was touched";
-    EXPECT_EQ(std::filesystem::file_size(path), 5u);
-    std::filesystem::remove(path);
-  }
-  EXPECT_TRUE(ShmFiles(SegmentPrefix(settings.secret)).empty());
 }
 
 TEST(ShmTransport, RanksOnSeveralHostsAreRefusedNamingThem) {
@@ -289,6 +342,117 @@ TEST(ShmTransport, ImpostorsAndGarbageDuringSetupAreRejected) {
   d.push_back(std::move(rank1).value());
   EXPECT_TRUE(ExchangeOne(d, 1, 0, 3).ok());
   EXPECT_TRUE(ShmFiles(SegmentPrefix(settings.secret)).empty());
+}
+
+// Rank 0 played by the test, through the real handshake, making offers the real one never makes:
+// without the segment's descriptor, with two, with more than rank 1 takes, with one that is not a
+// segment. Rank 1 refuses each, naming rank 0 and what was wrong, tells rank 0 why (the refusal on
+// the socket), and closes every descriptor that came.
+TEST(ShmTransport, OffersWithoutTheirDescriptorOrWithExtraOnesAreRefused) {
+  struct Case {
+    int descriptors;
+    bool pipe;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {0, false, "rank 0's segment offer came with 0 descriptors, expected one"},
+      {2, false, "rank 0's segment offer came with 2 descriptors, expected one"},
+      {9, false, "more descriptors than the 8 this rank takes (MSG_CTRUNC)"},
+      {1, true, "expected a regular file"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.expect);
+    bootstrap::InMemoryStore store;
+    ConnectSettings settings = TestSettings(milliseconds(10000));
+    settings.hosts = kolo::testing::Layout(2);
+    const std::string name = fmt::format("kolo-shm-{}-0-{:016x}", JobId(settings.secret), 777);
+    tcp::Fd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path + 1, name.data(), name.size());
+    const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+    ASSERT_EQ(::bind(listener.get(), reinterpret_cast<const sockaddr*>(&addr), len), 0);
+    ASSERT_EQ(::listen(listener.get(), 4), 0);
+    const std::string published = "@" + name;
+    ASSERT_TRUE(
+        store.Set("shm/addr/0", std::vector<uint8_t>(published.begin(), published.end())).ok());
+    Status rank1 = Status::OK();
+    std::thread t1([&] { rank1 = Connect("shm", settings, store, 1, 2).status(); });
+    std::string refusal;
+    {
+      pollfd pfd{listener.get(), POLLIN, 0};
+      ASSERT_EQ(::poll(&pfd, 1, 10000), 1);
+      tcp::Fd conn(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      ASSERT_TRUE(conn.valid());
+      timeval tv{10, 0};
+      ::setsockopt(conn.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      tcp::Challenge challenge{0, {}};
+      challenge.nonce = *tcp::RandomNonce();
+      uint8_t challenge_wire[tcp::Challenge::kBytes];
+      tcp::Encode(challenge, challenge_wire);
+      ASSERT_EQ(::send(conn.get(), challenge_wire, sizeof challenge_wire, MSG_NOSIGNAL),
+                static_cast<ssize_t>(sizeof challenge_wire));
+      uint8_t hello_wire[tcp::Hello::kBytes];
+      ASSERT_EQ(::recv(conn.get(), hello_wire, sizeof hello_wire, MSG_WAITALL),
+                static_cast<ssize_t>(sizeof hello_wire));
+      tcp::Hello hello;
+      ASSERT_TRUE(tcp::Decode(hello_wire, &hello).ok());
+      uint8_t welcome_wire[tcp::Welcome::kBytes];
+      tcp::Encode(tcp::Welcome{tcp::AcceptorProof(settings.secret, challenge.nonce, hello)},
+                  welcome_wire);
+      ASSERT_EQ(::send(conn.get(), welcome_wire, sizeof welcome_wire, MSG_NOSIGNAL),
+                static_cast<ssize_t>(sizeof welcome_wire));
+      // The offer: a nonce, the ring size, and the descriptors of the case on its first byte.
+      uint8_t offer[sizeof(SegmentNonce) + sizeof(uint64_t)] = {};
+      const uint64_t ring_bytes = 64 << 10;
+      std::memcpy(offer + sizeof(SegmentNonce), &ring_bytes, sizeof ring_bytes);
+      std::vector<tcp::Fd> passed;
+      for (int i = 0; i < c.descriptors; ++i) {
+        if (c.pipe) {
+          int pipe_fds[2];
+          ASSERT_EQ(::pipe2(pipe_fds, O_CLOEXEC), 0);
+          ::close(pipe_fds[1]);
+          passed.emplace_back(pipe_fds[0]);
+        } else {
+          passed.emplace_back(
+              MemoryFile(SegmentBytes(ring_bytes), F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL));
+          ASSERT_TRUE(passed.back().valid());
+        }
+      }
+      std::vector<char> control(CMSG_SPACE(sizeof(int) * std::max<size_t>(passed.size(), 1)));
+      iovec iov{offer, sizeof offer};
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      if (!passed.empty()) {
+        msg.msg_control = control.data();
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * passed.size());
+        cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int) * passed.size());
+        for (size_t i = 0; i < passed.size(); ++i) {
+          const int d = passed[i].get();
+          std::memcpy(CMSG_DATA(cm) + i * sizeof(int), &d, sizeof d);
+        }
+      }
+      ASSERT_EQ(::sendmsg(conn.get(), &msg, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof offer));
+      passed.clear();  // in flight, the socket holds them; rank 1 must close what it receives
+      uint8_t head[3];
+      ASSERT_EQ(::recv(conn.get(), head, sizeof head, MSG_WAITALL), 3);
+      EXPECT_EQ(head[0], 1);  // refused
+      refusal.resize(head[1] | (size_t{head[2]} << 8));
+      ASSERT_EQ(::recv(conn.get(), refusal.data(), refusal.size(), MSG_WAITALL),
+                static_cast<ssize_t>(refusal.size()));
+    }
+    t1.join();
+    EXPECT_NE(refusal.find(c.expect), std::string::npos) << refusal;
+    EXPECT_FALSE(rank1.ok());
+    EXPECT_NE(rank1.message().find(c.expect), std::string::npos) << rank1.ToString();
+    EXPECT_NE(rank1.message().find("rank 1: shared-memory set-up with rank 0"), std::string::npos)
+        << rank1.ToString();
+    EXPECT_EQ(MemoryFileDescriptors("kolo-test"), 0);
+  }
 }
 
 // A forked process as one rank of the job, for the tests where a rank must die or stop for real.

@@ -13,9 +13,21 @@
 #                   its 600th message of 4 KiB or more (ring, ps), or on entering its 40th MPI
 #                   collective (mpi)
 #
+# And faults that are not a lost rank (ring and mpi backends):
+#   TERM start-up     the victim gets SIGTERM at start-up (ends within a second, the job with it)
+#   MISMATCH start-up the victim runs with another --num-batches (every rank refuses at start-up,
+#                     naming the setting and the rank)
+#   EXIT steady       the victim stops training after 3 steps as if done (KOLO_FAULT_INJECT
+#                     R:EXIT:step:4): its final collective and the others' gradients stall, and
+#                     the job ends after KOLO_STALL_SHUTDOWN_SECONDS (5 s here), naming it as the
+#                     one rank that submitted what the others never did (or the one missing)
+#   SKEW negotiate    the victim's step check records a collective the others did not agree
+#                     (R:SKEW:negotiate:60): every rank stops in that exchange, out of step,
+#                     naming each rank's history
+#
 # Usage: fault_matrix.sh BIN_DIR [--all | --cell "LAUNCHER BACKEND FAULT PHASE"]... [--table FILE]
-#   default: a slice of 6 cells covering every backend, fault, phase and launcher (CI);
-#   --all: every cell (42; about 10 minutes on 2 cores); --cell: that one (repeatable), e.g.
+#   default: a slice of 10 cells covering every backend, fault, phase and launcher (CI);
+#   --all: every cell (54; about 13 minutes on 2 cores); --cell: that one (repeatable), e.g.
 #   --cell "mpirun ps-server STOP start-up". --table: the results as Markdown.
 # Exit 77 (skip) without kolo-train or kolo-run; mpirun cells are left out without mpirun or the
 # build's MPI (said in the table).
@@ -82,19 +94,26 @@ cell() {
   if [[ $phase == mid-collective ]]; then
     if [[ $backend == mpi ]]; then inject="$victim:$fault:mpi:40"; else inject="$victim:$fault:send:600"; fi
   fi
+  [[ $fault == EXIT ]] && inject="$victim:EXIT:step:4"
+  [[ $fault == SKEW ]] && inject="$victim:SKEW:negotiate:60"
   local args=(--model resnet101 --batch-size 64 --compute replay
     --profile "$root/models/profiles/resnet101-h100-b64.json" --num-warmup-batches 1
-    --num-batches 100000 --display-every 2 --peer-timeout-s "$timeout_s" "${engine[@]}"
-    --json "$work/run.json")
+    --display-every 2 --peer-timeout-s "$timeout_s" "${engine[@]}" --json "$work/run.json")
+  # --num-batches last, through a shell that gives the victim another value for MISMATCH.
+  local victim_batches=100000
+  [[ $fault == MISMATCH ]] && victim_batches=50
+  local wrap=(sh -c 'b=100000; [ "${KOLO_RANK:-$OMPI_COMM_WORLD_RANK}" = "$V" ] && b=$VB; exec "$0" "$@" --num-batches "$b"')
   rm -f "$work/run.json"
   if [[ $launcher == kolo-run ]]; then
     rank_var=KOLO_RANK
-    KOLO_FAULT_INJECT=$inject job_start "$run" -np "$np" --timeout-s 200 "$train" "${args[@]}"
+    V=$victim VB=$victim_batches KOLO_FAULT_INJECT=$inject KOLO_STALL_SHUTDOWN_SECONDS=5 \
+      job_start "$run" -np "$np" --timeout-s 200 "${wrap[@]}" "$train" "${args[@]}"
   else
     rank_var=OMPI_COMM_WORLD_RANK
-    KOLO_FAULT_INJECT=$inject KOLO_START_TIMEOUT_SECONDS=$start_timeout_s job_start mpirun \
-      "${mpirun_args[@]}" -x KOLO_FAULT_INJECT -x KOLO_START_TIMEOUT_SECONDS -np "$np" \
-      "$train" "${args[@]}"
+    V=$victim VB=$victim_batches KOLO_FAULT_INJECT=$inject KOLO_STALL_SHUTDOWN_SECONDS=5 \
+      KOLO_START_TIMEOUT_SECONDS=$start_timeout_s job_start mpirun \
+      "${mpirun_args[@]}" -x V -x VB -x KOLO_FAULT_INJECT -x KOLO_STALL_SHUTDOWN_SECONDS \
+      -x KOLO_START_TIMEOUT_SECONDS -np "$np" "${wrap[@]}" "$train" "${args[@]}"
   fi
   local pid= waited=0 start seconds named=no left= verdict=ok rc= limit=$bound
   # A rank stopped inside MPI's start-up is bounded by the start-up timeout instead.
@@ -103,6 +122,7 @@ cell() {
   (
     case $phase in
       start-up)
+        [[ $fault == MISMATCH ]] && exit 0  # the settings differ from the start: nothing to send
         until pid=$(job_rank_pid "$marker" "$rank_var=$victim") && [[ -n $pid ]]; do
           ((waited++ < 300)) || fail "rank $victim did not start within 30 s"
           sleep 0.1
@@ -112,12 +132,20 @@ cell() {
         ;;
       steady)
         job_wait_step "first step"
+        if [[ $fault == EXIT ]]; then
+          until grep -q "KOLO_FAULT_INJECT: rank $victim stops training" "$work/out" 2>/dev/null; do
+            kill -0 "$launched" 2>/dev/null || fail "the job ended before the injected early exit"
+            ((waited++ < 1200)) || fail "no injected early exit within 120 s"
+            sleep 0.1
+          done
+          exit 0
+        fi
         pid=$(job_rank_pid "$marker" "$rank_var=$victim")
         [[ -n $pid ]] || fail "rank $victim not found"
         kill "-$fault" "$pid"
         ;;
-      mid-collective)
-        until grep -q "KOLO_FAULT_INJECT: rank $victim raises" "$work/out" 2>/dev/null; do
+      mid-collective | negotiate)
+        until grep -Eq "KOLO_FAULT_INJECT: rank $victim (raises|skews)" "$work/out" 2>/dev/null; do
           kill -0 "$launched" 2>/dev/null || fail "the job ended before the injected fault"
           ((waited++ < 1200)) || fail "no injected fault within 120 s"
           sleep 0.1
@@ -135,7 +163,7 @@ cell() {
   [[ $verdict != ok ]] || ((rc != 0)) || verdict="FAIL: the launcher exited 0"
   # Named: an error of a survivor (or the launcher's report) points at the victim's rank.
   local who="rank $victim"
-  if grep -Eq "($who\)? has sent nothing|connection to $who lost|$who\)? (exited|was killed|closed)|noticed that process rank $victim|rank $victim exited|$who shut down)" "$work/out"; then
+  if grep -Eq "($who\)? has sent nothing|connection to $who lost|$who\)? (exited|was killed|closed)|noticed that process rank $victim|rank $victim exited|$who shut down|$who: exchange [0-9]+|never by ranks $victim\b|submitted by ranks $victim, never by|num_batches is [^;]*'[0-9]+' on $who\b|Process name: \[\[[0-9]+,[0-9]+\],$victim\])" "$work/out"; then
     named=yes
   elif [[ $launcher == mpirun && $fault == STOP ]] && grep -q "MPI does not say which" "$work/out"; then
     named="no (MPI does not say which)"
@@ -171,8 +199,12 @@ if ((${#cells[@]})); then
       *) echo "--cell '$spec': launcher kolo-run or mpirun" >&2; exit 2 ;;
     esac
     [[ $backend =~ ^(ring|mpi|ps-worker|ps-server)$ ]] || { echo "--cell '$spec': backend ring, mpi, ps-worker or ps-server" >&2; exit 2; }
-    [[ $fault =~ ^(KILL|STOP)$ ]] || { echo "--cell '$spec': fault KILL or STOP" >&2; exit 2; }
-    [[ $phase =~ ^(start-up|steady|mid-collective)$ ]] || { echo "--cell '$spec': phase start-up, steady or mid-collective" >&2; exit 2; }
+    case "$fault/$phase" in
+      KILL/start-up | KILL/steady | KILL/mid-collective | STOP/start-up | STOP/steady | STOP/mid-collective) ;;
+      TERM/start-up | MISMATCH/start-up | EXIT/steady | SKEW/negotiate)
+        [[ $backend =~ ^(ring|mpi)$ ]] || { echo "--cell '$spec': $fault cells run the ring or mpi backend" >&2; exit 2; } ;;
+      *) echo "--cell '$spec': fault and phase KILL or STOP at start-up, steady or mid-collective; TERM or MISMATCH at start-up; EXIT steady; SKEW negotiate" >&2; exit 2 ;;
+    esac
     [[ $launcher == mpirun ]] && ((!have_mpi)) && { echo "skip: no mpirun or no MPI in this build"; exit 77; }
     cell "$launcher" "$backend" "$fault" "$phase"
   done
@@ -186,6 +218,12 @@ elif ((all)); then
           cell "$launcher" "$backend" "$fault" "$phase"
         done
       done
+      if [[ $backend =~ ^(ring|mpi)$ ]]; then
+        cell "$launcher" "$backend" TERM start-up
+        cell "$launcher" "$backend" MISMATCH start-up
+        cell "$launcher" "$backend" EXIT steady
+        cell "$launcher" "$backend" SKEW negotiate
+      fi
     done
   done
 else
@@ -193,9 +231,13 @@ else
   cell kolo-run ps-server STOP steady
   cell kolo-run ps-worker KILL mid-collective
   cell kolo-run ring KILL start-up
+  cell kolo-run ring MISMATCH start-up
+  cell kolo-run ring EXIT steady
+  cell kolo-run ring SKEW negotiate
   if ((have_mpi)); then
     cell mpirun mpi STOP mid-collective
     cell mpirun ps-worker STOP steady
+    cell mpirun mpi TERM start-up
   else
     echo "mpirun cells left out: no mpirun or this build has no MPI"
   fi

@@ -90,7 +90,7 @@ expect_bad() {
 }
 expect_bad "--learning-rate nan is not a number" "${common[@]}" --learning-rate nan
 expect_bad "--momentum nan is not a number" "${common[@]}" --momentum nan
-expect_bad "'/dev/zero' is not a regular file" --model resnet101 --batch-size 64 --compute replay \
+expect_bad "'/dev/zero' is a character device, not a regular file" --model resnet101 --batch-size 64 --compute replay \
   --profile /dev/zero
 expect_bad "its directory '$work/none' does not exist" "${common[@]}" --json "$work/none/r.json"
 if grep -q "KOLO_HAVE_ONEDNN 1" "$bin/../generated/kolo/config.h" 2>/dev/null; then

@@ -2,9 +2,10 @@
 // by the sender and once out of it by the receiver, where loopback TCP copies it twice through the
 // kernel. Ranks may be processes or threads of one process.
 //
-// Per pair of ranks: one segment (segment.h: made by the lower rank, unlinked as soon as both have
-// mapped it) holding two single-producer/single-consumer byte rings, one per direction, and one
-// connected AF_UNIX stream socket (set up through an abstract-namespace listener whose name is
+// Per pair of ranks: one segment (segment.h: an anonymous memory file made by the lower rank and
+// passed to the higher one over the pair's socket, so that it never has a name anything could
+// leave behind) holding two single-producer/single-consumer byte rings, one per direction, and
+// one connected AF_UNIX stream socket (set up through an abstract-namespace listener whose name is
 // published in the store as "shm/addr/<rank>", authenticated with the job secret by the TCP
 // transport's handshake, and refused when the other end runs as another user).
 //
@@ -51,7 +52,8 @@
 namespace kolo::transport::shm {
 
 struct ShmOptions {
-  // Per-job secret: names the segments (through a hash) and authenticates every connection.
+  // Per-job secret: names the listening sockets (through a hash) and authenticates every
+  // connection.
   std::string secret;
   // Bound on the whole set-up; the keepalive interval and the silence threshold derive from it as
   // they do for TCP.
@@ -76,7 +78,7 @@ struct ShmOptions {
 // peer must connect to it, connects to every lower peer and accepts every higher one, each
 // authenticated, then shares a segment per pair. Connections from other users, or that fail the
 // handshake, are rejected with a warning and set-up goes on; a peer that fails once authenticated
-// (it cannot map the segment, /dev/shm is full) fails the set-up with its reason.
+// (it cannot map the segment, memory is short) fails the set-up with its reason.
 // DeadlineExceeded after options.timeout names the ranks still missing. REQUIRES: 0 <= rank <
 // size, peers distinct, each in [0, size) and not rank.
 StatusOr<std::unique_ptr<PollableDevice>> Connect(const ShmOptions& options,

@@ -26,13 +26,17 @@ using tcp::Fd;
 constexpr std::chrono::milliseconds kPerConnectionBound{5000};
 constexpr std::chrono::milliseconds kRetryMin{2};
 constexpr std::chrono::milliseconds kRetryMax{100};
-constexpr size_t kMaxNameBytes = 100;
 
-// After the handshake the acceptor offers the segment: name length (2 bytes), the name, the nonce,
-// the ring size (8 bytes); the connector answers with one status byte (0: mapped) and, when it
-// could not map it, a 2-byte length and its reason.
+// After the handshake the acceptor offers the segment: the nonce (16 bytes) and the ring size
+// (8 bytes), in one sendmsg that passes the segment's descriptor with its first byte (SCM_RIGHTS);
+// the connector answers with one status byte (0: mapped) and, when it could not map it, a 2-byte
+// length and its reason.
 constexpr uint8_t kMapped = 0;
 constexpr uint8_t kRefused = 1;
+constexpr size_t kOfferBytes = sizeof(SegmentNonce) + sizeof(uint64_t);
+// Room for this many descriptors in one message's control data: an offer carries one, and more
+// than fit would be dropped by the kernel unseen (MSG_CTRUNC), so the room shows extra ones.
+constexpr size_t kMaxDescriptors = 8;
 
 socklen_t AbstractAddress(const std::string& name, sockaddr_un* addr) {
   *addr = sockaddr_un{};
@@ -87,6 +91,105 @@ Status WriteAll(int fd, const void* buf, size_t n, Clock::time_point until, cons
     pollfd pfd{fd, POLLOUT, 0};
     if (::poll(&pfd, 1, RemainingMs(until)) == 0) {
       return DeadlineExceeded("could not send the {} within the set-up bound", what);
+    }
+  }
+  return Status::OK();
+}
+
+// Sends the `n` bytes of the segment offer with `descriptor` passed on their first byte
+// (SCM_RIGHTS), bounded by `until`. The offer is a few bytes and goes in one sendmsg; were it ever
+// cut short, the rest would follow without the descriptor (the kernel attaches it to the bytes of
+// the call that carried it).
+Status SendWithDescriptor(int fd, const void* buf, size_t n, int descriptor,
+                          Clock::time_point until) {
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  iovec iov{const_cast<void*>(buf), n};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &descriptor, sizeof(int));
+  for (;;) {
+    const ssize_t k = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (k > 0) {
+      const auto sent = static_cast<size_t>(k);
+      return WriteAll(fd, static_cast<const uint8_t*>(buf) + sent, n - sent, until,
+                      "segment offer");
+    }
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+      return ErrnoStatus(StatusCode::kUnavailable,
+                         "sending the segment offer with its descriptor (sendmsg, SCM_RIGHTS)",
+                         errno);
+    }
+    pollfd pfd{fd, POLLOUT, 0};
+    if (::poll(&pfd, 1, RemainingMs(until)) == 0) {
+      return DeadlineExceeded("could not send the segment offer within the set-up bound");
+    }
+  }
+}
+
+// Reads the `n` bytes of rank `peer`'s segment offer like ReadExact, with recvmsg, and takes the
+// one descriptor that must come with their first byte (close-on-exec at once: MSG_CMSG_CLOEXEC).
+// No descriptor, more than one, one with a later byte, or more than the control buffer holds
+// (MSG_CTRUNC: the kernel dropped the rest) is kProtocol; every descriptor that came is closed.
+Status ReadWithDescriptor(int fd, void* buf, size_t n, Clock::time_point until, int peer,
+                          Fd* descriptor) {
+  auto* p = static_cast<uint8_t*>(buf);
+  size_t got = 0;
+  while (got < n) {
+    alignas(cmsghdr) char control[CMSG_SPACE(kMaxDescriptors * sizeof(int))];
+    iovec iov{p + got, n - got};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    const ssize_t k = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    // Owned before anything else is looked at, so that every way out closes them.
+    std::vector<Fd> arrived;
+    if (k > 0) {
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; ++i) {
+          int d;
+          std::memcpy(&d, CMSG_DATA(c) + i * sizeof(int), sizeof d);
+          arrived.emplace_back(d);
+        }
+      }
+      if ((msg.msg_flags & MSG_CTRUNC) != 0) {
+        return ProtocolError(
+            "rank {}'s segment offer came with more descriptors than the {} this rank takes "
+            "(MSG_CTRUNC), or this process has no descriptor left for it (RLIMIT_NOFILE)",
+            peer, kMaxDescriptors);
+      }
+      if (got == 0 && arrived.size() != 1) {
+        return ProtocolError("rank {}'s segment offer came with {} descriptors, expected one", peer,
+                             arrived.size());
+      }
+      if (got > 0 && !arrived.empty()) {
+        return ProtocolError(
+            "rank {}'s segment offer came with {} more descriptor(s) after its first byte", peer,
+            arrived.size());
+      }
+      if (got == 0) *descriptor = std::move(arrived.front());
+      got += static_cast<size_t>(k);
+      continue;
+    }
+    if (k == 0) return Unavailable("the connection closed before the segment offer");
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      return ErrnoStatus(StatusCode::kUnavailable, "reading the segment offer (recvmsg)", errno);
+    }
+    pollfd pfd{fd, POLLIN, 0};
+    if (::poll(&pfd, 1, RemainingMs(until)) == 0) {
+      return DeadlineExceeded("no segment offer within the set-up bound");
     }
   }
   return Status::OK();
@@ -191,7 +294,7 @@ class MeshBuilder {
         return ErrnoStatus(StatusCode::kUnavailable, fmt::format("connect({})", published), err)
             .WithContext(fmt::format(
                 "rank {} published its shared-memory socket but cannot be reached there (ranks "
-                "that share a host name must share a network namespace and /dev/shm: give each "
+                "that share a host name must share a network namespace: give each "
                 "host its own KOLO_HOST_NAME, or use --transport tcp)",
                 peer));
       }
@@ -231,20 +334,19 @@ class MeshBuilder {
     if (!DigestsEqual(welcome.mac, tcp::AcceptorProof(options_.secret, challenge.nonce, hello))) {
       return Unavailable("rank {} failed to prove the job secret", peer);
     }
-    // The segment offer.
-    uint8_t len_wire[2];
-    KOLO_RETURN_IF_ERROR(ReadExact(s, len_wire, 2, deadline_, "segment offer"));
-    const size_t name_len = len_wire[0] | (size_t{len_wire[1]} << 8);
-    if (name_len == 0 || name_len > kMaxNameBytes) {
-      return ProtocolError("rank {} offered a segment name of {} bytes", peer, name_len);
-    }
-    std::string name(name_len, '\0');
-    SegmentNonce nonce;
-    uint64_t ring_bytes = 0;
-    KOLO_RETURN_IF_ERROR(ReadExact(s, name.data(), name_len, deadline_, "segment offer"));
-    KOLO_RETURN_IF_ERROR(ReadExact(s, nonce.data(), nonce.size(), deadline_, "segment offer"));
-    KOLO_RETURN_IF_ERROR(ReadExact(s, &ring_bytes, sizeof ring_bytes, deadline_, "segment offer"));
-    auto segment = Segment::Open(name, job_, peer, rank_, ring_bytes, nonce);
+    // The segment offer, and the segment's descriptor with its first byte.
+    auto take_offer = [&]() -> StatusOr<Segment> {
+      uint8_t offer[kOfferBytes];
+      Fd descriptor;
+      KOLO_RETURN_IF_ERROR(
+          ReadWithDescriptor(s, offer, sizeof offer, deadline_, peer, &descriptor));
+      SegmentNonce nonce;
+      uint64_t ring_bytes = 0;
+      std::memcpy(nonce.data(), offer, nonce.size());
+      std::memcpy(&ring_bytes, offer + nonce.size(), sizeof ring_bytes);
+      return Segment::Open(std::move(descriptor), peer, rank_, ring_bytes, nonce);
+    };
+    StatusOr<Segment> segment = take_offer();
     if (!segment.ok()) {
       // Tell the creator why, so that it fails with the reason instead of a lost connection.
       std::string refusal(1, static_cast<char>(kRefused));
@@ -254,9 +356,9 @@ class MeshBuilder {
       WriteAll(s, refusal.data(), refusal.size(), deadline_, "refusal").IgnoreError();
       return segment.status();
     }
-    KOLO_RETURN_IF_ERROR(Unlink(name));
     const uint8_t mapped = kMapped;
     KOLO_RETURN_IF_ERROR(WriteAll(s, &mapped, 1, deadline_, "segment answer"));
+    const uint64_t ring_bytes = segment->ring_bytes();
     links_[static_cast<size_t>(peer)] = Link{std::move(fd), std::move(segment).value()};
     KOLO_LOG(kDebug, "rank {}: shared memory with rank {} ({} bytes per direction)", rank_, peer,
              ring_bytes);
@@ -346,19 +448,21 @@ class MeshBuilder {
     uint8_t welcome_wire[tcp::Welcome::kBytes];
     tcp::Encode(welcome, welcome_wire);
     const uint64_t ring_bytes = RingBytesFor(from);
-    auto segment = Segment::Create(job_, rank_, from, ring_bytes);
+    Fd descriptor;
+    auto segment = Segment::Create(job_, rank_, from, ring_bytes, &descriptor);
     if (!segment.ok()) return fail(segment.status());
-    const std::string name = segment->name();
-    std::string offer(reinterpret_cast<const char*>(welcome_wire), sizeof welcome_wire);
-    Put16(&offer, name.size());
-    offer += name;
-    offer.append(reinterpret_cast<const char*>(segment->nonce().data()), segment->nonce().size());
-    offer.append(reinterpret_cast<const char*>(&ring_bytes), sizeof ring_bytes);
-    Status st = WriteAll(s, offer.data(), offer.size(), deadline_, "segment offer");
+    uint8_t offer[kOfferBytes];
+    std::memcpy(offer, segment->nonce().data(), segment->nonce().size());
+    std::memcpy(offer + segment->nonce().size(), &ring_bytes, sizeof ring_bytes);
+    // The Welcome on its own, then the offer: the descriptor rides on the offer's first byte, which
+    // the connector reads with recvmsg once it has checked the Welcome (a plain recv of the bytes
+    // that carry a descriptor would make the kernel drop it).
+    Status st = WriteAll(s, welcome_wire, sizeof welcome_wire, deadline_, "welcome");
+    if (st.ok()) st = SendWithDescriptor(s, offer, sizeof offer, descriptor.get(), deadline_);
+    // In flight, the socket holds the file; mapped, the mapping does. Ours is no longer needed.
+    descriptor.reset();
     uint8_t answer = kRefused;
     if (st.ok()) st = ReadExact(s, &answer, 1, deadline_, "answer to the segment offer");
-    // Mapped on both sides, or never to be: the name goes either way.
-    Unlink(name).IgnoreError();
     if (!st.ok()) return fail(st);
     if (answer != kMapped) {
       uint8_t len_wire[2] = {0, 0};

@@ -14,7 +14,7 @@ namespace kolo::transport::shm {
 
 struct Link {
   tcp::Fd socket;   // the pair's authenticated AF_UNIX stream socket, non-blocking
-  Segment segment;  // mapped, its name already unlinked
+  Segment segment;  // mapped; no descriptor of it is left open
 };
 
 // links[r] for every r in `peers`; the others stay empty.

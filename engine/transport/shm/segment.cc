@@ -13,31 +13,45 @@
 #include "engine/common/crypto.h"
 #include "engine/common/random.h"
 
+// Linux 6.3's flag, absent from older headers: the file can never be made executable.
+#ifndef MFD_NOEXEC_SEAL
+#define MFD_NOEXEC_SEAL 0x0008U
+#endif
+
 namespace kolo::transport::shm {
 namespace {
 
 constexpr size_t kPage = 4096;
 constexpr size_t kControlOffset = kPage;
 constexpr size_t kRingOffset = 2 * kPage;
-constexpr int kCreateAttempts = 4;
 static_assert(sizeof(SegmentHeader) <= kPage);
 static_assert(2 * sizeof(RingControl) <= kPage);
 
-// Closes a descriptor on every path out.
-struct CloseOnExit {
-  int fd;
-  ~CloseOnExit() {
-    if (fd >= 0) ::close(fd);
-  }
-};
+// The seals every segment carries, and that the opener requires: with them nobody, the creator
+// included, can shrink the file under the other side's mapping (a SIGBUS there) or change the
+// seals again.
+constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
-StatusOr<void*> Map(int fd, size_t bytes, const std::string& name) {
+std::string Describe(int low, int high) {
+  return fmt::format("the shared-memory segment of ranks {} and {}", low, high);
+}
+
+StatusOr<void*> Map(int fd, size_t bytes, int low, int high) {
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
-    return ErrnoStatus(StatusCode::kUnavailable, fmt::format("mmap of {} ({} bytes)", name, bytes),
-                       errno);
+    return ErrnoStatus(StatusCode::kUnavailable,
+                       fmt::format("mmap of {} ({} bytes)", Describe(low, high), bytes), errno);
   }
   return base;
+}
+
+// An anonymous memory file, close-on-exec, that allows sealing. MFD_NOEXEC_SEAL (Linux 6.3) where
+// the kernel knows it: such kernels warn about memory files made without it, and refuse them
+// when vm.memfd_noexec is 2; older ones reject the unknown flag with EINVAL.
+int MemoryFile(const std::string& label) {
+  const int fd = ::memfd_create(label.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL);
+  if (fd >= 0 || errno != EINVAL) return fd;
+  return ::memfd_create(label.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
 }
 
 }  // namespace
@@ -66,16 +80,13 @@ Status CheckRingBytes(uint64_t ring_bytes) {
 Segment::~Segment() { Unmap(); }
 
 Segment::Segment(Segment&& other) noexcept
-    : base_(std::exchange(other.base_, nullptr)),
-      bytes_(std::exchange(other.bytes_, 0)),
-      name_(std::move(other.name_)) {}
+    : base_(std::exchange(other.base_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
 
 Segment& Segment::operator=(Segment&& other) noexcept {
   if (this != &other) {
     Unmap();
     base_ = std::exchange(other.base_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
-    name_ = std::move(other.name_);
   }
   return *this;
 }
@@ -96,64 +107,38 @@ uint8_t* Segment::ring(int direction) const {
          static_cast<size_t>(direction) * header()->ring_bytes;
 }
 
-bool IsSegmentName(const std::string& name, const std::string& job_id, int low, int high) {
-  const std::string prefix = fmt::format("/kolo-{}-{}-{}-", job_id, low, high);
-  if (name.size() != prefix.size() + 16 || name.compare(0, prefix.size(), prefix) != 0) {
-    return false;
-  }
-  for (size_t i = prefix.size(); i < name.size(); ++i) {
-    const char c = name[i];
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  }
-  return true;
-}
-
-StatusOr<Segment> Segment::Create(const std::string& job_id, int low, int high,
-                                  uint64_t ring_bytes) {
+StatusOr<Segment> Segment::Create(const std::string& job_id, int low, int high, uint64_t ring_bytes,
+                                  tcp::Fd* descriptor) {
   KOLO_RETURN_IF_ERROR(CheckRingBytes(ring_bytes));
   const size_t bytes = SegmentBytes(ring_bytes);
   SegmentNonce nonce;
-  uint8_t suffix[8];
-  if (!FillRandom(nonce.data(), nonce.size()) || !FillRandom(suffix, sizeof suffix)) {
-    return Internal("no kernel randomness for a shared-memory segment name");
+  if (!FillRandom(nonce.data(), nonce.size())) {
+    return Internal("no kernel randomness for the nonce of {}", Describe(low, high));
   }
-  std::string name;
-  int fd = -1;
-  for (int attempt = 0; attempt < kCreateAttempts && fd < 0; ++attempt) {
-    if (attempt > 0 && !FillRandom(suffix, sizeof suffix)) {
-      return Internal("no kernel randomness for a shared-memory segment name");
-    }
-    name = fmt::format("/kolo-{}-{}-{}-{}", job_id, low, high, Hex(suffix, sizeof suffix));
-    fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    // EEXIST: something already has this name (left over, or placed there): never use it.
-    if (fd < 0 && errno != EEXIST) {
-      return ErrnoStatus(StatusCode::kUnavailable,
-                         fmt::format("shm_open({}, O_CREAT|O_EXCL)", name), errno);
-    }
+  const std::string label = fmt::format("kolo-{}-{}-{}", job_id, low, high);
+  tcp::Fd fd(MemoryFile(label));
+  if (!fd.valid()) {
+    return ErrnoStatus(StatusCode::kUnavailable,
+                       fmt::format("memfd_create({}) for {}", label, Describe(low, high)), errno);
   }
-  if (fd < 0) {
-    return Unavailable("could not create a shared-memory segment: {} fresh names all existed",
-                       kCreateAttempts);
+  if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
+    return ErrnoStatus(StatusCode::kUnavailable,
+                       fmt::format("ftruncate of {} to {} bytes", Describe(low, high), bytes),
+                       errno);
   }
-  CloseOnExit closer{fd};
-  // From here on the name is ours: remove it on any failure.
-  auto fail = [&name](Status s) {
-    Unlink(name).IgnoreError();
-    return s;
-  };
-  if (::fchmod(fd, 0600) != 0) {
-    return fail(ErrnoStatus(StatusCode::kInternal, fmt::format("fchmod({})", name), errno));
-  }
-  const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  const int err = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(bytes));
   if (err != 0) {
-    return fail(Unavailable(
-        "cannot reserve {} bytes of shared memory for ranks {} and {} ({}: {}); /dev/shm is "
-        "too small? (set KOLO_SHM_RING_BYTES lower, or use --transport tcp)",
-        bytes, low, high, name, std::strerror(err)));
+    return Unavailable(
+        "cannot reserve {} bytes of shared memory for ranks {} and {} ({}); is this host's (or "
+        "this job's) memory short? (set KOLO_SHM_RING_BYTES lower, or use --transport tcp)",
+        bytes, low, high, std::strerror(err));
   }
-  auto base = Map(fd, bytes, name);
-  if (!base.ok()) return fail(base.status());
-  Segment segment(*base, bytes, name);
+  if (::fcntl(fd.get(), F_ADD_SEALS, kSizeSeals) != 0) {
+    return ErrnoStatus(StatusCode::kInternal,
+                       fmt::format("sealing the size of {}", Describe(low, high)), errno);
+  }
+  KOLO_ASSIGN_OR_RETURN(void* base, Map(fd.get(), bytes, low, high));
+  Segment segment(base, bytes);
   auto* h = new (segment.base_) SegmentHeader;
   h->version = kSegmentVersion;
   h->low_rank = low;
@@ -167,61 +152,57 @@ StatusOr<Segment> Segment::Create(const std::string& job_id, int low, int high,
   // The magic last: a segment caught half-written does not pass for one.
   std::atomic_thread_fence(std::memory_order_release);
   h->magic = kSegmentMagic;
+  *descriptor = std::move(fd);
   return segment;
 }
 
-StatusOr<Segment> Segment::Open(const std::string& name, const std::string& job_id, int low,
-                                int high, uint64_t ring_bytes, const SegmentNonce& nonce) {
-  if (!IsSegmentName(name, job_id, low, high)) {
-    return ProtocolError(
-        "rank {} announced the shared-memory segment '{}', not a name of this job's segment "
-        "for ranks {} and {}",
-        low, name, low, high);
-  }
+StatusOr<Segment> Segment::Open(tcp::Fd descriptor, int low, int high, uint64_t ring_bytes,
+                                const SegmentNonce& nonce) {
   KOLO_RETURN_IF_ERROR(CheckRingBytes(ring_bytes));
   const size_t bytes = SegmentBytes(ring_bytes);
-  const int fd = ::shm_open(name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
-  if (fd < 0) {
-    return ErrnoStatus(
-        StatusCode::kUnavailable,
-        fmt::format("shm_open({}) of the segment rank {} made (are both ranks in the "
-                    "same IPC namespace, with the same /dev/shm?)",
-                    name, low),
-        errno);
-  }
-  CloseOnExit closer{fd};
+  const int fd = descriptor.get();
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
-    return ErrnoStatus(StatusCode::kInternal, fmt::format("fstat({})", name), errno);
+    return ErrnoStatus(
+        StatusCode::kInternal,
+        fmt::format("fstat of the descriptor rank {} sent for {}", low, Describe(low, high)),
+        errno);
   }
-  if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 07777) != 0600) {
+  if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
     return Unavailable(
-        "refusing shared-memory segment {}: owner uid {} mode {:o}, expected a regular file of "
-        "uid {} with mode 600",
-        name, st.st_uid, st.st_mode & 07777, ::geteuid());
+        "refusing {} that rank {} sent: file type {:o}, owner uid {}; expected a regular file of "
+        "uid {}",
+        Describe(low, high), low, st.st_mode & S_IFMT, st.st_uid, ::geteuid());
   }
   if (static_cast<uint64_t>(st.st_size) != bytes) {
-    return Unavailable("refusing shared-memory segment {}: {} bytes, expected {}", name, st.st_size,
-                       bytes);
+    return Unavailable("refusing {} that rank {} sent: {} bytes, expected {}", Describe(low, high),
+                       low, st.st_size, bytes);
   }
-  KOLO_ASSIGN_OR_RETURN(void* base, Map(fd, bytes, name));
-  Segment segment(base, bytes, name);
+  // Only memory files made to allow sealing can carry these seals: the descriptor is such a file,
+  // and its size, just checked, is the size it keeps.
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & kSizeSeals) != kSizeSeals) {
+    return Unavailable(
+        "refusing {} that rank {} sent: {} (expected a memory file sealed against any change of "
+        "its size)",
+        Describe(low, high), low,
+        seals < 0 ? fmt::format("F_GET_SEALS failed: {}", std::strerror(errno))
+                  : fmt::format("seals {:#x}", seals));
+  }
+  KOLO_ASSIGN_OR_RETURN(void* base, Map(fd, bytes, low, high));
+  descriptor.reset();  // the mapping keeps the memory
+  Segment segment(base, bytes);
   const SegmentHeader* h = segment.header();
   std::atomic_thread_fence(std::memory_order_acquire);
   if (h->magic != kSegmentMagic || h->version != kSegmentVersion || h->low_rank != low ||
       h->high_rank != high || h->ring_bytes != ring_bytes || h->total_bytes != bytes ||
       h->nonce != nonce) {
     return Unavailable(
-        "refusing shared-memory segment {}: its header (magic {:#x}, version {}, ranks {} and {}, "
-        "ring {} bytes) is not the one rank {} announced (a stale or foreign segment)",
-        name, h->magic, h->version, h->low_rank, h->high_rank, h->ring_bytes, low);
+        "refusing {} that rank {} sent: its header (magic {:#x}, version {}, ranks {} and {}, "
+        "ring {} bytes) is not the one announced with it (a foreign segment)",
+        Describe(low, high), low, h->magic, h->version, h->low_rank, h->high_rank, h->ring_bytes);
   }
   return segment;
-}
-
-Status Unlink(const std::string& name) {
-  if (name.empty() || ::shm_unlink(name.c_str()) == 0 || errno == ENOENT) return Status::OK();
-  return ErrnoStatus(StatusCode::kInternal, fmt::format("shm_unlink({})", name), errno);
 }
 
 }  // namespace kolo::transport::shm

@@ -1,17 +1,19 @@
 // The shared-memory segment of one pair of ranks: a header, the control words of the two rings
-// (one per direction) and the rings' bytes, in one POSIX shared-memory object.
+// (one per direction) and the rings' bytes, in one anonymous shared-memory file.
 //
-// Life of a segment (set-up in mesh.cc): the lower rank of the pair creates it under a fresh name
-// "/kolo-<job>-<low>-<high>-<random>" (<job>: 16 hex digits of SHA-256 over the job secret, never
-// the secret itself; <random>: 64 bits from the kernel) with O_CREAT|O_EXCL|O_NOFOLLOW and mode
-// 0600, reserves its memory (posix_fallocate: a full /dev/shm is an error at set-up, not a SIGBUS
-// later), maps it and writes the header, which carries a nonce. It then sends the name and the
-// nonce to the higher rank over their authenticated socket; the higher rank opens the name without
-// O_CREAT and O_NOFOLLOW, refuses an object that is not a regular file of this user with mode
-// 0600 and the expected size, maps it, refuses a header that is not the one announced (a stale
-// segment, someone else's), and unlinks the name at once. The lower rank unlinks it too when the
-// higher rank answers, or fails, or set-up times out. From then on the segment has no name: a
-// killed job leaves nothing in /dev/shm, and the memory goes when the last mapping does.
+// Life of a segment (set-up in mesh.cc): the lower rank of the pair makes it with memfd_create
+// (close-on-exec; the name "kolo-<job>-<low>-<high>" only labels it in /proc/<pid>/fd and
+// /proc/<pid>/maps, <job> being 16 hex digits of SHA-256 over the job secret, never the secret
+// itself), sizes it, reserves its memory (posix_fallocate: memory that is short is an error at
+// set-up, not a SIGBUS later), seals its size (F_SEAL_SHRINK|F_SEAL_GROW|F_SEAL_SEAL: no side can
+// ever truncate it under the other's mapping), maps it and writes the header, which carries a
+// nonce. It then passes the descriptor, with the nonce and the ring size, to the higher rank over
+// their authenticated AF_UNIX socket (SCM_RIGHTS); the higher rank refuses a descriptor that is
+// not a sealed regular file of this user of the expected size, maps it, refuses a header that is
+// not the one announced, and closes the descriptor; the lower rank closes its own once it is
+// sent. The segment never has a name in any file system: whatever kills either rank, at whatever
+// moment (SIGKILL included, when no code of ours runs), nothing is left behind, and the memory
+// goes with the last mapping or descriptor, in the kernel's hands.
 #pragma once
 
 #include <array>
@@ -19,9 +21,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <utility>
 
 #include "engine/common/status.h"
+#include "engine/transport/tcp/socket.h"
 
 namespace kolo::transport::shm {
 
@@ -63,7 +65,8 @@ struct SegmentHeader {
 // Direction 0 carries the lower rank's messages to the higher one, direction 1 the reverse.
 inline int SendDirection(int rank, int peer) { return rank < peer ? 0 : 1; }
 
-// "0123456789abcdef": 16 hex digits of SHA-256("kolo shm job v1" || secret).
+// "0123456789abcdef": 16 hex digits of SHA-256("kolo shm job v1" || secret). Names this job's
+// listening sockets (mesh.cc) and labels its segments.
 std::string JobId(const std::string& secret);
 
 // Bytes of a segment with two rings of `ring_bytes`.
@@ -82,40 +85,31 @@ class Segment {
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
 
-  // Creates a segment for ranks low < high under a fresh name "/kolo-<job_id>-<low>-<high>-<hex>"
-  // (exclusively, mode 0600), reserves and maps it, and writes the header with a fresh nonce.
-  // A name that exists already is never opened: another random name is tried, a few times.
-  // The caller must Unlink(name()) once the peer has opened it, or has failed to.
-  static StatusOr<Segment> Create(const std::string& job_id, int low, int high,
-                                  uint64_t ring_bytes);
-  // Opens and maps the segment `name` the lower rank announced, refusing anything but a regular
-  // file of this user, mode 0600, of the expected size, whose header matches (magic, version,
-  // ranks, ring size, nonce). Does not unlink it.
-  static StatusOr<Segment> Open(const std::string& name, const std::string& job_id, int low,
-                                int high, uint64_t ring_bytes, const SegmentNonce& nonce);
+  // Creates the segment of ranks low < high (memfd_create, labelled "kolo-<job_id>-<low>-<high>"),
+  // sizes it, reserves its memory, seals its size, maps it and writes the header with a fresh
+  // nonce. *descriptor receives the file, to be passed to the peer; the caller closes it once sent.
+  static StatusOr<Segment> Create(const std::string& job_id, int low, int high, uint64_t ring_bytes,
+                                  tcp::Fd* descriptor);
+  // Maps the segment whose descriptor the lower rank `low` passed to `high`, refusing anything but
+  // a regular file of this user, sealed against any change of its size, of the expected size,
+  // whose header matches (magic, version, ranks, ring size, nonce). Closes the descriptor, mapped
+  // or refused: the mapping alone keeps the memory.
+  static StatusOr<Segment> Open(tcp::Fd descriptor, int low, int high, uint64_t ring_bytes,
+                                const SegmentNonce& nonce);
 
   bool valid() const { return base_ != nullptr; }
-  const std::string& name() const { return name_; }
   const SegmentNonce& nonce() const { return header()->nonce; }
   uint64_t ring_bytes() const { return header()->ring_bytes; }
   RingControl& control(int direction) const;
   uint8_t* ring(int direction) const;
 
  private:
-  Segment(void* base, size_t bytes, std::string name)
-      : base_(base), bytes_(bytes), name_(std::move(name)) {}
+  Segment(void* base, size_t bytes) : base_(base), bytes_(bytes) {}
   SegmentHeader* header() const { return static_cast<SegmentHeader*>(base_); }
   void Unmap();
 
   void* base_ = nullptr;
   size_t bytes_ = 0;
-  std::string name_;
 };
-
-// Removes the name from /dev/shm; a name already gone is not an error.
-Status Unlink(const std::string& name);
-
-// Whether `name` has the form of a segment name of this job for ranks low and high.
-bool IsSegmentName(const std::string& name, const std::string& job_id, int low, int high);
 
 }  // namespace kolo::transport::shm

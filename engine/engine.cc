@@ -98,7 +98,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
 
   if (options.backend == "mpi") {
     std::string why;
-    auto mpi = backends::MakeMpiBackend(link.timeout, &why);
+    auto mpi = backends::MakeMpiBackend(link.timeout, options.mpi_idle_progress, &why);
     if (!mpi) return InvalidArgument("backend 'mpi' is not available: {}", why);
     e.backends.push_back(std::move(mpi));
   }

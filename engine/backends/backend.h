@@ -72,6 +72,8 @@ std::unique_ptr<Backend> MakeRingBackend(
 // MPI's own tuned algorithms; its non-blocking ones are other implementations that progress only
 // inside MPI calls.) Null (with the reason in *why) when this build has no MPI or the process was
 // not launched by mpirun.
-std::unique_ptr<Backend> MakeMpiBackend(std::chrono::milliseconds timeout, std::string* why);
+// `idle_progress`: Options::mpi_idle_progress.
+std::unique_ptr<Backend> MakeMpiBackend(std::chrono::milliseconds timeout, bool idle_progress,
+                                        std::string* why);
 
 }  // namespace kolo::backends

@@ -8,7 +8,7 @@
 namespace kolo::backends {
 
 #if !KOLO_HAVE_MPI
-std::unique_ptr<Backend> MakeMpiBackend(std::chrono::milliseconds, std::string* why) {
+std::unique_ptr<Backend> MakeMpiBackend(std::chrono::milliseconds, bool, std::string* why) {
   *why = "this build of kolo has no MPI (install libopenmpi-dev and rebuild)";
   return nullptr;
 }

@@ -73,7 +73,7 @@ const char* const kKnownVariables[] = {
     "KOLO_SOCKET_BUFFER_BYTES", "KOLO_SHM_RING_BYTES", "KOLO_RING_CHUNK_BYTES",
     "KOLO_FUSION_THRESHOLD_BYTES", "KOLO_CACHE_CAPACITY", "KOLO_CYCLE_TIME_MS",
     "KOLO_PEER_TIMEOUT_SECONDS", "KOLO_START_TIMEOUT_SECONDS", "KOLO_FAULT_INJECT",
-    "KOLO_STALL_CHECK_SECONDS", "KOLO_STALL_SHUTDOWN_SECONDS", "KOLO_SKIP_BOOTSTRAP",
+    "KOLO_STALL_CHECK_SECONDS", "KOLO_STALL_SHUTDOWN_SECONDS", "KOLO_MPI_IDLE_PROGRESS", "KOLO_SKIP_BOOTSTRAP",
     "KOLO_PS_SERVERS", "KOLO_PS_SERVER_RANKS", "KOLO_PS_PLACEMENT", "KOLO_PS_PACING",
     "KOLO_IB_DEVICE", "KOLO_IB_PORT", "KOLO_IB_GID_INDEX", "KOLO_IB_VERBS",
     // Read by scripts/ (and exported to the ranks they start).
@@ -467,6 +467,9 @@ StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string
   }
   if (const std::string* v = Find(env, "KOLO_ENGINE_SCHED")) o.engine_sched = *v;
   KOLO_RETURN_IF_ERROR(ReadInt(env, "KOLO_POLL_SPIN_US", 0, 1000000, &o.poll_spin_us));
+  if (const std::string* v = Find(env, "KOLO_MPI_IDLE_PROGRESS")) {
+    KOLO_ASSIGN_OR_RETURN(o.mpi_idle_progress, ParseBool("KOLO_MPI_IDLE_PROGRESS", *v));
+  }
   if (const std::string* v = Find(env, "KOLO_BUSY_POLL")) {
     KOLO_ASSIGN_OR_RETURN(o.busy_poll, ParseBool("KOLO_BUSY_POLL", *v));
   }

@@ -110,6 +110,12 @@ struct Options {
   // through the ring via pinned host staging; other backends refuse device tensors. "none": one
   // rank and no engine at all (kolo-train's single-rank baseline); Engine::Create refuses it.
   std::string backend = "ring";
+  // KOLO_MPI_IDLE_PROGRESS: with the mpi backend, keep MPI progressing while the engine is outside
+  // MPI (a probe every 5 ms from the backend's watchdog thread; needs MPI_THREAD_MULTIPLE), so
+  // that a peer left inside a collective by a protocol message still queued here is not stranded
+  // while this rank negotiates over kolo's own transport (docs/reliability.md). 0 turns it off,
+  // for diagnosis only.
+  bool mpi_idle_progress = true;
   // KOLO_TRANSPORT: how the ring's bytes (and negotiation's, and the parameter server's) move
   // between ranks, by name in the transport registry (engine/transport/registry.h): "auto"
   // (shared memory between the ranks of one host, TCP between hosts), "shm" (every rank on one

@@ -657,6 +657,32 @@ TEST(TcpTransport, SetupTimeoutNamesMissingRanks) {
       << dev.status().message();
 }
 
+// A peer whose kernel accepts the connection but whose process never answers (stopped during
+// set-up) is named as the silent one, apart from peers that simply have not connected.
+TEST(TcpTransport, SetupTimeoutNamesAPeerThatAcceptedButNeverAnswered) {
+  bootstrap::InMemoryStore store;
+  // "Rank 0": a socket that listens (the kernel completes connections) and never accepts.
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener, 8), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string where = fmt::format("127.0.0.1:{}", ntohs(addr.sin_port));
+  ASSERT_TRUE(store.Set("tcp/addr/0", std::vector<uint8_t>(where.begin(), where.end())).ok());
+  auto dev = Connect(Options(milliseconds(400)), store, 1, 3);
+  ::close(listener);
+  ASSERT_FALSE(dev.ok());
+  const std::string m = dev.status().message();
+  EXPECT_NE(m.find("not connected to rank(s) 0, 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("rank 0 has sent nothing for"), std::string::npos) << m;
+  EXPECT_NE(m.find("since it accepted our connection"), std::string::npos) << m;
+  EXPECT_EQ(m.find("rank 2 has sent nothing"), std::string::npos) << m;
+}
+
 TEST(TcpTransport, IdlePollSleepsUnlessBusyPolling) {
   for (const bool busy : {false, true}) {
     bootstrap::InMemoryStore store;

@@ -31,9 +31,13 @@ namespace {
 class Watchdog {
  public:
   static constexpr auto kProgressEvery = std::chrono::milliseconds(5);
-  // `comm`: the communicator to probe for progress while idle (see Progress).
-  Watchdog(std::chrono::milliseconds timeout, MPI_Comm comm)
-      : timeout_(timeout), comm_(comm), progress_(ThreadMultiple()), thread_([this] { Watch(); }) {}
+  // `comm`: the communicator to probe for progress while idle (see Progress), when
+  // `idle_progress` and MPI allows calls from this thread.
+  Watchdog(std::chrono::milliseconds timeout, MPI_Comm comm, bool idle_progress)
+      : timeout_(timeout),
+        comm_(comm),
+        progress_(idle_progress && ThreadMultiple()),
+        thread_([this] { Watch(); }) {}
   ~Watchdog() { Stop(); }
   // Ends the watching thread (before the communicator it probes is freed). Idempotent.
   void Stop() {
@@ -117,8 +121,8 @@ class Watchdog {
 
 class MpiBackend final : public Backend {
  public:
-  explicit MpiBackend(std::chrono::milliseconds timeout)
-      : comm_(DupWorld()), watchdog_(timeout, comm_) {
+  MpiBackend(std::chrono::milliseconds timeout, bool idle_progress)
+      : comm_(DupWorld()), watchdog_(timeout, comm_, idle_progress) {
     MPI_Comm_rank(comm_, &rank_);
   }
   ~MpiBackend() override {
@@ -199,14 +203,15 @@ class MpiBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeMpiBackend(std::chrono::milliseconds timeout, std::string* why) {
+std::unique_ptr<Backend> MakeMpiBackend(std::chrono::milliseconds timeout, bool idle_progress,
+                                        std::string* why) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
     *why = "MPI is not initialised: the mpi backend needs a launch by mpirun";
     return nullptr;
   }
-  return std::make_unique<MpiBackend>(timeout);
+  return std::make_unique<MpiBackend>(timeout, idle_progress);
 }
 
 }  // namespace kolo::backends

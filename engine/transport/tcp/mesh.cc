@@ -32,6 +32,9 @@ struct Conn {
   sockaddr_in addr{};          // outgoing: where the peer listens
   std::string remote;          // for log lines
   Clock::time_point deadline;  // incoming: per-connection bound; outgoing: next retry
+  // Outgoing: when the peer's kernel accepted the connection (the handshake then waits on the
+  // peer process itself); max() before that.
+  Clock::time_point accepted = Clock::time_point::max();
   std::chrono::milliseconds backoff = kRetryMin;
   std::array<uint8_t, Hello::kBytes> buf{};
   size_t got = 0;
@@ -90,8 +93,10 @@ class MeshBuilder {
   Status StartConnect(Conn& c) {
     KOLO_ASSIGN_OR_RETURN(c.fd, NewStreamSocket(options_.socket_buffer_bytes));
     c.got = 0;
+    c.accepted = Clock::time_point::max();
     if (::connect(c.fd.get(), reinterpret_cast<const sockaddr*>(&c.addr), sizeof c.addr) == 0) {
       c.state = Conn::State::kAwaitChallenge;
+      c.accepted = Clock::now();
     } else if (errno == EINPROGRESS) {
       c.state = Conn::State::kConnecting;
     } else {
@@ -165,10 +170,24 @@ class MeshBuilder {
         missing += fmt::format("{}{}", missing.empty() ? "" : ", ", r);
       }
     }
+    // A peer whose kernel accepted our connection but whose process never answered the handshake
+    // is stopped or hung: named as such, apart from peers that simply have not connected yet
+    // (they may be waiting on it too).
+    std::string silent;
+    const auto now = Clock::now();
+    for (const Conn& c : conns_) {
+      if (c.outgoing && c.accepted != Clock::time_point::max() &&
+          (c.state == Conn::State::kAwaitChallenge || c.state == Conn::State::kAwaitWelcome)) {
+        silent += fmt::format(
+            "; rank {} has sent nothing for {:.1f} s since it accepted our connection (stopped or "
+            "hung?)",
+            c.peer, std::chrono::duration<double>(now - c.accepted).count());
+      }
+    }
     return DeadlineExceeded(
         "rank {}: TCP set-up did not finish within {} ms; not connected to rank(s) {} (are they "
-        "running, with the same job secret and size {}?)",
-        rank_, options_.timeout.count(), missing, size_);
+        "running, with the same job secret and size {}?){}",
+        rank_, options_.timeout.count(), missing, size_, silent);
   }
 
   void AcceptAll() {
@@ -249,6 +268,7 @@ class MeshBuilder {
         if (::getsockopt(c.fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
         if (err == 0) {
           c.state = Conn::State::kAwaitChallenge;
+          c.accepted = Clock::now();
         } else {
           ScheduleRetry(c, std::strerror(err));  // e.g. the peer's backlog is full
         }

@@ -571,7 +571,17 @@ double NegotiationTime(const Network& net, const SymmetricPeers& peers) {
 
 }  // namespace
 
-StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
+namespace {
+
+// The stages of a prediction, in order: Check (the point's settings, before any work), Compute
+// (what one step computes and when each gradient is ready), Costs (the network and the host's
+// rates), then one communication stage, ParameterServers or Allreduce, which sets when each
+// gradient's update can run, and Finish (the step from those times). A mechanism of the model
+// lands as a stage, or inside the one whose times it changes.
+
+// ---- Check ----
+
+Status CheckPoint(const Point& point) {
   static const std::vector<std::string> kBackends = {"ring", "nccl", "mpi", "ps", "none"};
   if (std::find(kBackends.begin(), kBackends.end(), point.backend) == kBackends.end()) {
     return InvalidArgument("backend '{}' is not allowed; allowed: ring, nccl, mpi, ps, none",
@@ -605,8 +615,26 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
     return InvalidArgument("ps_placement '{}' is not allowed; allowed: greedy, split",
                            point.ps_placement);
   }
-  KOLO_ASSIGN_OR_RETURN(models::compute::replay::Profile profile,
-                        models::compute::replay::LoadProfile(point.profile));
+  return Status::OK();
+}
+
+// ---- Compute ----
+
+// One step's compute on the slowest rank, and the gradients in the order backward makes them.
+struct StepCompute {
+  models::compute::replay::Profile profile;
+  std::vector<VariableSpec> variables;  // every parameter, in registration (creation) order
+  double forward_ms = 0, backward_ms = 0;  // the profile's sums over layers, per micro-batch
+  double scale = 1;  // profile times to the requested GPU's
+  int micro = 1;     // backward passes per step
+  double backward_end = 0;  // s into the step, when the last backward pass ends
+  std::vector<Tensor> tensors;
+};
+
+StatusOr<StepCompute> ComputeStage(const Point& point, const Calibration& cal, Prediction* out) {
+  StepCompute c;
+  KOLO_ASSIGN_OR_RETURN(c.profile, models::compute::replay::LoadProfile(point.profile));
+  const auto& profile = c.profile;
   if (profile.model != point.model && !point.model.empty()) {
     return InvalidArgument("profile {} was recorded for model '{}', not '{}'", point.profile,
                            profile.model, point.model);
@@ -623,6 +651,9 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
     return InvalidArgument("profile {} lists {} layers; model '{}' has {}", point.profile,
                            profile.layers.size(), profile.model, graph.layers().size());
   }
+  for (const auto& p : graph.params()) {
+    c.variables.push_back({p.name, DataType::kFloat32, p.shape});
+  }
 
   // Compute, scaled to the requested GPU.
   double fwd = 0, bwd = 0;
@@ -630,10 +661,13 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
     fwd += l.forward_ms;
     bwd += l.backward_ms;
   }
+  c.forward_ms = fwd;
+  c.backward_ms = bwd;
   const double profile_step_s = (fwd + bwd + profile.update_ms) / 1e3;
   const double profile_rate = static_cast<double>(profile.batch_size) / profile_step_s;
-  const double scale = point.gpu_rate > 0 ? profile_rate / point.gpu_rate : 1.0;
-  const int micro = point.backward_passes_per_step;
+  c.scale = point.gpu_rate > 0 ? profile_rate / point.gpu_rate : 1.0;
+  c.micro = point.backward_passes_per_step;
+  const int micro = c.micro;
 
   const double jitter = point.step_jitter >= 0 ? point.step_jitter : cal.step_jitter;
   if (jitter > kMaxStepJitter) {
@@ -642,270 +676,281 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
   }
   // Every step waits for the slowest rank's compute, which sets the times below; the breakdown's
   // phases stay the mean rank's, the wait for the slowest shows as exposed communication.
-  const double slowest_scale = scale * (1 + jitter * ExpectedMaxOfNormals(point.ranks));
+  const double slowest_scale = c.scale * (1 + jitter * ExpectedMaxOfNormals(point.ranks));
 
-  Prediction out;
-  out.single_gpu_images_per_sec = profile_rate / scale;
+  out->single_gpu_images_per_sec = profile_rate / c.scale;
   const double fwd_s = fwd / 1e3 * slowest_scale, bwd_s = bwd / 1e3 * slowest_scale;
   const double update_s = profile.update_ms / 1e3 * slowest_scale;
 
   // Gradients in the order backward produces them, with the time each is submitted.
-  std::vector<Tensor> tensors;
-  double total_elems = static_cast<double>(graph.NumParameterElements());
-  {
-    double t = micro * fwd_s + (micro - 1) * bwd_s;
-    std::vector<double> layer_end(graph.layers().size(), 0);
-    for (size_t i = graph.layers().size(); i-- > 0;) {
-      t += profile.layers[i].backward_ms / 1e3 * slowest_scale;
-      layer_end[i] = t;
-    }
-    for (int id : graph.BackpropOrder()) {
-      const models::Parameter& p = graph.params()[static_cast<size_t>(id)];
-      Tensor tensor;
-      tensor.name = p.name;
-      tensor.shape = p.shape;
-      tensor.bytes = 4.0 * static_cast<double>(p.numel);
-      tensor.submit_s = layer_end[static_cast<size_t>(p.layer)];
-      tensor.update_s = update_s * static_cast<double>(p.numel) / total_elems;
-      tensors.push_back(std::move(tensor));
-    }
+  const double total_elems = static_cast<double>(graph.NumParameterElements());
+  double t = micro * fwd_s + (micro - 1) * bwd_s;
+  std::vector<double> layer_end(graph.layers().size(), 0);
+  for (size_t i = graph.layers().size(); i-- > 0;) {
+    t += profile.layers[i].backward_ms / 1e3 * slowest_scale;
+    layer_end[i] = t;
   }
-  const double backward_end = micro * (fwd_s + bwd_s);
-  out.forward_ms = micro * fwd * scale;
-  out.backward_ms = micro * bwd * scale;
-  out.hosts = std::max(1, point.ranks / point.ranks_per_host);
+  for (int id : graph.BackpropOrder()) {
+    const models::Parameter& p = graph.params()[static_cast<size_t>(id)];
+    Tensor tensor;
+    tensor.name = p.name;
+    tensor.shape = p.shape;
+    tensor.bytes = 4.0 * static_cast<double>(p.numel);
+    tensor.submit_s = layer_end[static_cast<size_t>(p.layer)];
+    tensor.update_s = update_s * static_cast<double>(p.numel) / total_elems;
+    c.tensors.push_back(std::move(tensor));
+  }
+  c.backward_end = micro * (fwd_s + bwd_s);
+  out->forward_ms = micro * fwd * c.scale;
+  out->backward_ms = micro * bwd * c.scale;
+  out->hosts = std::max(1, point.ranks / point.ranks_per_host);
+  return c;
+}
 
+// ---- Costs ----
+
+Costs CostsStage(const Point& point, const Calibration& cal, const StepCompute& compute) {
   Costs costs;
   // A step cycles through every gradient, each buffer used once: where they add up to a large
   // buffer (the calibration's intra_large_bytes), every collective's bytes within a host come from
   // beyond the caches, at the large-buffer rate, whatever its own size.
   double step_bytes = 0;
-  for (const Tensor& t : tensors) step_bytes += t.bytes;
+  for (const Tensor& t : compute.tensors) step_bytes += t.bytes;
   costs.net = MakeNetwork(point, cal, step_bytes);
   const double k = point.dilation > 0 ? point.dilation : 1;
   costs.reduce_bytes_per_s = cal.reduce_gbytes_per_s * kGiga * k / HostShare(point, cal);
   costs.fusion_copy_bytes_per_s = cal.fusion_copy_gbytes_per_s * kGiga * k / HostShare(point, cal);
+  return costs;
+}
+
+// ---- Finish ----
+
+// The step from the compute and each gradient's done_s: the optimizer updates each parameter in
+// backprop order once its collective is done. `comm_s`, `negotiation_s`, `bytes_sent`: the
+// communication stage's totals for the breakdown.
+void FinishStep(const Point& point, const StepCompute& compute, double comm_s,
+                double negotiation_s, double bytes_sent, Prediction* out) {
+  double t = compute.backward_end;
+  for (const Tensor& tensor : compute.tensors) t = std::max(t, tensor.done_s) + tensor.update_s;
+  out->step_ms = t * 1e3;
+  out->update_ms = compute.profile.update_ms * compute.scale;
+  out->exposed_comm_ms =
+      std::max(0.0, out->step_ms - out->forward_ms - out->backward_ms - out->update_ms);
+  out->comm_ms = comm_s * 1e3;
+  out->negotiation_ms = negotiation_s * 1e3;
+  out->comm_bytes_per_step = bytes_sent;
+  out->images_per_sec_per_rank = static_cast<double>(compute.micro) *
+                                 static_cast<double>(compute.profile.batch_size) / t;
+  out->total_images_per_sec = out->images_per_sec_per_rank * point.ranks;
+}
+
+// ---- Parameter servers ----
+
+Status ParameterServerStage(const Point& point, const Calibration& cal, const Costs& costs,
+                            StepCompute& compute, Prediction* out) {
+  std::vector<Tensor>& tensors = compute.tensors;
   const int n = point.ranks;
+  const double k = point.dilation > 0 ? point.dilation : 1;
+  // The real placement of every parameter (registration order = creation order).
+  const std::vector<VariableSpec>& vars = compute.variables;
+  KOLO_ASSIGN_OR_RETURN(backends::ps::PlacementPolicy policy,
+                        backends::ps::ParsePlacementPolicy(point.ps_placement));
+  const backends::ps::Placement placement = backends::ps::Place(vars, point.ps_servers, policy);
+  std::map<std::string, int> var_index;
+  for (size_t i = 0; i < vars.size(); ++i) var_index[vars[i].name] = static_cast<int>(i);
 
-  auto finish = [&](double comm_s, double negotiation_s, double bytes_sent) {
-    // The optimizer: each parameter in backprop order once its collective is done.
-    double t = backward_end;
-    for (const Tensor& tensor : tensors) t = std::max(t, tensor.done_s) + tensor.update_s;
-    out.step_ms = t * 1e3;
-    out.update_ms = profile.update_ms * scale;
-    out.exposed_comm_ms =
-        std::max(0.0, out.step_ms - out.forward_ms - out.backward_ms - out.update_ms);
-    out.comm_ms = comm_s * 1e3;
-    out.negotiation_ms = negotiation_s * 1e3;
-    out.comm_bytes_per_step = bytes_sent;
-    out.images_per_sec_per_rank =
-        static_cast<double>(micro) * static_cast<double>(profile.batch_size) / t;
-    out.total_images_per_sec = out.images_per_sec_per_rank * n;
-  };
-
-  if (point.backend == "none" || n == 1) {
-    if (point.backend == "ps") {
-      // One worker still sends everything to its server(s); handled below.
-    } else {
-      for (Tensor& tensor : tensors) tensor.done_s = tensor.submit_s;
-      finish(0, 0, 0);
-      return out;
-    }
+  const Network& net = costs.net;
+  const int per_host = net.per_host;
+  if (point.ps_pacing_bits_per_s > 0 && point.transport == "rdma") {
+    return InvalidArgument("--ps-pacing {}: pacing needs transport tcp (rdma cannot pace)",
+                           FormatBitRate(point.ps_pacing_bits_per_s));
   }
-
-  if (point.backend == "ps") {
-    // The real placement of every parameter (registration order = creation order).
-    std::vector<VariableSpec> vars;
-    for (const auto& p : graph.params()) vars.push_back({p.name, DataType::kFloat32, p.shape});
-    KOLO_ASSIGN_OR_RETURN(backends::ps::PlacementPolicy policy,
-                          backends::ps::ParsePlacementPolicy(point.ps_placement));
-    const backends::ps::Placement placement = backends::ps::Place(vars, point.ps_servers, policy);
-    std::map<std::string, int> var_index;
-    for (size_t i = 0; i < vars.size(); ++i) var_index[vars[i].name] = static_cast<int>(i);
-
-    const Network& net = costs.net;
-    const int per_host = net.per_host;
-    if (point.ps_pacing_bits_per_s > 0 && point.transport == "rdma") {
-      return InvalidArgument("--ps-pacing {}: pacing needs transport tcp (rdma cannot pace)",
-                             FormatBitRate(point.ps_pacing_bits_per_s));
+  // Each worker's pushes to one server at most this fast (bytes/s, as net.nic_bytes_per_s
+  // counts them); 0: unpaced.
+  const double pace = point.ps_pacing_bits_per_s * k / 8 * cal.tcp.efficiency;
+  // The workers that reach a server over its host's own links (servers sharing worker hosts),
+  // and the bytes its NIC carries for one shard of b bytes from every other worker.
+  auto local_workers = [&](int server) {
+    if (!point.ps_on_worker_hosts) return 0;
+    const int host = server % net.hosts;
+    return std::min(per_host, n - host * per_host);
+  };
+  auto server_load = [&](int server, double b) { return b * (n - local_workers(server)); };
+  const double lat = net.nic_latency_s;
+  const double copy = net.nic_copy_bytes_per_s;
+  // The time a transfer of one shard takes on the server's link under incast (every worker's
+  // piece) and on this worker's host link (every worker of the host sends its own). A paced
+  // push goes no faster than the pace: n streams fill a link only if n paces do.
+  auto paced_time = [&](double t, double b, bool paced) {
+    return paced && pace > 0 ? std::max(t, lat + b / pace) : t;
+  };
+  auto srv_time = [&](int server, double b, bool paced) {
+    const double load = server_load(server, b);
+    return paced_time(lat + load / net.nic_bytes_per_s + (copy > 0 ? load / copy : 0), b, paced);
+  };
+  auto host_time = [&](double b, bool paced) {
+    return paced_time(lat + per_host * b / net.nic_bytes_per_s + (copy > 0 ? b / copy : 0), b,
+                      paced);
+  };
+  // Every shard of every gradient, in the order backward submits them (tensor index, shard).
+  std::vector<std::pair<int, int>> shards_of;
+  for (size_t ti = 0; ti < tensors.size(); ++ti) {
+    const int v = var_index.at(tensors[ti].name);
+    for (int shard : placement.variable_shards[static_cast<size_t>(v)]) {
+      shards_of.push_back({static_cast<int>(ti), shard});
     }
-    // Each worker's pushes to one server at most this fast (bytes/s, as net.nic_bytes_per_s
-    // counts them); 0: unpaced.
-    const double pace = point.ps_pacing_bits_per_s * k / 8 * cal.tcp.efficiency;
-    // The workers that reach a server over its host's own links (servers sharing worker hosts),
-    // and the bytes its NIC carries for one shard of b bytes from every other worker.
-    auto local_workers = [&](int server) {
-      if (!point.ps_on_worker_hosts) return 0;
-      const int host = server % net.hosts;
-      return std::min(per_host, n - host * per_host);
+    tensors[ti].done_s = tensors[ti].submit_s;
+  }
+  // The worker's communication time: how long something is in flight, the union of the
+  // exchanges' spans.
+  std::vector<std::pair<double, double>> spans;
+  if (cal.ps_full_duplex) {
+    // Pushes never wait for pulls (no window of outstanding shards; each direction of a link
+    // on its own), so each direction is worked out in turn: every push first come first served
+    // on its server's ingress and the worker's egress, then every pull, ready once its shard's
+    // pushes are all in, on the server's egress and the worker's ingress.
+    struct Transfer {
+      double ready;
+      int shard;
+      int tensor;
+      double since;  // when the shard's exchange began (its push was ready)
+      double end = 0;
     };
-    auto server_load = [&](int server, double b) { return b * (n - local_workers(server)); };
-    const double lat = net.nic_latency_s;
-    const double copy = net.nic_copy_bytes_per_s;
-    // The time a transfer of one shard takes on the server's link under incast (every worker's
-    // piece) and on this worker's host link (every worker of the host sends its own). A paced
-    // push goes no faster than the pace: n streams fill a link only if n paces do.
-    auto paced_time = [&](double t, double b, bool paced) {
-      return paced && pace > 0 ? std::max(t, lat + b / pace) : t;
-    };
-    auto srv_time = [&](int server, double b, bool paced) {
-      const double load = server_load(server, b);
-      return paced_time(lat + load / net.nic_bytes_per_s + (copy > 0 ? load / copy : 0), b, paced);
-    };
-    auto host_time = [&](double b, bool paced) {
-      return paced_time(lat + per_host * b / net.nic_bytes_per_s + (copy > 0 ? b / copy : 0), b,
-                        paced);
-    };
-    // Every shard of every gradient, in the order backward submits them (tensor index, shard).
-    std::vector<std::pair<int, int>> shards_of;
-    for (size_t ti = 0; ti < tensors.size(); ++ti) {
-      const int v = var_index.at(tensors[ti].name);
-      for (int shard : placement.variable_shards[static_cast<size_t>(v)]) {
-        shards_of.push_back({static_cast<int>(ti), shard});
-      }
-      tensors[ti].done_s = tensors[ti].submit_s;
-    }
-    // The worker's communication time: how long something is in flight, the union of the
-    // exchanges' spans.
-    std::vector<std::pair<double, double>> spans;
-    if (cal.ps_full_duplex) {
-      // Pushes never wait for pulls (no window of outstanding shards; each direction of a link
-      // on its own), so each direction is worked out in turn: every push first come first served
-      // on its server's ingress and the worker's egress, then every pull, ready once its shard's
-      // pushes are all in, on the server's egress and the worker's ingress.
-      struct Transfer {
-        double ready;
-        int shard;
-        int tensor;
-        double since;  // when the shard's exchange began (its push was ready)
-        double end = 0;
-      };
-      auto run = [&](std::vector<Transfer>& xs, bool paced) {
-        std::stable_sort(xs.begin(), xs.end(),
-                         [](const Transfer& a, const Transfer& b) { return a.ready < b.ready; });
-        std::vector<double> srv(static_cast<size_t>(point.ps_servers), 0);
-        double host = 0;
-        // Busy periods of each server's link: a transfer's start in one is when that link last
-        // went from idle to busy; its end, when the link next goes idle.
-        std::vector<double> period_end, from(xs.size()), srv_end(xs.size());
-        std::vector<int> period(xs.size());
-        std::vector<int> current(static_cast<size_t>(point.ps_servers), -1);
-        std::vector<double> current_from(static_cast<size_t>(point.ps_servers), 0);
-        for (size_t i = 0; i < xs.size(); ++i) {
-          Transfer& x = xs[i];
-          const auto& shard = placement.shards[static_cast<size_t>(x.shard)];
-          const double b = static_cast<double>(shard.bytes);
-          const size_t s = static_cast<size_t>(shard.server);
-          if (current[s] < 0 || x.ready > srv[s]) {
-            current[s] = static_cast<int>(period_end.size());
-            period_end.push_back(0);
-            current_from[s] = x.ready;
-          }
-          srv[s] = std::max(x.ready, srv[s]) + srv_time(shard.server, b, paced);
-          host = std::max(x.ready, host) + host_time(b, paced);
-          period_end[static_cast<size_t>(current[s])] = srv[s];
-          period[i] = current[s];
-          from[i] = current_from[s];
-          srv_end[i] = srv[s];
-          x.end = std::max(srv[s], host);
-        }
-        // The slowest of the server's streams moves at (1 - spread) of a fair share while the
-        // others still send, and catches up once they are done (the link stays busy): the last
-        // of a shard's pieces is through at the busy period's start plus its fair-share time
-        // stretched by 1 / (1 - spread), or at the period's end.
-        for (size_t i = 0; i < xs.size(); ++i) {
-          const auto& shard = placement.shards[static_cast<size_t>(xs[i].shard)];
-          const int streams = n - local_workers(shard.server);
-          // Paced pushes: their paces at r times a fair share of the link.
-          const double u =
-              paced && pace > 0
-                  ? PacedStreamSpread(cal, streams, pace * streams / net.nic_bytes_per_s)
-                  : StreamSpread(cal, streams);
-          if (u <= 0) continue;
-          const double slow = std::min(from[i] + (srv_end[i] - from[i]) / (1 - u),
-                                       period_end[static_cast<size_t>(period[i])]);
-          xs[i].end = std::max(xs[i].end, slow);
-        }
-      };
-      std::vector<Transfer> pushes;
-      for (const auto& [ti, shard] : shards_of) {
-        const double ready = tensors[static_cast<size_t>(ti)].submit_s;
-        pushes.push_back({ready, shard, ti, ready});
-      }
-      run(pushes, pace > 0);
-      std::vector<Transfer> pulls;
-      for (const Transfer& x : pushes) pulls.push_back({x.end, x.shard, x.tensor, x.since});
-      run(pulls, false);
-      for (const Transfer& x : pulls) {
-        Tensor& t = tensors[static_cast<size_t>(x.tensor)];
-        t.done_s = std::max(t.done_s, x.end);
-        spans.push_back({x.since, x.end});
-      }
-    } else {
-      // Half duplex: pushes and pulls take turns on one queue per server link.
+    auto run = [&](std::vector<Transfer>& xs, bool paced) {
+      std::stable_sort(xs.begin(), xs.end(),
+                       [](const Transfer& a, const Transfer& b) { return a.ready < b.ready; });
       std::vector<double> srv(static_cast<size_t>(point.ps_servers), 0);
-      double host_out = 0, host_in = 0;
-      struct Op {
-        double ready;
-        int64_t seq;
-        bool pull;
-        int shard;
-        int tensor;
-      };
-      auto later = [](const Op& a, const Op& b) {
-        return a.ready != b.ready ? a.ready > b.ready : a.seq > b.seq;
-      };
-      std::priority_queue<Op, std::vector<Op>, decltype(later)> ops(later);
-      int64_t seq = 0;
-      for (const auto& [ti, shard] : shards_of) {
-        ops.push({tensors[static_cast<size_t>(ti)].submit_s, seq++, false, shard, ti});
-      }
-      while (!ops.empty()) {
-        const Op op = ops.top();
-        ops.pop();
-        const auto& shard = placement.shards[static_cast<size_t>(op.shard)];
+      double host = 0;
+      // Busy periods of each server's link: a transfer's start in one is when that link last
+      // went from idle to busy; its end, when the link next goes idle.
+      std::vector<double> period_end, from(xs.size()), srv_end(xs.size());
+      std::vector<int> period(xs.size());
+      std::vector<int> current(static_cast<size_t>(point.ps_servers), -1);
+      std::vector<double> current_from(static_cast<size_t>(point.ps_servers), 0);
+      for (size_t i = 0; i < xs.size(); ++i) {
+        Transfer& x = xs[i];
+        const auto& shard = placement.shards[static_cast<size_t>(x.shard)];
         const double b = static_cast<double>(shard.bytes);
         const size_t s = static_cast<size_t>(shard.server);
-        double& host = op.pull ? host_in : host_out;
-        const double srv_end = std::max(op.ready, srv[s]) + srv_time(shard.server, b, !op.pull);
-        const double host_end = std::max(op.ready, host) + host_time(b, !op.pull);
-        srv[s] = srv_end;
-        host = host_end;
-        const double end = std::max(srv_end, host_end);
-        spans.push_back({op.ready, end});
-        if (!op.pull) {
-          ops.push({end, seq++, true, op.shard, op.tensor});
-        } else {
-          Tensor& t = tensors[static_cast<size_t>(op.tensor)];
-          t.done_s = std::max(t.done_s, end);
+        if (current[s] < 0 || x.ready > srv[s]) {
+          current[s] = static_cast<int>(period_end.size());
+          period_end.push_back(0);
+          current_from[s] = x.ready;
         }
+        srv[s] = std::max(x.ready, srv[s]) + srv_time(shard.server, b, paced);
+        host = std::max(x.ready, host) + host_time(b, paced);
+        period_end[static_cast<size_t>(current[s])] = srv[s];
+        period[i] = current[s];
+        from[i] = current_from[s];
+        srv_end[i] = srv[s];
+        x.end = std::max(srv[s], host);
+      }
+      // The slowest of the server's streams moves at (1 - spread) of a fair share while the
+      // others still send, and catches up once they are done (the link stays busy): the last
+      // of a shard's pieces is through at the busy period's start plus its fair-share time
+      // stretched by 1 / (1 - spread), or at the period's end.
+      for (size_t i = 0; i < xs.size(); ++i) {
+        const auto& shard = placement.shards[static_cast<size_t>(xs[i].shard)];
+        const int streams = n - local_workers(shard.server);
+        // Paced pushes: their paces at r times a fair share of the link.
+        const double u =
+            paced && pace > 0
+                ? PacedStreamSpread(cal, streams, pace * streams / net.nic_bytes_per_s)
+                : StreamSpread(cal, streams);
+        if (u <= 0) continue;
+        const double slow = std::min(from[i] + (srv_end[i] - from[i]) / (1 - u),
+                                     period_end[static_cast<size_t>(period[i])]);
+        xs[i].end = std::max(xs[i].end, slow);
+      }
+    };
+    std::vector<Transfer> pushes;
+    for (const auto& [ti, shard] : shards_of) {
+      const double ready = tensors[static_cast<size_t>(ti)].submit_s;
+      pushes.push_back({ready, shard, ti, ready});
+    }
+    run(pushes, pace > 0);
+    std::vector<Transfer> pulls;
+    for (const Transfer& x : pushes) pulls.push_back({x.end, x.shard, x.tensor, x.since});
+    run(pulls, false);
+    for (const Transfer& x : pulls) {
+      Tensor& t = tensors[static_cast<size_t>(x.tensor)];
+      t.done_s = std::max(t.done_s, x.end);
+      spans.push_back({x.since, x.end});
+    }
+  } else {
+    // Half duplex: pushes and pulls take turns on one queue per server link.
+    std::vector<double> srv(static_cast<size_t>(point.ps_servers), 0);
+    double host_out = 0, host_in = 0;
+    struct Op {
+      double ready;
+      int64_t seq;
+      bool pull;
+      int shard;
+      int tensor;
+    };
+    auto later = [](const Op& a, const Op& b) {
+      return a.ready != b.ready ? a.ready > b.ready : a.seq > b.seq;
+    };
+    std::priority_queue<Op, std::vector<Op>, decltype(later)> ops(later);
+    int64_t seq = 0;
+    for (const auto& [ti, shard] : shards_of) {
+      ops.push({tensors[static_cast<size_t>(ti)].submit_s, seq++, false, shard, ti});
+    }
+    while (!ops.empty()) {
+      const Op op = ops.top();
+      ops.pop();
+      const auto& shard = placement.shards[static_cast<size_t>(op.shard)];
+      const double b = static_cast<double>(shard.bytes);
+      const size_t s = static_cast<size_t>(shard.server);
+      double& host = op.pull ? host_in : host_out;
+      const double srv_end = std::max(op.ready, srv[s]) + srv_time(shard.server, b, !op.pull);
+      const double host_end = std::max(op.ready, host) + host_time(b, !op.pull);
+      srv[s] = srv_end;
+      host = host_end;
+      const double end = std::max(srv_end, host_end);
+      spans.push_back({op.ready, end});
+      if (!op.pull) {
+        ops.push({end, seq++, true, op.shard, op.tensor});
+      } else {
+        Tensor& t = tensors[static_cast<size_t>(op.tensor)];
+        t.done_s = std::max(t.done_s, end);
       }
     }
-    std::sort(spans.begin(), spans.end());
-    double busy = 0, from = -1, until = 0;
-    for (const auto& [a, b] : spans) {
-      if (from < 0 || a > until) {
-        if (from >= 0) busy += until - from;
-        from = a;
-      }
-      until = std::max(until, b);
-    }
-    if (from >= 0) busy += until - from;
-    // The worker copies each pulled value into its weights (instead of the optimizer).
-    double bytes = 0;
-    for (Tensor& t : tensors) {
-      bytes += t.bytes;
-      t.update_s = t.bytes / costs.fusion_copy_bytes_per_s;
-    }
-    finish(busy, 0, bytes);
-    double copy_total = 0;
-    for (const Tensor& t : tensors) copy_total += t.update_s;
-    out.update_ms = copy_total * 1e3;
-    out.exposed_comm_ms =
-        std::max(0.0, out.step_ms - out.forward_ms - out.backward_ms - out.update_ms);
-    return out;
   }
+  std::sort(spans.begin(), spans.end());
+  double busy = 0, from = -1, until = 0;
+  for (const auto& [a, b] : spans) {
+    if (from < 0 || a > until) {
+      if (from >= 0) busy += until - from;
+      from = a;
+    }
+    until = std::max(until, b);
+  }
+  if (from >= 0) busy += until - from;
+  // The worker copies each pulled value into its weights (instead of the optimizer).
+  double bytes = 0;
+  for (Tensor& t : tensors) {
+    bytes += t.bytes;
+    t.update_s = t.bytes / costs.fusion_copy_bytes_per_s;
+  }
+  FinishStep(point, compute, busy, 0, bytes, out);
+  double copy_total = 0;
+  for (const Tensor& t : tensors) copy_total += t.update_s;
+  out->update_ms = copy_total * 1e3;
+  out->exposed_comm_ms =
+      std::max(0.0, out->step_ms - out->forward_ms - out->backward_ms - out->update_ms);
+  return Status::OK();
+}
 
+// ---- Allreduce ----
+
+// The engine thread with the real controller and fusion planner, for `point.steps` steps (the
+// last one reported).
+Status AllreduceStage(const Point& point, const Calibration& cal, const Costs& costs,
+                      StepCompute& compute, Prediction* out) {
+  std::vector<Tensor>& tensors = compute.tensors;
+  const int n = point.ranks;
+  const double k = point.dilation > 0 ? point.dilation : 1;
   // Allreduce backends: the engine thread with the real controller and fusion planner.
   // NCCL reduces on the GPU, beside the transfer: no host reduction cost.
   const double reduce = point.backend == "nccl" ? 0.0 : costs.reduce_bytes_per_s;
@@ -992,16 +1037,35 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
       }
     }
     if (report) {
-      finish(comm, negotiation, bytes_sent);
-      out.collectives_per_step = collectives;
-      out.cycles_per_step = cycles;
-      out.cycle_hold_ms = cycles > 0 ? held / cycles * 1e3 : 0;
-      out.coordinator_rounds = rounds;
+      FinishStep(point, compute, comm, negotiation, bytes_sent, out);
+      out->collectives_per_step = collectives;
+      out->cycles_per_step = cycles;
+      out->cycle_hold_ms = cycles > 0 ? held / cycles * 1e3 : 0;
+      out->coordinator_rounds = rounds;
     } else {
-      double t = backward_end;
+      double t = compute.backward_end;
       for (const Tensor& tensor : tensors) t = std::max(t, tensor.done_s) + tensor.update_s;
       step_start += t;
     }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
+  KOLO_RETURN_IF_ERROR(CheckPoint(point));
+  Prediction out;
+  KOLO_ASSIGN_OR_RETURN(StepCompute compute, ComputeStage(point, cal, &out));
+  const Costs costs = CostsStage(point, cal, compute);
+  if (point.backend == "ps") {
+    // Even one worker sends everything to its server(s).
+    KOLO_RETURN_IF_ERROR(ParameterServerStage(point, cal, costs, compute, &out));
+  } else if (point.backend == "none" || point.ranks == 1) {
+    for (Tensor& tensor : compute.tensors) tensor.done_s = tensor.submit_s;
+    FinishStep(point, compute, 0, 0, 0, &out);
+  } else {
+    KOLO_RETURN_IF_ERROR(AllreduceStage(point, cal, costs, compute, &out));
   }
   return out;
 }

@@ -33,6 +33,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from reports import files
+
 PACKAGE = "chromium-headless-shell"
 # Looked up on PATH in this order; KOLO_BROWSER, when set, names the executable instead.
 CANDIDATES = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome", "chrome")
@@ -285,10 +287,10 @@ class _Browser:
 
     def stderr_tail(self) -> str:
         try:
-            text = pathlib.Path(self.stderr_path).read_text(errors="replace")
+            data = files.read_bytes(self.stderr_path, "the browser's stderr", files.RECORD_LIMIT)
         except OSError:
             return "(none)"
-        return text[-STDERR_TAIL:].strip() or "(empty)"
+        return data.decode("utf-8", errors="replace")[-STDERR_TAIL:].strip() or "(empty)"
 
     # --- the check ----------------------------------------------------------------------------
 
@@ -384,7 +386,7 @@ def _kill_holders(profile: str) -> None:
         if not entry.name.isdigit():
             continue
         try:
-            if needle in (entry / "cmdline").read_bytes():
+            if needle in files.read_bytes(entry / "cmdline", "process command line", files.PROC_LIMIT):
                 os.kill(int(entry.name), signal.SIGKILL)
         except (OSError, ProcessLookupError):
             continue

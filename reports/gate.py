@@ -28,7 +28,7 @@ import statistics
 import tomllib
 from dataclasses import dataclass, field
 
-from reports import efficiency, schema
+from reports import efficiency, files, schema
 
 FIELDS = ("efficiency", "min_efficiency", "max_drop", "collectives_per_step", "cycle_hold_ms")
 DEFAULTS = (
@@ -106,8 +106,9 @@ def load_baseline(path: str) -> list[Check]:
 
 def load(path: str) -> Baseline:
     try:
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
+        doc = tomllib.loads(files.read_text(path, "baseline", files.CONFIG_LIMIT))
+    except files.FileRefused as e:  # a FIFO, a device, a directory, too large, not UTF-8
+        raise BaselineError(str(e)) from None
     except OSError as e:
         raise BaselineError(f"{path}: cannot read: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
@@ -352,8 +353,9 @@ def _judge_counters(check: Check, config: str, members: list[dict]) -> list[Verd
 def load_bench(path: str) -> dict:
     """A kolo-allreduce-bench JSON (--json), or BaselineError naming what is wrong with it."""
     try:
-        with open(path) as f:
-            doc = json.load(f)
+        doc = json.loads(files.read_text(path, "--bench", files.RECORD_LIMIT))
+    except files.FileRefused as e:
+        raise BaselineError(str(e)) from None
     except OSError as e:
         raise BaselineError(f"{path}: cannot read: {e.strerror}") from None
     except json.JSONDecodeError as e:

@@ -14,11 +14,13 @@ import os
 import resource
 import time
 
+from reports import files
+
 
 def _host_busy_s() -> float | None:
     try:
-        with open("/proc/stat") as f:
-            fields = f.readline().split()
+        text = files.read_text("/proc/stat", "host CPU counters", files.PROC_LIMIT)
+        fields = text.split("\n", 1)[0].split()
     except OSError:
         return None
     if not fields or fields[0] != "cpu" or len(fields) < 9:

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from reports import files
+
 if TYPE_CHECKING:
     from reports.launchers import Launcher
 
@@ -113,14 +115,13 @@ def processes_of(root_pid: int, token: str) -> set[int]:
             continue
         pid = int(entry)
         try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read()
+            stat = files.read_bytes(f"/proc/{pid}/stat", "process status", files.PROC_LIMIT)
             # Field 4 (ppid) follows the ")" that ends the command name.
             parents[pid] = int(stat[stat.rindex(b")") + 2 :].split()[1])
             if pid != os.getpid():
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    if needle in f.read().split(b"\0"):
-                        found.add(pid)
+                environ = files.read_bytes(f"/proc/{pid}/environ", "process environment", files.PROC_LIMIT)
+                if needle in environ.split(b"\0"):
+                    found.add(pid)
         except (OSError, ValueError, IndexError):
             continue
     children: dict[int, list[int]] = {}

@@ -11,7 +11,7 @@ import html
 import os
 from collections import Counter
 
-from reports import efficiency, plots, schema, settings, simvalidate
+from reports import efficiency, files, plots, schema, settings, simvalidate
 from reports.efficiency import Point
 
 CSS = """
@@ -49,7 +49,12 @@ def build(out_dir: str, predicted: str | None = None) -> str:
     """Writes the report of `out_dir` (which holds results.csv); returns the HTML page's path.
     `predicted`: a results CSV of kolo-sim's predictions, drawn beside the measured rows they
     predict (reports.simvalidate) with each point's error. Raises FileNotFoundError without
-    results.csv or the predicted file, schema.SchemaError on a malformed one."""
+    results.csv or the predicted file, schema.SchemaError on a malformed one or one that cannot be
+    read (reports.files: a FIFO, a device, a directory, a file too large)."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise FileNotFoundError(
+            f"{out_dir} is not a folder (give a sweep's --out folder, which holds results.csv)"
+        )
     csv_path = os.path.join(out_dir, "results.csv")
     if not os.path.exists(csv_path):
         raise FileNotFoundError(f"{csv_path} does not exist (run scripts/sweep FILE --out {out_dir} first)")
@@ -58,7 +63,7 @@ def build(out_dir: str, predicted: str | None = None) -> str:
     if predicted is not None:
         if not os.path.exists(predicted):
             raise FileNotFoundError(f"--predicted {predicted} does not exist")
-        pairs = simvalidate.compare(schema.read_rows(predicted), measured)
+        pairs = simvalidate.compare(schema.read_rows(predicted, "--predicted CSV"), measured)
     rows = efficiency.with_efficiency(schema.latest_per_point(measured))
     report_dir = os.path.join(out_dir, "report")
     plot_dir = os.path.join(report_dir, "plots")
@@ -95,8 +100,7 @@ COMPARISONS = ("ring-vs-ps", "backends", "scaling", "efficiency")
 def _fallback_note(out_dir: str) -> str | None:
     path = os.path.join(out_dir, FALLBACK_NOTE)
     try:
-        with open(path) as f:
-            return " ".join(f.read().split()) or None
+        return " ".join(files.read_text(path, "network note", files.CONFIG_LIMIT).split()) or None
     except OSError:
         return None
 
@@ -107,8 +111,8 @@ def _sweep_name(out_dir: str) -> str:
         import tomllib
 
         try:
-            with open(copy, "rb") as f:
-                return tomllib.load(f).get("sweep", {}).get("name", "") or os.path.basename(out_dir)
+            doc = tomllib.loads(files.read_text(copy, "sweep file", files.CONFIG_LIMIT))
+            return doc.get("sweep", {}).get("name", "") or os.path.basename(out_dir)
         except (OSError, tomllib.TOMLDecodeError):
             pass
     return os.path.basename(os.path.abspath(out_dir))

@@ -16,18 +16,18 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fcntl
+import io
 import json
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
-from reports import cluster, efficiency, hostload, launch, schema, settings, sweepfile
+from reports import cluster, efficiency, files, hostload, launch, schema, settings, sweepfile
 from reports.launchers import base
 from reports.sweepfile import Sweep
 
@@ -141,7 +141,9 @@ def _run_locked(sweep: Sweep, out_dir: str, bin_dir: str, retry_failed: bool, st
         # An earlier kolo's file: rewritten in today's columns before rows are appended to it.
         schema.write_rows(csv_path, efficiency.with_efficiency(rows))
         print(f"sweep {sweep.name}: {csv_path} rewritten in today's columns (reports/SCHEMA.md)", file=stream)
-    shutil.copyfile(sweep.path, os.path.join(out_dir, "sweep.toml"))
+    copy = files.read_bytes(sweep.path, "sweep file", files.CONFIG_LIMIT)
+    with open(os.path.join(out_dir, "sweep.toml"), "wb") as f:
+        f.write(copy)
 
     launcher = sweep.launcher
     program = launcher.program_path(bin_dir)
@@ -324,8 +326,10 @@ def _run_point(
             f"timed out after {sweep.timeout_s:g} s ([sweep] timeout_s); every process stopped",
         )
     elif proc.returncode != 0:
-        with open(log_path, errors="replace") as f:
-            status, error = "failed", failure_text(f.read(), proc.returncode)
+        log_text, unread = _log_text(log_path)
+        status, error = "failed", failure_text(log_text, proc.returncode)
+        if unread:
+            error = f"{error} ({unread})"[:500]
         if record and record.get("status") == "failed" and record.get("error"):
             error = f"exit status {proc.returncode}: {record['error']}"
     elif record is None:
@@ -357,12 +361,24 @@ def _run_point(
     return row
 
 
+def _log_text(log_path: str) -> tuple[str, str]:
+    """(the point's log as text, "") or ("", why it could not be read)."""
+    try:
+        data = files.read_bytes(log_path, "point log", files.RECORD_LIMIT)
+    except files.FileRefused as e:
+        return "", str(e)
+    except OSError as e:
+        return "", f"its log {log_path} cannot be read: {e.strerror}"
+    return data.decode("utf-8", errors="replace"), ""
+
+
 def _read_record(path: str) -> tuple[dict | None, str]:
     try:
-        with open(path) as f:
-            record = json.load(f)
+        record = json.loads(files.read_text(path, "run record", files.RECORD_LIMIT))
     except FileNotFoundError:
         return None, f"wrote no JSON record ({path})"
+    except files.FileRefused as e:
+        return None, f"wrote an unreadable JSON record ({e})"
     except (OSError, json.JSONDecodeError) as e:
         return None, f"wrote an unreadable JSON record ({path}: {e})"
     if not isinstance(record, dict):
@@ -425,13 +441,12 @@ def _record_from_log(log_path: str) -> tuple[dict | None, str]:
     """The last record kolo-train printed with --json-stdout in the point's output, or (None,
     why) when it printed one that cannot be read, or (None, "") when it printed none."""
     line = None
-    try:
-        with open(log_path, errors="replace") as f:
-            for text in f:
-                if text.startswith(RECORD_PREFIX):
-                    line = text[len(RECORD_PREFIX) :]
-    except OSError:
-        return None, ""
+    text, unread = _log_text(log_path)
+    if unread and os.path.exists(log_path):
+        return None, f"its output could not be searched for a record: {unread}"
+    for text_line in io.StringIO(text, newline=None):  # universal newlines, as reading the file did
+        if text_line.startswith(RECORD_PREFIX):
+            line = text_line[len(RECORD_PREFIX) :]
     if line is None:
         return None, ""
     try:

@@ -8,7 +8,7 @@ import io
 import os
 import tempfile
 
-from reports import settings
+from reports import files, settings
 
 # Run metadata, then the settings (reports.settings order, ranks and nodes next to each other),
 # then the results. Order is part of the schema.
@@ -242,13 +242,14 @@ def make_row(
     return {k: cell(v) for k, v in row.items()}
 
 
-def read_rows(path: str) -> list[dict]:
+def read_rows(path: str, what: str = "results CSV") -> list[dict]:
     """The rows of a results CSV as dicts of strings. A missing file has no rows; a last line cut
-    short by a killed writer is dropped. Raises SchemaError on a header that is not COLUMNS."""
+    short by a killed writer is dropped. Raises SchemaError on a header that is not COLUMNS, and on
+    a file that cannot be read (reports.files: a FIFO, a device, a directory, one too large, not
+    UTF-8; `what` names the file in that error)."""
     if not os.path.exists(path):
         return []
-    with open(path, newline="") as f:
-        text = f.read()
+    text = _read(path, what)
     if not text.strip():
         return []
     complete = text if text.endswith("\n") else text[: text.rfind("\n") + 1]
@@ -314,8 +315,17 @@ def header_of(path: str) -> tuple[str, ...]:
     """The header line of a CSV file, () when it is empty or missing."""
     if not os.path.exists(path):
         return ()
-    with open(path, newline="") as f:
-        return tuple(next(csv.reader(f), ()))
+    return tuple(next(csv.reader(io.StringIO(_read(path), newline="")), ()))
+
+
+def _read(path: str, what: str = "results CSV") -> str:
+    """The text of a results CSV (reports.files' bounded reader), or SchemaError saying why not."""
+    try:
+        return files.read_text(path, what, files.RECORD_LIMIT)
+    except files.FileRefused as e:
+        raise SchemaError(str(e)) from None
+    except OSError as e:
+        raise SchemaError(f"{what} '{path}' cannot be read: {e.strerror}") from None
 
 
 def append_row(path: str, row: dict) -> None:

@@ -1,9 +1,14 @@
 """Predicted against measured images/sec per configuration (the median of its measured repeats, and
-the spread over them), then the median and worst absolute error."""
+the spread over them), then the median and worst absolute error.
+
+Exit status (scripts/sim-validate): 0 compared; 1 no predicted row has a measured twin; 2 a bad
+command line, or a CSV that is missing, malformed or cannot be read (reports.files).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 
@@ -231,7 +236,16 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--markdown", help="also write the table here")
     ap.add_argument("--plot", help="also draw predicted beside measured images/sec here (.png or .svg)")
     a = ap.parse_args(argv)
-    pairs = compare(schema.read_rows(a.predicted), schema.read_rows(a.measured))
+    try:
+        for path in (a.predicted, a.measured):
+            if not os.path.exists(path):
+                raise schema.SchemaError(f"{path} does not exist")
+        pairs = compare(
+            schema.read_rows(a.predicted, "predicted CSV"), schema.read_rows(a.measured, "measured CSV")
+        )
+    except schema.SchemaError as e:
+        print(f"sim-validate: {e}", file=sys.stderr)
+        return 2
     if not pairs:
         print(
             "sim-validate: no predicted row has a measured twin (same model, ranks, backend, transport)",

@@ -17,7 +17,7 @@ import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from reports import launchers, settings
+from reports import files, launchers, settings
 
 TABLES = ("sweep", "launcher", "fixed", "matrix", "exclude")
 SWEEP_KEYS = ("name", "description", "timeout_s", "repeats")
@@ -165,16 +165,17 @@ def load(path: str, root: str, hosts: str | None = None, hostfile: str | None = 
     path), given on the command line, replace the file's [launcher] hosts and hostfile. Raises
     SweepError listing every problem."""
     try:
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
+        doc = tomllib.loads(files.read_text(path, "sweep file", files.CONFIG_LIMIT))
+    except files.NotUtf8 as e:
+        bad = f"byte 0x{e.byte:02x} at offset {e.offset}"
+        why = f"not valid UTF-8 ({bad}); sweep files must be UTF-8"
+        raise SweepError(path, [why]) from None
+    except files.FileRefused as e:  # a FIFO, a device, a directory, too large: said in full
+        raise SweepError(path, [str(e)]) from None
     except OSError as e:
         raise SweepError(path, [f"cannot read the file: {e.strerror}"]) from None
     except tomllib.TOMLDecodeError as e:
         raise SweepError(path, [f"not valid TOML: {e}"]) from None
-    except UnicodeDecodeError as e:  # tomllib decodes the bytes whole before parsing
-        bad = f"byte 0x{e.object[e.start]:02x} at offset {e.start}"
-        why = f"not valid UTF-8 ({bad}); sweep files must be UTF-8"
-        raise SweepError(path, [why]) from None
     if hosts is not None and hostfile is not None:
         raise SweepError(path, ["--hosts and --hostfile are both given; give one"])
     if hosts is not None or hostfile is not None:

@@ -6,11 +6,15 @@ Usage: scale_summary.py OUT_DIR  (the folder of <part>-<transport|launcher>-<n>-
 """
 
 import json
+import os
 import pathlib
 import re
 import statistics
 import sys
 from collections import defaultdict
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from reports import files
 
 NAME = re.compile(r"^(?P<group>.+)-(?P<n>\d+)-(?P<k>\d+)\.json$")
 
@@ -22,7 +26,7 @@ def load(folder: pathlib.Path):
         if not m:
             continue
         try:
-            doc = json.loads(path.read_text())
+            doc = json.loads(files.read_text(path, "bench JSON", files.RECORD_LIMIT))
         except (OSError, json.JSONDecodeError) as e:
             print(f"# {path.name}: unreadable ({e})")
             continue

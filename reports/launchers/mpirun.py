@@ -6,9 +6,8 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from reports import placement, settings
+from reports import files, placement, settings
 from reports.launchers import base
 
 # mpirun flags for ranks on this host over loopback TCP. scripts/lib.sh keeps a copy as
@@ -36,7 +35,7 @@ _HOST_RE = re.compile(r"^[A-Za-z0-9_.\-]+(:[1-9][0-9]*)?$")
 def read_hostfile(path: str) -> list[tuple[str, int | None]]:
     """Open MPI hostfile lines "host [slots=N]"; comments and blank lines skipped."""
     hosts = []
-    for line in Path(path).read_text().splitlines():
+    for line in files.read_text(path, "hostfile", files.CONFIG_LIMIT).splitlines():
         line = line.split("#", 1)[0].strip()
         if not line:
             continue

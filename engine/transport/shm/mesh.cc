@@ -304,8 +304,18 @@ class MeshBuilder {
     KOLO_RETURN_IF_ERROR(CheckPeerUser(fd.get()));
     const int s = fd.get();
     uint8_t challenge_wire[tcp::Challenge::kBytes];
-    KOLO_RETURN_IF_ERROR(ReadExact(s, challenge_wire, sizeof challenge_wire, deadline_,
-                                   "challenge (is the rank running, with the same job secret?)"));
+    const auto connected = Clock::now();
+    if (Status r = ReadExact(s, challenge_wire, sizeof challenge_wire, deadline_,
+                             "challenge (is the rank running, with the same job secret?)");
+        !r.ok()) {
+      if (r.code() != StatusCode::kDeadlineExceeded) return r;
+      // Its socket took the connection (the kernel does that for a stopped process too), but the
+      // rank never answered: named as the silent one, apart from ranks merely not connected yet.
+      return DeadlineExceeded(
+          "rank {} has sent nothing for {:.1f} s since it accepted our connection (stopped or "
+          "hung?)",
+          peer, std::chrono::duration<double>(Clock::now() - connected).count());
+    }
     tcp::Challenge challenge;
     KOLO_RETURN_IF_ERROR(tcp::Decode(challenge_wire, &challenge));
     if (challenge.acceptor_rank != peer) {

@@ -53,7 +53,7 @@ void OnSignal(int sig) {
 // blocked in start-up (waiting for a peer that never comes, or was killed) or in a collective whose
 // peer stopped (an MPI call has no way out) would otherwise wait out the peer timeout, or for ever.
 // In start-up no step has run and nothing is lost: that rank ends sooner.
-constexpr std::chrono::milliseconds kStopDeadline(800);
+constexpr std::chrono::milliseconds kStopDeadline(600);
 constexpr std::chrono::milliseconds kStartUpStopDeadline(250);
 
 // Waits for the first signal, then until the deadline; if the process is still here then, says

@@ -61,7 +61,9 @@ void Engine::Impl::Loop() {
       // Across hosts, an error naming a rank names its host too.
       s = Status(s.code(), hosts.NameHosts(s.message()));
       KOLO_LOG(kError, "engine failed: {}", s.ToString());
-      device->Abort(s);
+      // An error every rank reaches on its own in the same exchange needs no abort, which would
+      // overtake the message that tells the other ranks why.
+      if (!controller->FailedEverywhere()) device->Abort(s);
       ops.FailAll(s, /*fatal_error=*/true);
       return;
     }

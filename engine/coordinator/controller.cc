@@ -289,6 +289,7 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
   UpdateHitStallDue();
   for (size_t i = first_new; i < responses->size(); ++i) {
     if ((*responses)[i].kind == Response::Kind::kFatal) {
+      failed_everywhere_ = true;
       return DeadlineExceeded("{}", (*responses)[i].error);
     }
   }
@@ -336,9 +337,13 @@ Status Controller::OutOfStep(const uint64_t (&check)[2]) {
     // reports alike.
     const std::string& m = answer.status().message();
     const size_t at = m.find("ranks are out of step: ");
-    if (at != std::string::npos) return FailedPrecondition("{}", m.substr(at));
+    if (at != std::string::npos) {
+      failed_everywhere_ = true;
+      return FailedPrecondition("{}", m.substr(at));
+    }
     return answer.status().WithContext("ranks are out of step; asking which");
   }
+  failed_everywhere_ = true;
   return FailedPrecondition("{}", std::string(answer->begin(), answer->end()));
 }
 

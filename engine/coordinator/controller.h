@@ -111,6 +111,10 @@ class Controller {
 
   // Tensors added and not yet named by a response.
   size_t pending() const { return pending_.size(); }
+  // Whether the last Negotiate failed with an error every rank reaches on its own in the same
+  // exchange (ranks out of step, a stall past the shutdown time): no rank needs telling, so the
+  // engine need not abort its peers (whose abort would overtake the message that tells them why).
+  bool FailedEverywhere() const { return failed_everywhere_; }
   // Forgets every pending tensor (after a fatal error, the engine fails them itself).
   void Clear();
 
@@ -162,6 +166,7 @@ class Controller {
   std::vector<uint64_t> bits_;
   // The step check (negotiation.md): exchanges done, a running fingerprint of every response
   // handed out, how many, and the last one's name (for the error).
+  bool failed_everywhere_ = false;
   uint64_t exchanges_ = 0;
   uint64_t history_ = 0;
   int64_t agreed_ = 0;

@@ -292,6 +292,7 @@ TEST(Controller, StalledTensorIsFailedAfterTheShutdownTimeNamingTheMissingRank) 
     const std::string m = c2.status[r].ToString();
     EXPECT_THAT(m, HasSubstr("tensors stalled for up to 6.0 s (KOLO_STALL_SHUTDOWN_SECONDS=5)"));
     EXPECT_THAT(m, HasSubstr("'x' submitted by ranks 0,2, never by ranks 1"));
+    EXPECT_TRUE(job.rank(r).FailedEverywhere()) << r;
     ASSERT_EQ(c2.responses[r].size(), 1u) << r;
     EXPECT_TRUE(c2.responses[r][0].is_error());
   }
@@ -317,6 +318,8 @@ TEST(Controller, RanksOutOfStepStopAtTheNextExchangeNamingEachRank) {
     EXPECT_THAT(m, HasSubstr("ranks are out of step"));
     EXPECT_THAT(m, HasSubstr("ranks 0,1: exchange 1, 3 collectives agreed, the last 'c'"));
     EXPECT_THAT(m, HasSubstr("rank 2: exchange 1, 3 collectives agreed, the last 'c'"));
+    // Every rank knows why: the engine need not abort its peers.
+    EXPECT_TRUE(job.rank(r).FailedEverywhere()) << r;
   }
 }
 
@@ -379,6 +382,7 @@ TEST(Controller, ACacheHitWaitingPastTheStallTimeIsHandedBackAndFailed) {
   auto c = job.Run({{}, {}});
   for (int r = 0; r < 2; ++r) {
     ASSERT_FALSE(c.status[r].ok()) << r;
+    EXPECT_TRUE(job.rank(r).FailedEverywhere()) << r;
     EXPECT_THAT(c.status[r].ToString(), HasSubstr("'a' submitted by ranks 0, never by ranks 1"));
     ASSERT_EQ(c.responses[r].size(), 1u) << r;
     EXPECT_TRUE(c.responses[r][0].is_error());
@@ -421,6 +425,8 @@ TEST(Controller, APeerFailureIsReturned) {
   NegotiationStats stats;
   Status st = c.Negotiate(false, &responses, &stop, &stats);
   EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.ToString();
+  // Not an error every rank reaches on its own: the engine must tell its peers (abort).
+  EXPECT_FALSE(c.FailedEverywhere());
 }
 
 }  // namespace

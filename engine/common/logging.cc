@@ -53,26 +53,6 @@ void LogLine(LogLevel level, const std::string& text) {
   std::fwrite(line.data(), 1, line.size(), stderr);
 }
 
-std::optional<int64_t> LogLimiter::Allow(Clock::time_point now) {
-  MutexLock lock(mu_);
-  if (in_window_ == 0 || now - window_start_ >= interval_) {
-    window_start_ = now;
-    in_window_ = 0;
-  }
-  if (in_window_ >= burst_) {
-    ++held_;
-    return std::nullopt;
-  }
-  ++in_window_;
-  const int64_t held = held_;
-  held_ = 0;
-  return held;
-}
-
-std::string LogLimiter::Held(int64_t held) {
-  return held > 0 ? fmt::format(" ({} more like it held back before this one)", held) : "";
-}
-
 RejectionLog::~RejectionLog() {
   int64_t held = 0;
   Clock::time_point start;

@@ -9,7 +9,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <utility>
 
@@ -27,28 +26,6 @@ void SetLogRank(int rank);
 // The rank shown in lines the calling thread writes, whatever the process's rank is.
 void SetThreadLogRank(int rank);
 void LogLine(LogLevel level, const std::string& text);
-
-// Bounds how many lines one kind of event may log (a flood of rejected connections from a local
-// user must not flood the job's log): at most `burst` per `interval`; the events held back are
-// counted and the next line let through says how many. Thread-safe.
-class LogLimiter {
- public:
-  using Clock = std::chrono::steady_clock;
-  LogLimiter(int burst, std::chrono::milliseconds interval) : burst_(burst), interval_(interval) {}
-  // Whether this event may log now: the number of events held back since the last one let
-  // through (0 or more), or nothing when this one is held back too.
-  std::optional<int64_t> Allow(Clock::time_point now = Clock::now()) KOLO_EXCLUDES(mu_);
-  // ", N more held back" when `held` > 0, for the end of the line let through.
-  static std::string Held(int64_t held);
-
- private:
-  const int burst_;
-  const std::chrono::milliseconds interval_;
-  Mutex mu_;
-  Clock::time_point window_start_ KOLO_GUARDED_BY(mu_){};
-  int in_window_ KOLO_GUARDED_BY(mu_) = 0;
-  int64_t held_ KOLO_GUARDED_BY(mu_) = 0;
-};
 
 // The log of one listener's turned-away connections: every way a listener rejects a connection (a
 // wrong secret, garbage, silence past its bound, one connection too many, one after set-up, a

@@ -76,24 +76,6 @@ TEST_F(LoggingTest, LinesBelowTheLevelAreDropped) {
   EXPECT_EQ(out, "");
 }
 
-TEST(LogLimiter, LetsABurstThroughPerIntervalAndCountsTheRest) {
-  using std::chrono::milliseconds;
-  LogLimiter limiter(3, milliseconds(1000));
-  const auto t0 = LogLimiter::Clock::time_point{} + std::chrono::hours(1);
-  int passed = 0;
-  for (int i = 0; i < 100; ++i) passed += limiter.Allow(t0 + milliseconds(i)).has_value() ? 1 : 0;
-  EXPECT_EQ(passed, 3) << "a flood within one interval logs only the burst";
-  // The next interval's first line says how many were held back, once.
-  auto next = limiter.Allow(t0 + milliseconds(1500));
-  ASSERT_TRUE(next.has_value());
-  EXPECT_EQ(*next, 97);
-  EXPECT_NE(LogLimiter::Held(*next).find("97 more"), std::string::npos);
-  auto after = limiter.Allow(t0 + milliseconds(1501));
-  ASSERT_TRUE(after.has_value());
-  EXPECT_EQ(*after, 0);
-  EXPECT_EQ(LogLimiter::Held(0), "");
-}
-
 // Lines of `out` that contain `what`.
 int CountLines(const std::string& out, const std::string& what) {
   int n = 0;

@@ -32,6 +32,7 @@
 #include "engine/transport/shm/segment.h"
 #include "engine/transport/tcp/handshake.h"
 #include "engine/transport/tcp/socket.h"
+#include "tests/engine/flood_test_util.h"
 #include "tests/engine/rank_threads.h"
 #include "tests/engine/transport_test_util.h"
 
@@ -342,6 +343,67 @@ TEST(ShmTransport, ImpostorsAndGarbageDuringSetupAreRejected) {
   d.push_back(std::move(rank1).value());
   EXPECT_TRUE(ExchangeOne(d, 1, 0, 3).ok());
   EXPECT_TRUE(ShmFiles(SegmentPrefix(settings.secret)).empty());
+}
+
+// A flood of garbage at the shared-memory listener during set-up writes a few lines and a count,
+// not a line each, and set-up still completes.
+TEST(ShmTransport, AFloodOfGarbageDuringSetupLogsAFewLines) {
+  constexpr int kGarbage = 100;
+  bootstrap::InMemoryStore store;
+  ConnectSettings settings = TestSettings(milliseconds(20000));
+  settings.hosts = kolo::testing::Layout(2);
+  kolo::testing::StderrToFile log;
+  ASSERT_TRUE(log.ok());
+  std::unique_ptr<Device> rank0;
+  std::thread t0([&] {
+    auto dev = Connect("shm", settings, store, 0, 2);
+    EXPECT_TRUE(dev.ok()) << dev.status().ToString();
+    if (dev.ok()) rank0 = std::move(dev).value();
+  });
+  auto published = store.Get("shm/addr/0", milliseconds(10000));
+  ASSERT_TRUE(published.ok());
+  const std::string listener(published->begin(), published->end());
+  int rejected = 0;
+  for (int i = 0; i < kGarbage; ++i) {
+    tcp::Fd fd(::socket(AF_UNIX, SOCK_STREAM, 0));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path + 1, listener.data() + 1, listener.size() - 1);
+    const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + listener.size());
+    ASSERT_EQ(::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), len), 0);
+    timeval tv{10, 0};
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    uint8_t wire[tcp::Challenge::kBytes];
+    ASSERT_EQ(::recv(fd.get(), wire, sizeof wire, MSG_WAITALL), static_cast<ssize_t>(sizeof wire));
+    const std::string garbage(200, '\x5a');
+    (void)::send(fd.get(), garbage.data(), garbage.size(), MSG_NOSIGNAL);
+    char sink[64];
+    ssize_t n;
+    while ((n = ::recv(fd.get(), sink, sizeof sink, 0)) > 0) {
+    }
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) ++rejected;
+  }
+  EXPECT_EQ(rejected, kGarbage);
+  auto rank1 = Connect("shm", settings, store, 1, 2);
+  t0.join();
+  ASSERT_TRUE(rank1.ok()) << rank1.status().ToString();
+  ASSERT_TRUE(rank0);
+  log.Stop();
+  const std::string text = log.Text();
+  int lines = 0, counted = 0;
+  for (size_t at = 0; at < text.size();) {
+    const size_t nl = std::min(text.find('\n', at), text.size());
+    const std::string line = text.substr(at, nl - at);
+    if (line.find("shared-memory listener") != std::string::npos) {
+      ++lines;
+      const size_t more = line.find("... and ");
+      if (more != std::string::npos) counted += std::atoi(line.c_str() + more + 8);
+    }
+    at = nl + 1;
+  }
+  EXPECT_LE(lines, 5) << text;
+  // Every rejection is written or counted (the count comes when the set-up's listener closes).
+  EXPECT_EQ(lines - (counted > 0 ? 1 : 0) + counted, kGarbage) << text;
 }
 
 // Rank 0 played by the test, through the real handshake, making offers the real one never makes:

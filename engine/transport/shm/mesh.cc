@@ -384,20 +384,20 @@ class MeshBuilder {
   }
 
   void Reject(const std::string& who, const std::string& why) {
-    if (auto held = security_log_.Allow()) {
-      KOLO_LOG(kWarning, "rank {}: rejected shared-memory connection from {}: {}{}", rank_, who,
-               why, LogLimiter::Held(*held));
-    }
+    rejections_.Reject(LogLevel::kWarning, fmt::format("{}: rejected connection from {}: {}",
+                                                       rejections_.prefix(), who, why));
   }
 
   // Waits for one connection and serves it. Errors of an authenticated peer fail the set-up;
   // anything else is rejected (logged) and set-up goes on.
   Status AcceptOne(int listener) {
     pollfd pfd{listener, POLLIN, 0};
-    const int n = ::poll(&pfd, 1, RemainingMs(deadline_));
+    // Also wakes when a count of held-back rejection lines is due.
+    const int n = ::poll(&pfd, 1, RemainingMs(std::min(deadline_, rejections_.next_flush())));
     if (n < 0 && errno != EINTR) {
       return ErrnoStatus(StatusCode::kInternal, "poll(shared-memory listener)", errno);
     }
+    rejections_.Flush();
     if (n <= 0) {
       if (Clock::now() < deadline_) return Status::OK();
       return TimedOut();
@@ -511,7 +511,8 @@ class MeshBuilder {
   Clock::time_point deadline_;
   std::vector<Link> links_;
   int connected_higher_ = 0;
-  LogLimiter security_log_{5, std::chrono::seconds(10)};
+  // Every way the listener turns a connection away, a few lines per 10 s and then a count.
+  RejectionLog rejections_{fmt::format("rank {}: shared-memory listener", rank_)};
 };
 
 }  // namespace

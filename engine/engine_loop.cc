@@ -68,7 +68,16 @@ void Engine::Impl::Loop() {
       return;
     }
     if (stop) {
-      ops.FailAll(FailedPrecondition("the engine has shut down"), /*fatal_error=*/false);
+      // What still waits here waited on ranks that are gone: say which asked to stop.
+      const int by = controller->ShutDownBy();
+      std::string why = "the engine has shut down";
+      if (by == coordinator::Controller::kSeveralRanks) {
+        why += ": several ranks shut down (finished, failed or were interrupted) while this waited";
+      } else if (by >= 0 && by != options.rank) {
+        why += fmt::format(
+            ": rank {} shut down (it finished, failed or was interrupted) while this waited", by);
+      }
+      ops.FailAll(FailedPrecondition("{}", why), /*fatal_error=*/false);
       return;
     }
   }

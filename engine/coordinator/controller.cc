@@ -14,21 +14,26 @@
 namespace kolo::coordinator {
 namespace {
 
-// The bit vector of one exchange, W = the cache's words: ANDed, the hit bits [0, W) and the step
-// check [W, W+2); ORed, the flags word (W+2), the invalidated bits [W+3, 2W+3), the hit bits again
-// [2W+3, 3W+3) and the step check again [3W+3, 3W+5). The step check is sent twice, ANDed and
-// ORed: both results are equal exactly when every rank sent the same words.
+// The bit vector of one exchange, W = the cache's words: ANDed, the hit bits [0, W), the step
+// check [W, W+2) and the shutdown word (W+2); ORed, the flags word (W+3), the invalidated bits
+// [W+4, 2W+4), the hit bits again [2W+4, 3W+4), the step check again [3W+4, 3W+6) and the shutdown
+// word again (3W+6). Words sent twice, ANDed and ORed, agree exactly when every rank sent the same:
+// the step check, and the shutdown word (the rank that asks to shut down sends its rank, the
+// others all ones in the AND and zero in the OR), which names the rank when only one asked.
 struct Layout {
+  static constexpr size_t kCheckWords = 2;
+  static constexpr size_t kTwice = kCheckWords + 1;  // words sent in both blocks
   size_t w;
   size_t and_check() const { return w; }
-  size_t flags() const { return w + kCheckWords; }
-  size_t invalid() const { return w + kCheckWords + 1; }
-  size_t or_hits() const { return 2 * w + kCheckWords + 1; }
-  size_t or_check() const { return 3 * w + kCheckWords + 1; }
-  size_t and_words() const { return w + kCheckWords; }
-  size_t or_words() const { return 2 * w + kCheckWords + 1; }
-  size_t total() const { return 3 * w + 2 * kCheckWords + 1; }
-  static constexpr size_t kCheckWords = 2;
+  size_t and_shut() const { return w + kCheckWords; }
+  size_t flags() const { return w + kTwice; }
+  size_t invalid() const { return w + kTwice + 1; }
+  size_t or_hits() const { return 2 * w + kTwice + 1; }
+  size_t or_check() const { return 3 * w + kTwice + 1; }
+  size_t or_shut() const { return 3 * w + kTwice + 1 + kCheckWords; }
+  size_t and_words() const { return w + kTwice; }
+  size_t or_words() const { return 2 * w + kTwice + 1; }
+  size_t total() const { return 3 * w + 2 * kTwice + 1; }
 };
 
 constexpr uint64_t kFlagUncached = 1;  // some rank has requests for the coordinator
@@ -172,6 +177,7 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
     fresh_ = urgent_ = false;
     std::fill(bits_.begin(), bits_.end(), 0);
     *stop = shutdown;
+    if (shutdown) shut_down_by_ = settings_.rank;
     return Status::OK();
   }
 
@@ -201,6 +207,8 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
   const bool reporting = !unreported_.empty();
   if (reporting || rank0_round || handed_back) bits_[at.flags()] |= kFlagUncached;
   if (shutdown) bits_[at.flags()] |= kFlagShutdown;
+  bits_[at.and_shut()] = shutdown ? static_cast<uint64_t>(settings_.rank) : ~uint64_t{0};
+  bits_[at.or_shut()] = shutdown ? static_cast<uint64_t>(settings_.rank) : 0;
   // The step check: which exchange this is and what this rank has agreed so far (every response
   // it was handed, and its cache, from which this exchange's hits are read). Ranks that differ
   // would run different collectives; they stop here, before running any.
@@ -216,6 +224,11 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
     if (bits_[at.and_check() + i] != bits_[at.or_check() + i]) return OutOfStep(check);
   }
   *stop = (bits_[at.flags()] & kFlagShutdown) != 0;
+  if (*stop) {
+    shut_down_by_ = bits_[at.and_shut()] == bits_[at.or_shut()]
+                        ? static_cast<int>(bits_[at.or_shut()])
+                        : kSeveralRanks;
+  }
   const bool uncached = (bits_[at.flags()] & kFlagUncached) != 0;
   // Offered somewhere, agreed nowhere, not invalidated: a rank that submits one of these next
   // completes (or comes closer to completing) a collective its peers already wait for, and starts

@@ -115,6 +115,10 @@ class Controller {
   // exchange (ranks out of step, a stall past the shutdown time): no rank needs telling, so the
   // engine need not abort its peers (whose abort would overtake the message that tells them why).
   bool FailedEverywhere() const { return failed_everywhere_; }
+  // After a Negotiate that set *stop: the rank that asked to shut down, or kSeveralRanks when more
+  // than one did; -1 before.
+  static constexpr int kSeveralRanks = -2;
+  int ShutDownBy() const { return shut_down_by_; }
   // Forgets every pending tensor (after a fatal error, the engine fails them itself).
   void Clear();
 
@@ -167,6 +171,7 @@ class Controller {
   // The step check (negotiation.md): exchanges done, a running fingerprint of every response
   // handed out, how many, and the last one's name (for the error).
   bool failed_everywhere_ = false;
+  int shut_down_by_ = -1;
   uint64_t exchanges_ = 0;
   uint64_t history_ = 0;
   int64_t agreed_ = 0;

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "engine/common/random.h"
+
 namespace kolo::coordinator {
 namespace {
 
@@ -143,13 +145,8 @@ size_t Response::bytes() const {
 
 namespace {
 
-// splitmix64's finaliser: spreads every input bit over the output.
-uint64_t Spread(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+// Spreads every input bit over the output.
+uint64_t Spread(uint64_t x) { return SplitMix64(x); }
 
 // FNV-1a over bytes, continuing from `h`.
 uint64_t Fnv(uint64_t h, const void* data, size_t n) {

@@ -15,6 +15,7 @@ StatusOr<int64_t> OperationTable::Submit(Operation op, bool* was_idle,
                                          const std::function<void(const std::string&)>& on_queued) {
   MutexLock lock(mu_);
   if (!fatal_.ok()) return fatal_;
+  if (stopped_ && !stop_reason_.ok()) return stop_reason_.WithContext(Describe(op));
   if (shutdown_requested_ || stopped_) {
     return FailedPrecondition("{}: the engine has shut down", Describe(op));
   }
@@ -177,6 +178,7 @@ void OperationTable::FailAll(const Status& status, bool fatal_error) {
     fatal_at_ = std::chrono::steady_clock::now();
   }
   stopped_ = true;
+  stop_reason_ = status;
   queued.swap(queue_);
   auto fail = [&](const Pending& p) KOLO_REQUIRES(mu_) {
     auto h = handles_.find(p.handle);

@@ -123,6 +123,8 @@ class OperationTable final : public Operations {
   std::chrono::steady_clock::time_point fatal_at_ KOLO_GUARDED_BY(mu_);
   bool shutdown_requested_ KOLO_GUARDED_BY(mu_) = false;
   bool stopped_ KOLO_GUARDED_BY(mu_) = false;
+  // Why the engine stopped (FailAll's status), for what is submitted after it.
+  Status stop_reason_ KOLO_GUARDED_BY(mu_);
   bool idle_ KOLO_GUARDED_BY(mu_) = false;
 
   // Background thread only: drained operations awaiting a response, by name. Node-based, so the

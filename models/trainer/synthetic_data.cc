@@ -3,17 +3,14 @@
 #include <cmath>
 #include <random>
 
+#include "engine/common/random.h"
+
 namespace kolo::models::trainer {
 namespace {
 
-// SplitMix64 finaliser: spreads (seed, rank, index) over the whole state space so that nearby
-// seeds give unrelated streams.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+// Spreads (seed, rank, index) over the whole state space so that nearby seeds give unrelated
+// streams.
+uint64_t Mix(uint64_t x) { return SplitMix64(x); }
 
 }  // namespace
 

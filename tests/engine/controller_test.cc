@@ -397,7 +397,11 @@ TEST(Controller, OneRanksShutdownStopsEveryRank) {
   for (int r = 0; r < 3; ++r) {
     EXPECT_TRUE(c.status[r].ok());
     EXPECT_TRUE(c.stop[r]) << r;
+    EXPECT_EQ(job.rank(r).ShutDownBy(), 1) << r;  // every rank knows which one asked
   }
+  Job two(3);
+  two.Run({{}, {}, {}}, {true, false, true});
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(two.rank(r).ShutDownBy(), Controller::kSeveralRanks) << r;
   auto quiet = job.Run({{}, {}, {}});
   for (int r = 0; r < 3; ++r) EXPECT_FALSE(quiet.stop[r]);
 }

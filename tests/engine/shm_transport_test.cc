@@ -281,6 +281,20 @@ TEST(ShmTransport, APublishedSocketNobodyListensOnFailsAtOnce) {
 
 // Raw bytes at the listener and a handshake with the wrong secret are turned away (the
 // connection closed, no segment made); the real rank 1 still gets in.
+// A client socket connected to a published shared-memory listener ("@name"), with a 10 s receive
+// timeout; invalid if the connection failed.
+tcp::Fd ConnectToListener(const std::string& listener) {
+  tcp::Fd fd(::socket(AF_UNIX, SOCK_STREAM, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path + 1, listener.data() + 1, listener.size() - 1);
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + listener.size());
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), len) != 0) return tcp::Fd();
+  timeval tv{10, 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
 TEST(ShmTransport, ImpostorsAndGarbageDuringSetupAreRejected) {
   bootstrap::InMemoryStore store;
   ConnectSettings settings = TestSettings(milliseconds(15000));
@@ -300,14 +314,8 @@ TEST(ShmTransport, ImpostorsAndGarbageDuringSetupAreRejected) {
   // Connects to rank 0's listener, reads its challenge and sends `bytes`, or, if empty, a hello
   // as rank 1 proven with the wrong secret. True if rank 0 then closes the connection.
   auto closed_by_rank0 = [&](const std::string& bytes) {
-    tcp::Fd fd(::socket(AF_UNIX, SOCK_STREAM, 0));
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path + 1, listener.data() + 1, listener.size() - 1);
-    const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + listener.size());
-    if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), len) != 0) return false;
-    timeval tv{10, 0};
-    ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    tcp::Fd fd = ConnectToListener(listener);
+    if (!fd.valid()) return false;
     uint8_t wire[tcp::Challenge::kBytes];
     if (::recv(fd.get(), wire, sizeof wire, MSG_WAITALL) != sizeof wire) return false;
     tcp::Challenge challenge;
@@ -365,14 +373,8 @@ TEST(ShmTransport, AFloodOfGarbageDuringSetupLogsAFewLines) {
   const std::string listener(published->begin(), published->end());
   int rejected = 0;
   for (int i = 0; i < kGarbage; ++i) {
-    tcp::Fd fd(::socket(AF_UNIX, SOCK_STREAM, 0));
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path + 1, listener.data() + 1, listener.size() - 1);
-    const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + listener.size());
-    ASSERT_EQ(::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), len), 0);
-    timeval tv{10, 0};
-    ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    tcp::Fd fd = ConnectToListener(listener);
+    ASSERT_TRUE(fd.valid()) << "connection " << i;
     uint8_t wire[tcp::Challenge::kBytes];
     ASSERT_EQ(::recv(fd.get(), wire, sizeof wire, MSG_WAITALL), static_cast<ssize_t>(sizeof wire));
     const std::string garbage(200, '\x5a');

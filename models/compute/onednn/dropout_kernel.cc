@@ -7,18 +7,13 @@
 #include <variant>
 #include <vector>
 
+#include "engine/common/random.h"
 #include "models/compute/onednn/kernel.h"
 
 namespace kolo::models::compute::onednn {
 namespace {
 
-// SplitMix64's finaliser: a bijective 64-bit mix with good avalanche.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+uint64_t Mix(uint64_t x) { return SplitMix64(x); }
 
 class DropoutKernel final : public LayerKernel {
  public:

@@ -623,11 +623,11 @@ Status CheckPoint(const Point& point) {
 // One step's compute on the slowest rank, and the gradients in the order backward makes them.
 struct StepCompute {
   models::compute::replay::Profile profile;
-  std::vector<VariableSpec> variables;  // every parameter, in registration (creation) order
+  std::vector<VariableSpec> variables;     // every parameter, in registration (creation) order
   double forward_ms = 0, backward_ms = 0;  // the profile's sums over layers, per micro-batch
-  double scale = 1;  // profile times to the requested GPU's
-  int micro = 1;     // backward passes per step
-  double backward_end = 0;  // s into the step, when the last backward pass ends
+  double scale = 1;                        // profile times to the requested GPU's
+  int micro = 1;                           // backward passes per step
+  double backward_end = 0;                 // s into the step, when the last backward pass ends
   std::vector<Tensor> tensors;
 };
 
@@ -728,8 +728,8 @@ Costs CostsStage(const Point& point, const Calibration& cal, const StepCompute& 
 // The step from the compute and each gradient's done_s: the optimizer updates each parameter in
 // backprop order once its collective is done. `comm_s`, `negotiation_s`, `bytes_sent`: the
 // communication stage's totals for the breakdown.
-void FinishStep(const Point& point, const StepCompute& compute, double comm_s,
-                double negotiation_s, double bytes_sent, Prediction* out) {
+void FinishStep(const Point& point, const StepCompute& compute, double comm_s, double negotiation_s,
+                double bytes_sent, Prediction* out) {
   double t = compute.backward_end;
   for (const Tensor& tensor : compute.tensors) t = std::max(t, tensor.done_s) + tensor.update_s;
   out->step_ms = t * 1e3;
@@ -739,8 +739,8 @@ void FinishStep(const Point& point, const StepCompute& compute, double comm_s,
   out->comm_ms = comm_s * 1e3;
   out->negotiation_ms = negotiation_s * 1e3;
   out->comm_bytes_per_step = bytes_sent;
-  out->images_per_sec_per_rank = static_cast<double>(compute.micro) *
-                                 static_cast<double>(compute.profile.batch_size) / t;
+  out->images_per_sec_per_rank =
+      static_cast<double>(compute.micro) * static_cast<double>(compute.profile.batch_size) / t;
   out->total_images_per_sec = out->images_per_sec_per_rank * point.ranks;
 }
 
@@ -853,10 +853,9 @@ Status ParameterServerStage(const Point& point, const Calibration& cal, const Co
         const auto& shard = placement.shards[static_cast<size_t>(xs[i].shard)];
         const int streams = n - local_workers(shard.server);
         // Paced pushes: their paces at r times a fair share of the link.
-        const double u =
-            paced && pace > 0
-                ? PacedStreamSpread(cal, streams, pace * streams / net.nic_bytes_per_s)
-                : StreamSpread(cal, streams);
+        const double u = paced && pace > 0
+                             ? PacedStreamSpread(cal, streams, pace * streams / net.nic_bytes_per_s)
+                             : StreamSpread(cal, streams);
         if (u <= 0) continue;
         const double slow = std::min(from[i] + (srv_end[i] - from[i]) / (1 - u),
                                      period_end[static_cast<size_t>(period[i])]);

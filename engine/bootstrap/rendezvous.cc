@@ -39,7 +39,9 @@ Status MpiStart(const Options&) {
       "rebuild with MPI (libopenmpi-dev) or launch with kolo-run");
 }
 Status MpiBroadcastFromRoot(std::string*) { return MpiStart(Options()); }
-Status MpiGatherToRoot(const std::string&, std::vector<std::string>*) { return MpiStart(Options()); }
+Status MpiGatherToRoot(const std::string&, std::vector<std::string>*) {
+  return MpiStart(Options());
+}
 #endif
 
 std::chrono::milliseconds PeerTimeout(const Options& options) {
@@ -82,7 +84,8 @@ Status StartOverMpi(const Options& options, Rendezvous* rv) {
     TcpStoreServerOptions so;
     so.host = rv->listen_addr;
     so.secret = options.job_secret.empty() ? GenerateSecret() : options.job_secret;
-    auto server = key.ok() ? TcpStoreServer::Start(so) : StatusOr<std::unique_ptr<TcpStoreServer>>(key.status());
+    auto server = key.ok() ? TcpStoreServer::Start(so)
+                           : StatusOr<std::unique_ptr<TcpStoreServer>>(key.status());
     if (server.ok()) {
       rv->server = std::move(server).value();
       rv->secret = so.secret;
@@ -92,8 +95,9 @@ Status StartOverMpi(const Options& options, Rendezvous* rv) {
         X25519Key::PublicKey theirs{};
         std::memcpy(theirs.data(), keys[r].data(), theirs.size());
         auto agreed = key->Agree(theirs, mine, theirs, kSecretPurpose);
-        auto sealed = agreed.ok() ? SealOnce(*agreed, SecretAad(addr, static_cast<int>(r)), so.secret)
-                                  : StatusOr<std::string>(agreed.status());
+        auto sealed = agreed.ok()
+                          ? SealOnce(*agreed, SecretAad(addr, static_cast<int>(r)), so.secret)
+                          : StatusOr<std::string>(agreed.status());
         // A rank whose key is unusable gets "-" and fails with the reason on its side.
         payload += " " + (sealed.ok() ? Hex(sealed->data(), sealed->size()) : std::string("-"));
       }

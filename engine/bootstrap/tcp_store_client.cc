@@ -11,8 +11,8 @@
 
 #include "engine/bootstrap/tcp_store.h"
 #include "engine/bootstrap/tcp_store_wire.h"
-#include "engine/common/random.h"
 #include "engine/common/crypto.h"
+#include "engine/common/random.h"
 
 namespace kolo::bootstrap {
 namespace {

@@ -12,9 +12,9 @@
 
 #include "engine/bootstrap/tcp_store.h"
 #include "engine/bootstrap/tcp_store_wire.h"
+#include "engine/common/crypto.h"
 #include "engine/common/logging.h"
 #include "engine/common/random.h"
-#include "engine/common/crypto.h"
 
 namespace kolo::bootstrap {
 

@@ -111,7 +111,8 @@ Status CheckSettingsMatch(Comm& comm, const std::vector<MatchedSetting>& setting
     }
   }
   KOLO_ASSIGN_OR_RETURN(auto flag, BroadcastMessage(comm, 0, {differ}));
-  if (flag.size() != 1) return ProtocolError("rank 0 sent a settings verdict of {} bytes", flag.size());
+  if (flag.size() != 1)
+    return ProtocolError("rank 0 sent a settings verdict of {} bytes", flag.size());
   if (flag[0] == 0) return Status::OK();
   // They differ: every rank's list, so that the error names what.
   KOLO_ASSIGN_OR_RETURN(auto lists, GatherMessages(comm, 0, Bytes(text)));

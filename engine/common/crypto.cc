@@ -108,7 +108,8 @@ StatusOr<X25519Key> X25519Key::Generate() {
 StatusOr<Digest> X25519Key::Agree(const PublicKey& peer, const PublicKey& initiator,
                                   const PublicKey& responder, std::string_view purpose) const {
   EVP_PKEY* raw = EVP_PKEY_new_raw_public_key(EVP_PKEY_X25519, nullptr, peer.data(), peer.size());
-  if (raw == nullptr) return ProtocolError("a peer's X25519 public key is unusable: {}", OpenSslError());
+  if (raw == nullptr)
+    return ProtocolError("a peer's X25519 public key is unusable: {}", OpenSslError());
   Pkey peer_key{raw};
   PkeyCtx ctx(EVP_PKEY_CTX_new(key_->key, nullptr));
   std::array<uint8_t, 32> shared{};
@@ -146,14 +147,14 @@ constexpr std::array<uint8_t, 12> kNonce{};
 StatusOr<std::string> Crypt(bool seal, const Digest& key, std::string_view aad,
                             std::string_view in) {
   CipherCtx ctx(EVP_CIPHER_CTX_new());
-  if (ctx == nullptr ||
-      EVP_CipherInit_ex(ctx.get(), EVP_chacha20_poly1305(), nullptr, key.data(), kNonce.data(),
-                        seal ? 1 : 0) != 1) {
+  if (ctx == nullptr || EVP_CipherInit_ex(ctx.get(), EVP_chacha20_poly1305(), nullptr, key.data(),
+                                          kNonce.data(), seal ? 1 : 0) != 1) {
     return Internal("ChaCha20-Poly1305 set-up failed: {}", OpenSslError());
   }
   size_t body = in.size();
   if (!seal) {
-    if (in.size() < kTagBytes) return ProtocolError("sealed message of {} bytes has no tag", in.size());
+    if (in.size() < kTagBytes)
+      return ProtocolError("sealed message of {} bytes has no tag", in.size());
     body -= kTagBytes;
     std::string tag(in.substr(body));
     if (EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_AEAD_SET_TAG, kTagBytes, tag.data()) != 1) {
@@ -168,8 +169,9 @@ StatusOr<std::string> Crypt(bool seal, const Digest& key, std::string_view aad,
   }
   std::string out(body + (seal ? kTagBytes : 0), '\0');
   auto* o = reinterpret_cast<unsigned char*>(out.data());
-  if (body > 0 && EVP_CipherUpdate(ctx.get(), o, &n, reinterpret_cast<const unsigned char*>(in.data()),
-                                   static_cast<int>(body)) != 1) {
+  if (body > 0 &&
+      EVP_CipherUpdate(ctx.get(), o, &n, reinterpret_cast<const unsigned char*>(in.data()),
+                       static_cast<int>(body)) != 1) {
     return Internal("ChaCha20-Poly1305: {}", OpenSslError());
   }
   int tail = 0;

@@ -72,8 +72,8 @@ Status CheckReadable(const struct stat& st, const std::string& path, size_t max_
         what, path, FileKind(st.st_mode), max_bytes);
   }
   if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    return InvalidArgument("{} '{}' is {} bytes, more than the {} allowed", what, path,
-                           st.st_size, max_bytes);
+    return InvalidArgument("{} '{}' is {} bytes, more than the {} allowed", what, path, st.st_size,
+                           max_bytes);
   }
   return Status::OK();
 }

@@ -28,7 +28,8 @@ void EngineFlags::Add(CLI::App& app) {
                  "warn about stalled tensors after this many seconds; 0 = off (default 60)")
       ->group(g);
   app.add_option("--stall-shutdown-s", stall_shutdown_s_,
-                 "fail stalled tensors after this many seconds, naming the missing ranks; 0 = never (default 300)")
+                 "fail stalled tensors after this many seconds, naming the missing ranks; 0 = "
+                 "never (default 300)")
       ->group(g);
   app.add_option("--peer-timeout-s", peer_timeout_s_,
                  "longest wait on a peer before failing (default 30)")

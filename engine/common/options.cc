@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <cstdio>
 
 #include "engine/common/fault_inject.h"
 #include "engine/common/file.h"
@@ -73,9 +73,9 @@ const char* const kKnownVariables[] = {
     "KOLO_SOCKET_BUFFER_BYTES", "KOLO_SHM_RING_BYTES", "KOLO_RING_CHUNK_BYTES",
     "KOLO_FUSION_THRESHOLD_BYTES", "KOLO_CACHE_CAPACITY", "KOLO_CYCLE_TIME_MS",
     "KOLO_PEER_TIMEOUT_SECONDS", "KOLO_START_TIMEOUT_SECONDS", "KOLO_FAULT_INJECT",
-    "KOLO_STALL_CHECK_SECONDS", "KOLO_STALL_SHUTDOWN_SECONDS", "KOLO_MPI_IDLE_PROGRESS", "KOLO_SKIP_BOOTSTRAP",
-    "KOLO_PS_SERVERS", "KOLO_PS_SERVER_RANKS", "KOLO_PS_PLACEMENT", "KOLO_PS_PACING",
-    "KOLO_IB_DEVICE", "KOLO_IB_PORT", "KOLO_IB_GID_INDEX", "KOLO_IB_VERBS",
+    "KOLO_STALL_CHECK_SECONDS", "KOLO_STALL_SHUTDOWN_SECONDS", "KOLO_MPI_IDLE_PROGRESS",
+    "KOLO_SKIP_BOOTSTRAP", "KOLO_PS_SERVERS", "KOLO_PS_SERVER_RANKS", "KOLO_PS_PLACEMENT",
+    "KOLO_PS_PACING", "KOLO_IB_DEVICE", "KOLO_IB_PORT", "KOLO_IB_GID_INDEX", "KOLO_IB_VERBS",
     // Read by scripts/ (and exported to the ranks they start).
     "KOLO_ROOT", "KOLO_VENV", "KOLO_OUT", "KOLO_BIN_DIR", "KOLO_SKIP_BUILD", "KOLO_RECONFIGURE",
     "KOLO_MPIRUN_ARGS", "KOLO_MAIN_TIMEOUT"};

@@ -1,4 +1,5 @@
-// Random bytes from OpenSSL's generator (seeded by the kernel), for job secrets and handshake nonces.
+// Random bytes from OpenSSL's generator (seeded by the kernel), for job secrets and handshake
+// nonces.
 #pragma once
 
 #include <cstddef>

@@ -259,6 +259,8 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
     for (uint64_t m = bits_[w]; m != 0; m &= m - 1) {
       const int bit = static_cast<int>(w * 64 + static_cast<size_t>(__builtin_ctzll(m)));
       responses->push_back(cache_.Get(bit));
+      // The cache keeps each entry's fingerprint: a steady step hashes no names.
+      history_ = MixFingerprint(history_, cache_.fingerprint(bit));
       cache_.Touch(bit);
       ++stats->cache_hits;
     }
@@ -277,6 +279,7 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
     // Newly agreed collectives enter the cache in list order — the same on every rank. An
     // eviction may take the bit of a tensor still waiting as a hit: it renegotiates.
     for (size_t i = cached; i < responses->size(); ++i) {
+      history_ = MixFingerprint(history_, Fingerprint((*responses)[i]));
       if (!(*responses)[i].is_error()) cache_.Put((*responses)[i]);
     }
     for (auto& [name, entry] : pending_) {
@@ -293,11 +296,9 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
       if (it != pending_.end()) Release(it);
     }
   }
-  // What this rank was handed, in order, for the next exchange's step check.
-  for (size_t i = first_new; i < responses->size(); ++i) {
-    history_ = MixFingerprint(history_, Fingerprint((*responses)[i]));
-    ++agreed_;
-  }
+  // What this rank was handed, in order, for the next exchange's step check (the hits were
+  // folded in above, from the cache).
+  agreed_ += static_cast<int64_t>(responses->size() - first_new);
   if (responses->size() > first_new) last_agreed_ = responses->back().request.name;
   UpdateHitStallDue();
   for (size_t i = first_new; i < responses->size(); ++i) {
@@ -312,7 +313,8 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
 Status Controller::OutOfStep(const uint64_t (&check)[2]) {
   // Every rank saw the same AND and OR, so every rank is here, in this exchange: one more round,
   // on this error path only, tells rank 0 what each rank has agreed, so that the error names them.
-  const std::string mine = fmt::format("{} {:016x} {} {}", check[0], check[1], agreed_, last_agreed_);
+  const std::string mine =
+      fmt::format("{} {:016x} {} {}", check[0], check[1], agreed_, last_agreed_);
   std::string verdict;
   auto all = peers_.GatherAtRoot({mine.begin(), mine.end()});
   if (!all.ok()) return all.status().WithContext("ranks are out of step; asking which");
@@ -437,7 +439,8 @@ void Controller::InspectStalls(SteadyClock::time_point now, std::vector<Response
     auto stalled =
         table_->FindStalled(now, std::chrono::duration<double>(settings_.stall_shutdown_s));
     if (stalled.empty()) return;
-    std::map<std::pair<std::vector<int>, std::vector<int>>, std::vector<const MessageTable::Stalled*>>
+    std::map<std::pair<std::vector<int>, std::vector<int>>,
+             std::vector<const MessageTable::Stalled*>>
         groups;
     double longest = 0;
     for (const auto& s : stalled) {

@@ -40,6 +40,8 @@ class ResponseCache {
   void Erase(int bit);
   // The response at `bit`. REQUIRES: the bit is occupied.
   const Response& Get(int bit) const;
+  // Fingerprint(Get(bit)), kept since Put. REQUIRES: the bit is occupied.
+  uint64_t fingerprint(int bit) const { return fingerprints_[static_cast<size_t>(bit)]; }
   bool Occupied(int bit) const;
   size_t entries() const { return by_name_.size(); }
   // A fingerprint of the whole cache (which response in which bit, and the order of recency that
@@ -55,7 +57,7 @@ class ResponseCache {
   std::unordered_map<std::string, int> by_name_;
   std::list<int> lru_;  // most recent at front
   std::vector<std::list<int>::iterator> lru_pos_;
-  std::vector<int> free_;  // free bits, lowest last
+  std::vector<int> free_;               // free bits, lowest last
   std::vector<uint64_t> fingerprints_;  // by bit, of the occupied slots
   uint64_t contents_ = 0;               // XOR of Term(bit, fingerprint) over occupied bits
   uint64_t recency_ = 0;                // running mix of the bits touched, in order

@@ -4,9 +4,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
-#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -75,8 +75,8 @@ void EnforceStopDeadline() {
   }
   const int sig = g_first_signal.load();
   std::fprintf(stderr, "kolo-train %s: %s during %s; ending now\n",
-               kolo::models::trainer::WhoForSignals().c_str(),
-               sig == SIGINT ? "SIGINT" : "SIGTERM", where.c_str());
+               kolo::models::trainer::WhoForSignals().c_str(), sig == SIGINT ? "SIGINT" : "SIGTERM",
+               where.c_str());
   std::fflush(stderr);
   std::fflush(stdout);
   ::_exit(128 + sig);

@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "engine/common/file.h"
 

@@ -183,8 +183,8 @@ class Run {
         std::fprintf(stderr, "kolo-train %s: interrupted during start-up, before any step\n",
                      Who().c_str());
       } else {
-        std::fprintf(stderr, "kolo-train %s: interrupted; stopped after step %d\n",
-                     Who().c_str(), steps_done_);
+        std::fprintf(stderr, "kolo-train %s: interrupted; stopped after step %d\n", Who().c_str(),
+                     steps_done_);
       }
     } else if (!s.ok()) {
       record_.error = s.message();
@@ -360,8 +360,7 @@ Status Run::Loop(Trainer& trainer, const compute::SgdConfig& sgd) {
     if (FaultPoint(FaultPointId::kStep, rank_)) break;
     const bool timed = step >= o_.num_warmup_batches;
     if (step == o_.num_warmup_batches && distributed()) timed_start_ = engine_->stats();
-    SetPhase(fmt::format("step {} of {}{}", step + 1, total,
-                         timed ? "" : " (warm-up)"));
+    SetPhase(fmt::format("step {} of {}{}", step + 1, total, timed ? "" : " (warm-up)"));
     KOLO_ASSIGN_OR_RETURN(StepStats st, trainer.Step());
     ++steps_done_;
     last_loss_ = st.loss;

@@ -1,7 +1,6 @@
 // The ring collectives over the real TCP transport, ranks as threads, against references computed
 // here independently of the code under test.
 #include "engine/collectives/collectives.h"
-#include "engine/collectives/settings_check.h"
 
 #include <gtest/gtest.h>
 
@@ -16,6 +15,7 @@
 
 #include "engine/bootstrap/host_layout.h"
 #include "engine/bootstrap/store.h"
+#include "engine/collectives/settings_check.h"
 #include "engine/transport/tcp/device.h"
 #include "tests/engine/rank_threads.h"
 #include "tests/engine/ring_test_util.h"
@@ -648,7 +648,8 @@ namespace kolo::collectives {
 namespace {
 
 TEST(SettingMismatch, NamesEverySettingThatDiffersWithItsRanks) {
-  const std::vector<MatchedSetting> base = {{"size", "4"}, {"backend", "ring"}, {"num_batches", "40"}};
+  const std::vector<MatchedSetting> base = {
+      {"size", "4"}, {"backend", "ring"}, {"num_batches", "40"}};
   std::vector<std::vector<MatchedSetting>> all(4, base);
   EXPECT_EQ(DescribeSettingMismatch(all), "");
   all[3][2].value = "3";

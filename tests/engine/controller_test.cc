@@ -304,7 +304,8 @@ TEST(Controller, StalledTensorIsFailedAfterTheShutdownTimeNamingTheMissingRank) 
 // caches diverged, before any collective runs, naming what each rank had agreed.
 TEST(Controller, RanksOutOfStepStopAtTheNextExchangeNamingEachRank) {
   Job job(3, {}, {3, 3, 2});  // rank 2 evicts one entry the others keep
-  auto c1 = job.Run({{Req("a"), Req("b"), Req("c")}, {Req("a"), Req("b"), Req("c")},
+  auto c1 = job.Run({{Req("a"), Req("b"), Req("c")},
+                     {Req("a"), Req("b"), Req("c")},
                      {Req("a"), Req("b"), Req("c")}});
   for (int r = 0; r < 3; ++r) {
     ASSERT_TRUE(c1.status[r].ok()) << c1.status[r].ToString();
@@ -332,7 +333,8 @@ TEST(Controller, RanksInStepPassTheCheckThroughCacheChurn) {
     // Its shape changes every step: the cached entry is invalidated and renegotiated each time.
     mine.push_back(step % 2 ? Req("u", {8}) : Req("u"));
     auto c = job.Run({mine, mine, mine});
-    for (int r = 0; r < 3; ++r) ASSERT_TRUE(c.status[r].ok()) << step << ": " << c.status[r].ToString();
+    for (int r = 0; r < 3; ++r)
+      ASSERT_TRUE(c.status[r].ok()) << step << ": " << c.status[r].ToString();
     auto drain = job.Run({{}, {}, {}});
     for (int r = 0; r < 3; ++r) ASSERT_TRUE(drain.status[r].ok()) << drain.status[r].ToString();
   }

@@ -601,17 +601,20 @@ void ExpectStalledWithoutRank2(const Status& s) {
 }
 
 TEST(Engine, StalledTensorFailsAfterShutdownTimeNamingMissingRanks) {
-  RunRanks(3, StallOptions, [](int rank, Engine& engine) {
-    std::vector<float> buf(8, 1.0f);
-    if (rank == 2) {
-      std::this_thread::sleep_for(std::chrono::seconds(3));
-      return;  // rank 2 never submits "lonely"
-    }
-    auto h = engine.AllreduceAsync("lonely", buf.data(), buf.data(), DataType::kFloat32, {8},
-                                   ReduceOp::kSum);
-    ASSERT_TRUE(h.ok());
-    ExpectStalledWithoutRank2(engine.Wait(*h, std::chrono::seconds(20)));
-  }, /*clean_shutdown=*/false);
+  RunRanks(
+      3, StallOptions,
+      [](int rank, Engine& engine) {
+        std::vector<float> buf(8, 1.0f);
+        if (rank == 2) {
+          std::this_thread::sleep_for(std::chrono::seconds(3));
+          return;  // rank 2 never submits "lonely"
+        }
+        auto h = engine.AllreduceAsync("lonely", buf.data(), buf.data(), DataType::kFloat32, {8},
+                                       ReduceOp::kSum);
+        ASSERT_TRUE(h.ok());
+        ExpectStalledWithoutRank2(engine.Wait(*h, std::chrono::seconds(20)));
+      },
+      /*clean_shutdown=*/false);
 }
 
 // In steady state a tensor is a response-cache hit, agreed by the bit exchange alone, which says
@@ -619,27 +622,30 @@ TEST(Engine, StalledTensorFailsAfterShutdownTimeNamingMissingRanks) {
 // hand it back to the coordinator so that the stall is still reported and, with a shutdown time,
 // fails naming the rank that is missing.
 TEST(Engine, StalledCacheHitFailsAfterShutdownTimeNamingMissingRanks) {
-  RunRanks(3, StallOptions, [](int rank, Engine& engine) {
-    std::vector<float> buf(8, 1.0f);
-    for (int step = 0; step < 3; ++step) {
-      auto h = engine.AllreduceAsync("steady", buf.data(), buf.data(), DataType::kFloat32, {8},
-                                     ReduceOp::kSum);
-      ASSERT_TRUE(h.ok());
-      ASSERT_TRUE(engine.Wait(*h).ok());
-    }
-    ASSERT_GE(engine.stats().cache_hits, 2) << "rank " << rank << ": 'steady' is not cached";
-    if (rank == 2) {
-      std::this_thread::sleep_for(std::chrono::seconds(4));
-      return;  // rank 2 stops submitting "steady"
-    }
-    const auto start = std::chrono::steady_clock::now();
-    auto h = engine.AllreduceAsync("steady", buf.data(), buf.data(), DataType::kFloat32, {8},
-                                   ReduceOp::kSum);
-    ASSERT_TRUE(h.ok());
-    ExpectStalledWithoutRank2(engine.Wait(*h, std::chrono::seconds(20)));
-    // Failed by the stall shutdown (1.5 s), not by rank 2's shutdown at 4 s.
-    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(3500));
-  }, /*clean_shutdown=*/false);
+  RunRanks(
+      3, StallOptions,
+      [](int rank, Engine& engine) {
+        std::vector<float> buf(8, 1.0f);
+        for (int step = 0; step < 3; ++step) {
+          auto h = engine.AllreduceAsync("steady", buf.data(), buf.data(), DataType::kFloat32, {8},
+                                         ReduceOp::kSum);
+          ASSERT_TRUE(h.ok());
+          ASSERT_TRUE(engine.Wait(*h).ok());
+        }
+        ASSERT_GE(engine.stats().cache_hits, 2) << "rank " << rank << ": 'steady' is not cached";
+        if (rank == 2) {
+          std::this_thread::sleep_for(std::chrono::seconds(4));
+          return;  // rank 2 stops submitting "steady"
+        }
+        const auto start = std::chrono::steady_clock::now();
+        auto h = engine.AllreduceAsync("steady", buf.data(), buf.data(), DataType::kFloat32, {8},
+                                       ReduceOp::kSum);
+        ASSERT_TRUE(h.ok());
+        ExpectStalledWithoutRank2(engine.Wait(*h, std::chrono::seconds(20)));
+        // Failed by the stall shutdown (1.5 s), not by rank 2's shutdown at 4 s.
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(3500));
+      },
+      /*clean_shutdown=*/false);
 }
 
 // One mechanism for every setting that must match, the engine's and the application's: a rank

@@ -142,16 +142,14 @@ TEST_F(FileTest, ReadsRefuseWhatIsNotARegularFileWithoutWaiting) {
   auto refused = [](const std::string& path, const std::string& kind) {
     const auto t0 = std::chrono::steady_clock::now();
     auto read = ReadFileBounded(path, 1 << 20, "--calibration");
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_LT(s, 2.0) << path;
     ASSERT_FALSE(read.ok()) << path;
     const std::string& m = read.status().message();
     EXPECT_NE(m.find("--calibration '" + path + "' is " + kind + ", not a regular file"),
               std::string::npos)
         << m;
-    EXPECT_NE(m.find("kolo reads only regular files (of at most 1048576 bytes)"),
-              std::string::npos)
+    EXPECT_NE(m.find("kolo reads only regular files (of at most 1048576 bytes)"), std::string::npos)
         << m;
   };
   refused(fifo, "a FIFO");
@@ -174,7 +172,8 @@ TEST_F(FileTest, ReadsRefuseWhatIsNotARegularFileWithoutWaiting) {
   Write(Path("big"), std::string(1001, 'y'));
   auto big = ReadFileBounded(Path("big"), 1000, "--calibration");
   ASSERT_FALSE(big.ok());
-  EXPECT_NE(big.status().message().find("'" + Path("big") + "' is 1001 bytes, more than the 1000 "
+  EXPECT_NE(big.status().message().find("'" + Path("big") +
+                                        "' is 1001 bytes, more than the 1000 "
                                         "allowed"),
             std::string::npos)
       << big.status().message();

@@ -79,7 +79,8 @@ inline int64_t CountedInSummaries(const std::string& text, const std::string& pr
   const std::string marker = prefix + ": ... and ";
   for (std::string line; std::getline(in, line);) {
     const size_t at = line.find(marker);
-    if (at != std::string::npos && line.find(" more rejected connection", at) != std::string::npos) {
+    if (at != std::string::npos &&
+        line.find(" more rejected connection", at) != std::string::npos) {
       sum += std::strtoll(line.c_str() + at + marker.size(), nullptr, 10);
     }
   }

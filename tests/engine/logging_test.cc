@@ -109,8 +109,9 @@ TEST(RejectionLog, WritesABurstPerIntervalThenOneLineCountingTheRest) {
     EXPECT_EQ(log.next_flush(), RejectionLog::Clock::time_point::max());
     const std::string count = ::testing::internal::GetCapturedStderr();
     EXPECT_EQ(CountLines(count, "\n"), 1) << count;
-    EXPECT_EQ(CountLines(count, "store 127.0.0.1:1: ... and 296 more rejected connections in the "
-                                "last 10 s\n"),
+    EXPECT_EQ(CountLines(count,
+                         "store 127.0.0.1:1: ... and 296 more rejected connections in the "
+                         "last 10 s\n"),
               1)
         << count;
 

@@ -169,8 +169,8 @@ Status GatherFixed(const std::string& mine, int root, std::vector<std::string>* 
   KOLO_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
   const int n = static_cast<int>(mine.size());
   std::string joined(rank == root ? mine.size() * static_cast<size_t>(size) : 0, '\0');
-  KOLO_MPI_CHECK(MPI_Gather(mine.data(), n, MPI_CHAR, joined.data(), n, MPI_CHAR, root,
-                            MPI_COMM_WORLD));
+  KOLO_MPI_CHECK(
+      MPI_Gather(mine.data(), n, MPI_CHAR, joined.data(), n, MPI_CHAR, root, MPI_COMM_WORLD));
   all->clear();
   if (rank == root) {
     for (int r = 0; r < size; ++r) all->push_back(joined.substr(mine.size() * r, mine.size()));

@@ -254,9 +254,8 @@ class MeshBuilder {
 
   // Every turned-away connection is logged through here: a few lines per 10 s, the rest counted.
   void LogRejection(const std::string& remote, const std::string& why) {
-    mesh_.rejections->Reject(
-        LogLevel::kWarning,
-        fmt::format("{}: rejected connection from {}: {}", listener_name_, remote, why));
+    mesh_.rejections->Reject(LogLevel::kWarning, fmt::format("{}: rejected connection from {}: {}",
+                                                             listener_name_, remote, why));
   }
 
   Status Advance(Conn& c) {

@@ -133,6 +133,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
   run.rank = options.rank;
   run.size = options.size;
   run.fusion_threshold_bytes = options.fusion_threshold_bytes;
+  KOLO_ASSIGN_OR_RETURN(run.compression, execution::CompressionDataType(options.compression));
   e.executor = std::make_unique<execution::Executor>(run, &e.comm, &e.backends, e.timeline.get());
   if (e.gpu) e.executor->SetDevice(e.gpu.get(), e.device_collectives.get());
   coordinator::ControllerSettings negotiation;

@@ -178,6 +178,9 @@ class Engine {
     double execute_us = 0;
     // Payload bytes of the allreduces this rank completed, every tensor (fused or not).
     int64_t allreduce_bytes = 0;
+    // The same allreduces' bytes as they were reduced and sent: float32 tensors count half under
+    // compression (Options::compression), every other tensor as its payload.
+    int64_t allreduce_wire_bytes = 0;
     // Time this rank held submitted work back to gather it on its cycle grid (KOLO_CYCLE_TIME_MS)
     // before an exchange: what the cycle time costs in latency, which other load does not add to.
     double gather_us = 0;

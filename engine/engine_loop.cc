@@ -217,6 +217,7 @@ void Engine::Impl::Count(const execution::ExecutionStats& delta) {
   stats.fused_bytes += delta.fused_bytes;
   stats.packed_bytes += delta.packed_bytes;
   stats.allreduce_bytes += delta.allreduce_bytes;
+  stats.allreduce_wire_bytes += delta.allreduce_wire_bytes;
   stats.execute_us += delta.execute_us;
   // Counted before the collective's tensors complete, so that a caller that has waited for them
   // sees their bytes. The device's counters belong to this (the background) thread.

@@ -37,6 +37,7 @@ SETTING_COLUMNS = (
     "transport",
     "allreduce",
     "allreduce_algorithm",
+    "compression",
     "compute",
     "profile",
     "calibration",
@@ -291,9 +292,9 @@ def _older_defaults(row: dict, header: tuple[str, ...]) -> dict:
 # Columns every kolo results file has had; a file with them, in COLUMNS' order and nothing else,
 # was written by an earlier kolo (before the time breakdown or the network columns, for one) and
 # reads with the missing columns empty (the network columns: _older_defaults).
-# Settings added after the network columns: ps_hosts, ps_pacing, allreduce_algorithm; run
-# metadata added later still.
-_LATER_SETTINGS = ("ps_hosts", "ps_pacing", "allreduce_algorithm")
+# Settings added after the network columns: ps_hosts, ps_pacing, allreduce_algorithm,
+# compression; run metadata added later still.
+_LATER_SETTINGS = ("ps_hosts", "ps_pacing", "allreduce_algorithm", "compression")
 _LATER_META = ("cpu_cores",)
 _ALWAYS = (
     tuple(c for c in META if c not in _LATER_META)

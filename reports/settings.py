@@ -66,6 +66,8 @@ TRANSPORTS = ("auto", "shm", "tcp", "rdma")
 # The ring backend's allreduce algorithms (Options::allreduce_algorithm, engine/common/options.cc).
 ALLREDUCE_ALGORITHMS = ("auto", "ring", "recursive-doubling", "halving-doubling")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+# Gradient compression (Options::compression): float32 gradients travel in half precision.
+COMPRESSIONS = ("none", "fp16", "bf16")
 PS_PLACEMENTS = ("greedy", "split")
 # Which hosts a point's parameter servers run on, under mpirun across hosts (reports/placement.py).
 PS_HOSTS = ("spread", "dedicated")
@@ -177,6 +179,10 @@ def _is_ring(point: dict) -> bool:
     return point.get("backend", "ring") == "ring"
 
 
+def _communicates(point: dict) -> bool:
+    return point.get("backend", "ring") != BASELINE_BACKEND
+
+
 def _is_ps(point: dict) -> bool:
     return point.get("backend") == "ps"
 
@@ -216,6 +222,14 @@ SETTINGS: tuple[Setting, ...] = (
         choices=ALLREDUCE_ALGORITHMS,
         applies=_is_ring,
         help="ring backend: auto picks per collective by size (KOLO_ALLREDUCE_ALGORITHM)",
+    ),
+    Setting(
+        "compression",
+        "str",
+        "--compression",
+        choices=COMPRESSIONS,
+        applies=_communicates,
+        help="float32 gradients travel as fp16 or bf16 (allreduces; parameter-server pushes) (KOLO_COMPRESSION)",
     ),
     Setting("precision", "str", "--precision", choices=PRECISIONS),
     Setting("fusion_threshold_mb", "float", "--fusion-threshold-mb", minimum=0),

@@ -93,6 +93,9 @@ int Predict(int argc, char** argv) {
       ->check(CLI::IsMember({"flat", "hierarchical"}));
   app.add_option("--allreduce-algorithm", p.allreduce_algorithm,
                  "ring backend: auto | ring | recursive-doubling | halving-doubling");
+  app.add_option("--compression", p.compression,
+                 "gradient compression: none | fp16 | bf16 (the engine's KOLO_COMPRESSION)")
+      ->check(CLI::IsMember({"none", "fp16", "bf16"}));
   app.add_option("--transport", p.transport, "between hosts: tcp | rdma (auto = tcp)")
       ->check(CLI::IsMember({"tcp", "rdma", "auto", "shm"}));
   app.add_option("--link", link,
@@ -170,6 +173,7 @@ int Predict(int argc, char** argv) {
                              {"calibration", cal.name},
                              {"backend", p.backend},
                              {"allreduce_algorithm", p.allreduce_algorithm},
+                             {"compression", p.backend == "none" ? "" : p.compression},
                              {"ranks", p.ranks},
                              {"fusion_threshold_mb", p.fusion_threshold_mb},
                              {"cycle_time_ms", p.cycle_time_ms},

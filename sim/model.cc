@@ -602,6 +602,7 @@ Status CheckPoint(const Point& point) {
   {
     Options engine;
     engine.allreduce_algorithm = point.allreduce_algorithm;
+    engine.compression = point.compression;
     engine.hierarchical_allreduce = point.hierarchical && point.backend == "ring";
     KOLO_RETURN_IF_ERROR(engine.Validate());  // the engine's own refusal, word for word
   }
@@ -952,7 +953,14 @@ Status AllreduceStage(const Point& point, const Calibration& cal, const Costs& c
   const double k = point.dilation > 0 ? point.dilation : 1;
   // Allreduce backends: the engine thread with the real controller and fusion planner.
   // NCCL reduces on the GPU, beside the transfer: no host reduction cost.
-  const double reduce = point.backend == "nccl" ? 0.0 : costs.reduce_bytes_per_s;
+  const bool compressed = point.compression != "none";
+  // Compressed, a float32 byte travels as half a byte, and the reduction sums half elements at
+  // float32's rate per element: half the bytes per second.
+  const double wire_ratio = compressed ? 0.5 : 1.0;
+  const double reduce = point.backend == "nccl" ? 0.0 : costs.reduce_bytes_per_s * wire_ratio;
+  // The casts in and out: host passes at the fusion copy rate; on the GPU (NCCL) at device
+  // memory's, which the model takes as free.
+  const double cast_bytes_per_s = point.backend == "nccl" ? 0.0 : costs.fusion_copy_bytes_per_s;
   // The ring backend runs the point's algorithm (auto: the engine's rule per collective); NCCL
   // and MPI run their own, modelled as the ring.
   const std::string algorithm = point.backend == "ring" ? point.allreduce_algorithm : "ring";
@@ -1016,11 +1024,16 @@ Status AllreduceStage(const Point& point, const Calibration& cal, const Costs& c
       double t = start + neg + (responses.empty() ? 0.0 : per_cycle);
       ++cycles;
       for (const fusion::Group& g : fusion::PlanFusion(responses, threshold)) {
-        double dt = allreduce(static_cast<double>(g.bytes)) + per_collective;
-        if (g.fused) dt += 2.0 * static_cast<double>(g.bytes) / costs.fusion_copy_bytes_per_s;
+        const double wire = static_cast<double>(g.bytes) * wire_ratio;
+        double dt = allreduce(wire) + per_collective;
+        if (compressed) {
+          if (cast_bytes_per_s > 0) dt += 2.0 * static_cast<double>(g.bytes) / cast_bytes_per_s;
+        } else if (g.fused) {
+          dt += 2.0 * static_cast<double>(g.bytes) / costs.fusion_copy_bytes_per_s;
+        }
         t += dt;
         collectives += 1;
-        bytes_sent += 2.0 * (n - 1) / n * static_cast<double>(g.bytes);
+        bytes_sent += 2.0 * (n - 1) / n * wire;
         for (size_t m : g.members) {
           const Response& resp = responses[m];
           if (resp.is_error()) return Internal("negotiation failed: {}", resp.error);

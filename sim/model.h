@@ -138,6 +138,11 @@ struct Point {
   // ring backend: auto | ring | recursive-doubling | halving-doubling (the engine's
   // KOLO_ALLREDUCE_ALGORITHM); nccl and mpi run their own (modelled as the ring).
   std::string allreduce_algorithm = "auto";
+  // The engine's gradient compression (KOLO_COMPRESSION): none | fp16 | bf16. Compressed, every
+  // allreduce moves half its bytes, each group is cast in and out (at the fusion copy rate; the
+  // cast replaces a fused group's copies) and the reduction sums half elements at float32's
+  // per-element rate (assumed: sim/calibrations/README.md); parameter-server pushes move half.
+  std::string compression = "none";
   std::string transport = "tcp";  // tcp | rdma (between hosts); auto = tcp
   double link_gbit = 0;           // NIC line rate; 0: the calibration's
   double dilation = 1;            // the emulated cluster's time dilation (see SCHEMA.md)

@@ -50,6 +50,10 @@ void EngineFlags::Add(CLI::App& app) {
                  "auto | ring | recursive-doubling | halving-doubling "
                  "(KOLO_ALLREDUCE_ALGORITHM; default auto: picked per collective by size)")
       ->group(g);
+  app.add_option("--compression", compression_,
+                 "none | fp16 | bf16: float32 gradients travel in half precision in allreduces "
+                 "and parameter-server pushes (KOLO_COMPRESSION; default none)")
+      ->group(g);
   app.add_option("--log-level", log_level_, "trace | debug | info | warning | error")->group(g);
   app.add_option("--ring-chunk-kb", ring_chunk_kb_, "ring pipeline chunk in KiB")->group(g);
   app.add_option("--socket-buffer-kb", socket_buffer_kb_, "socket buffer size in KiB")->group(g);
@@ -95,6 +99,7 @@ Status EngineFlags::Apply(Options* o) const {
   }
   if (hierarchical_) o->hierarchical_allreduce = true;
   if (allreduce_algorithm_) o->allreduce_algorithm = *allreduce_algorithm_;
+  if (compression_) o->compression = *compression_;
   if (log_level_) {
     auto level = ParseLogLevel(*log_level_);
     if (!level.ok())

@@ -297,6 +297,11 @@ Status Options::Validate() const {
     return InvalidArgument("allreduce algorithm '{}' is unknown: allowed are {}",
                            allreduce_algorithm, fmt::join(algorithms, ", "));
   }
+  const auto& compressions = CompressionNames();
+  if (std::find(compressions.begin(), compressions.end(), compression) == compressions.end()) {
+    return InvalidArgument("compression '{}' is unknown: allowed are {}", compression,
+                           fmt::join(compressions, ", "));
+  }
   if (hierarchical_allreduce && allreduce_algorithm != "auto" && allreduce_algorithm != "ring") {
     return InvalidArgument(
         "allreduce algorithm '{}' cannot run a hierarchical allreduce (its rings within and "
@@ -413,6 +418,11 @@ int64_t LastLevelCacheBytes() {
   return l3 > 0 ? l3 : 0;
 }
 
+const std::vector<std::string>& CompressionNames() {
+  static const std::vector<std::string> kNames = {"none", "fp16", "bf16"};
+  return kNames;
+}
+
 const std::vector<std::string>& AllreduceAlgorithmNames() {
   static const std::vector<std::string> kNames = {"auto", "ring", "recursive-doubling",
                                                   "halving-doubling"};
@@ -428,6 +438,7 @@ std::vector<MatchedSetting> MustMatch(const Options& o) {
       {"cache_capacity", fmt::format("{}", o.cache_capacity)},
       {"hierarchical_allreduce", o.hierarchical_allreduce ? "true" : "false"},
       {"allreduce_algorithm", o.allreduce_algorithm},
+      {"compression", o.compression},
       {"ring_chunk_bytes", fmt::format("{}", o.ring_chunk_bytes)},
   };
   if (o.backend == "ps") {
@@ -459,6 +470,7 @@ StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string
     KOLO_ASSIGN_OR_RETURN(o.hierarchical_allreduce, ParseBool("KOLO_HIERARCHICAL_ALLREDUCE", *v));
   }
   if (const std::string* v = Find(env, "KOLO_ALLREDUCE_ALGORITHM")) o.allreduce_algorithm = *v;
+  if (const std::string* v = Find(env, "KOLO_COMPRESSION")) o.compression = *v;
   if (const std::string* v = Find(env, "KOLO_BACKEND")) o.backend = *v;
   if (const std::string* v = Find(env, "KOLO_TRANSPORT")) o.transport = *v;
   if (const std::string* v = Find(env, "KOLO_TIMELINE")) o.timeline_path = *v;

@@ -133,6 +133,14 @@ struct Options {
   // hierarchical allreduce only auto and ring are allowed (auto runs recursive doubling or
   // halving-doubling over every rank below its crossovers, the hierarchical rings above).
   std::string allreduce_algorithm = "auto";
+  // KOLO_COMPRESSION: how float32 gradients travel in allreduces (Horovod's Compression.fp16):
+  // "none", "fp16" (IEEE binary16) or "bf16" (bfloat16). A compressed collective casts its
+  // tensors once into a half-precision buffer (the fusion buffer's pack and the cast are one
+  // pass), reduces that (each receive summed in float32 and rounded to half once per hop), and
+  // casts back into float32 outputs with an average's scaling in the same pass. Other dtypes,
+  // broadcasts and allgathers are not compressed. With backend "ps" the workers' pushes travel
+  // compressed and the servers sum them in float32; pulls (the weights) stay float32.
+  std::string compression = "none";
   // KOLO_FUSION_THRESHOLD_BYTES: largest fusion buffer; 0 disables Tensor Fusion.
   int64_t fusion_threshold_bytes = 64ll << 20;
   // KOLO_CYCLE_TIME_MS: the background thread's cycle: a rank with new submissions starts the
@@ -192,6 +200,9 @@ struct Options {
   // Checks ranges and combinations; the error names the value and what is allowed.
   Status Validate() const;
 };
+
+// The names Options::compression may take, in help-text order.
+const std::vector<std::string>& CompressionNames();
 
 // The allreduce algorithms Options::allreduce_algorithm may name, in help-text order.
 const std::vector<std::string>& AllreduceAlgorithmNames();

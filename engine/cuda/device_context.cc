@@ -6,6 +6,7 @@
 #include "engine/common/logging.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/kernels.h"
+#include "engine/kernels/reduce.h"
 
 namespace kolo::cuda {
 namespace {
@@ -107,6 +108,23 @@ class CudaDeviceContext final : public DeviceContext {
     if (host_.empty()) return Status::OK();
     KOLO_CUDA_RETURN_IF_ERROR(LaunchBatchedScaleCopy(descs_, static_cast<int>(host_.size()),
                                                      max_bytes, KindOf(dtype), scale, stream_));
+    return Status::OK();
+  }
+
+  Status Convert(const fusion::CopyEntry* entries, size_t n, DataType from, DataType to,
+                 double scale) override {
+    if (!kernels::CanConvert(from, to)) {
+      return InvalidArgument(
+          "no conversion from {} to {} (compression casts float32 to "
+          "float16 or bfloat16 and back)",
+          DataTypeName(from), DataTypeName(to));
+    }
+    size_t max_bytes = 0;
+    KOLO_RETURN_IF_ERROR(Upload(entries, n, &max_bytes));
+    if (host_.empty()) return Status::OK();
+    KOLO_CUDA_RETURN_IF_ERROR(LaunchBatchedConvert(descs_, static_cast<int>(host_.size()),
+                                                   max_bytes / DataTypeSize(from), KindOf(from),
+                                                   KindOf(to), scale, stream_));
     return Status::OK();
   }
 

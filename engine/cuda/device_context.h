@@ -60,6 +60,13 @@ class DeviceContext {
   [[nodiscard]] virtual Status Unpack(const fusion::CopyEntry* entries, size_t n, DataType dtype,
                                       double scale) = 0;
 
+  // Queues on stream(), in one kernel launch, gradient compression's cast for every entry:
+  // dst = src * scale converted from `from` to `to` (the pairs kernels::CanConvert allows, with
+  // kernels::Convert's semantics: the product in float32, rounded once to nearest even). An
+  // entry's bytes are its source's; its dst holds as many elements of `to`.
+  [[nodiscard]] virtual Status Convert(const fusion::CopyEntry* entries, size_t n, DataType from,
+                                       DataType to, double scale) = 0;
+
   // Blocks (sleeping, never spinning) until everything queued on stream() so far has run.
   // DeadlineExceeded after timeout(); the first asynchronous CUDA error otherwise.
   [[nodiscard]] virtual Status Synchronize() = 0;

@@ -108,7 +108,70 @@ cudaError_t LaunchScale(const CopyDesc* descs, int n, size_t max_bytes, double s
   return cudaGetLastError();
 }
 
+struct FromF32 {
+  __device__ static float Load(const void* p, size_t i) { return static_cast<const float*>(p)[i]; }
+};
+struct ToF32 {
+  __device__ static void Store(void* p, size_t i, float v) { static_cast<float*>(p)[i] = v; }
+};
+struct F16 {
+  __device__ static float Load(const void* p, size_t i) {
+    return __half2float(static_cast<const __half*>(p)[i]);
+  }
+  __device__ static void Store(void* p, size_t i, float v) {
+    static_cast<__half*>(p)[i] = __float2half_rn(v);
+  }
+};
+struct BF16 {
+  __device__ static float Load(const void* p, size_t i) {
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  }
+  __device__ static void Store(void* p, size_t i, float v) {
+    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  }
+};
+
+template <typename From, typename To, size_t kFromSize>
+__global__ void BatchedConvertKernel(const CopyDesc* descs, int n, float f, bool scaled) {
+  const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (int e = blockIdx.y; e < n; e += gridDim.y) {
+    const CopyDesc c = descs[e];
+    const size_t count = c.bytes / kFromSize;
+    for (size_t i = tid; i < count; i += stride) {
+      const float v = From::Load(c.src, i);
+      To::Store(c.dst, i, scaled ? v * f : v);
+    }
+  }
+}
+
+template <typename From, typename To, size_t kFromSize>
+cudaError_t LaunchConvert(const CopyDesc* descs, int n, size_t max_count, double scale,
+                          cudaStream_t stream) {
+  BatchedConvertKernel<From, To, kFromSize><<<Grid(n, max_count * 4, 16), kThreads, 0, stream>>>(
+      descs, n, static_cast<float>(scale), scale != 1.0);
+  return cudaGetLastError();
+}
+
 }  // namespace
+
+cudaError_t LaunchBatchedConvert(const CopyDesc* descs, int n, size_t max_count, ElementKind from,
+                                 ElementKind to, double scale, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (from == ElementKind::kFloat32 && to == ElementKind::kFloat16) {
+    return LaunchConvert<FromF32, F16, 4>(descs, n, max_count, scale, stream);
+  }
+  if (from == ElementKind::kFloat32 && to == ElementKind::kBFloat16) {
+    return LaunchConvert<FromF32, BF16, 4>(descs, n, max_count, scale, stream);
+  }
+  if (from == ElementKind::kFloat16 && to == ElementKind::kFloat32) {
+    return LaunchConvert<F16, ToF32, 2>(descs, n, max_count, scale, stream);
+  }
+  if (from == ElementKind::kBFloat16 && to == ElementKind::kFloat32) {
+    return LaunchConvert<BF16, ToF32, 2>(descs, n, max_count, scale, stream);
+  }
+  return cudaErrorInvalidValue;
+}
 
 cudaError_t LaunchBatchedCopy(const CopyDesc* descs, int n, size_t max_bytes, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;

@@ -32,4 +32,10 @@ cudaError_t LaunchBatchedCopy(const CopyDesc* descs, int n, size_t max_bytes, cu
 cudaError_t LaunchBatchedScaleCopy(const CopyDesc* descs, int n, size_t max_bytes, ElementKind kind,
                                    double scale, cudaStream_t stream);
 
+// Queues dst[i] = src[i] * scale converted from `from` to `to` for every descriptor (bytes: the
+// source's): float32 -> float16/bfloat16 or back, the product in float32 rounded to nearest even.
+// `max_count` is the largest entry's element count. Other pairs: cudaErrorInvalidValue.
+cudaError_t LaunchBatchedConvert(const CopyDesc* descs, int n, size_t max_count, ElementKind from,
+                                 ElementKind to, double scale, cudaStream_t stream);
+
 }  // namespace kolo::cuda

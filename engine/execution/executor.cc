@@ -34,6 +34,13 @@ double MicrosSince(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
+StatusOr<DataType> CompressionDataType(const std::string& name) {
+  if (name == "none") return DataType::kFloat32;
+  if (name == "fp16") return DataType::kFloat16;
+  if (name == "bf16") return DataType::kBFloat16;
+  return InvalidArgument("compression '{}' is unknown: allowed are none, fp16, bf16", name);
+}
+
 Executor::Executor(const ExecutorSettings& settings, collectives::Comm* comm,
                    const std::vector<std::unique_ptr<backends::Backend>>* backends,
                    timeline::Timeline* timeline)
@@ -79,6 +86,7 @@ Status Executor::Execute(const std::vector<Response>& responses, Operations& ops
         GroupOps group;
         for (size_t i : g.members) group.members.push_back(op_of[i]);
         group.dtype = first.request.dtype;
+        group.wire = group.dtype == DataType::kFloat32 ? settings_.compression : group.dtype;
         group.bytes = g.bytes;
         group.fused = g.fused;
         // Averaging is decided here, once, and applied where each path writes its results.
@@ -179,6 +187,41 @@ Status Executor::RunHost(const GroupOps& group, backends::Backend& backend,
   return Status::OK();
 }
 
+Status Executor::RunHostCompressed(const GroupOps& group, backends::Backend& backend,
+                                   const std::string& op_name, Operations& ops) {
+  const size_t wire_elem = DataTypeSize(group.wire);
+  const size_t count = group.bytes / DataTypeSize(group.dtype);
+  KOLO_RETURN_IF_ERROR(fusion_buffer_.Reserve(count * wire_elem));
+  uint8_t* wire = fusion_buffer_.data();
+  for (const auto& n : group_names_) Begin(n, "COMPRESS");
+  size_t offset = 0;
+  for (Operation* e : group.members) {
+    const size_t n = static_cast<size_t>(NumElements(e->request.shape));
+    kernels::Convert(group.dtype, group.wire, wire + offset * wire_elem, e->in, n, 1.0);
+    offset += n;
+  }
+  for (const auto& n : group_names_) End(n, "COMPRESS");
+
+  for (const auto& n : group_names_) Begin(n, op_name);
+  const Status status =
+      count == 0 ? Status::OK() : backend.Allreduce(fusion_buffer_.data(), count, group.wire);
+  for (const auto& n : group_names_) End(n, op_name);
+  KOLO_RETURN_IF_ERROR(status);
+
+  for (const auto& n : group_names_) Begin(n, "DECOMPRESS");
+  offset = 0;
+  for (Operation* e : group.members) {
+    const size_t n = static_cast<size_t>(NumElements(e->request.shape));
+    kernels::Convert(group.wire, group.dtype, e->out, wire + offset * wire_elem, n, group.scale);
+    offset += n;
+  }
+  for (const auto& n : group_names_) End(n, "DECOMPRESS");
+  if (group.fused) {
+    ops.Count({0, static_cast<int64_t>(group.bytes), static_cast<int64_t>(group.bytes)});
+  }
+  return Status::OK();
+}
+
 // Device work is queued on the context's stream, so the MEMCPY_IN and collective activities time
 // the queueing (and, for the ring, the staged wire); MEMCPY_OUT ends when the results are written.
 Status Executor::RunDevice(const GroupOps& group, const std::string& op_name, Operations& ops) {
@@ -192,16 +235,21 @@ Status Executor::RunDevice(const GroupOps& group, const std::string& op_name, Op
   auto bytes_of = [&](const Operation* e) {
     return static_cast<size_t>(NumElements(e->request.shape)) * elem;
   };
-  // A group runs in the device fusion buffer; a lone tensor in its output.
+  // A group runs in the device fusion buffer; a lone tensor in its output. Compressed, every
+  // tensor is cast into the fusion buffer in the wire dtype and cast back out of it.
+  const bool compressed = group.wire != dtype;
+  const size_t wire_elem = DataTypeSize(group.wire);
   void* buf = nullptr;
   std::vector<fusion::CopyEntry> in, out;
-  if (group.fused) {
-    KOLO_ASSIGN_OR_RETURN(uint8_t * fused, ctx.FusionBuffer(group.bytes));
+  if (group.fused || compressed) {
+    KOLO_ASSIGN_OR_RETURN(uint8_t * fused, ctx.FusionBuffer(group.bytes / elem * wire_elem));
     size_t offset = 0;
     for (Operation* e : entries) {
-      in.push_back({e->in, fused + offset, bytes_of(e)});
-      out.push_back({fused + offset, e->out, bytes_of(e)});
-      offset += bytes_of(e);
+      const size_t n = bytes_of(e);
+      const size_t wire_n = n / elem * wire_elem;
+      in.push_back({e->in, fused + offset, n});
+      out.push_back({fused + offset, e->out, wire_n});
+      offset += wire_n;
     }
     buf = fused;
   } else {
@@ -209,6 +257,25 @@ Status Executor::RunDevice(const GroupOps& group, const std::string& op_name, Op
     if (e->in != e->out) in.push_back({e->in, e->out, bytes_of(e)});
     if (scale != 1.0) out.push_back({e->out, e->out, bytes_of(e)});
     buf = e->out;
+  }
+  if (compressed) {
+    for (const auto& n : group_names_) Begin(n, "COMPRESS");
+    KOLO_RETURN_IF_ERROR(ctx.Convert(in.data(), in.size(), dtype, group.wire, 1.0));
+    for (const auto& n : group_names_) End(n, "COMPRESS");
+    for (const auto& n : group_names_) Begin(n, op_name);
+    Status status = group.bytes == 0
+                        ? Status::OK()
+                        : device_collectives_->Allreduce(buf, group.bytes / elem, group.wire);
+    for (const auto& n : group_names_) End(n, op_name);
+    KOLO_RETURN_IF_ERROR(status);
+    for (const auto& n : group_names_) Begin(n, "DECOMPRESS");
+    KOLO_RETURN_IF_ERROR(ctx.Convert(out.data(), out.size(), group.wire, dtype, scale));
+    KOLO_RETURN_IF_ERROR(ctx.Synchronize());
+    for (const auto& n : group_names_) End(n, "DECOMPRESS");
+    if (group.fused) {
+      ops.Count({0, static_cast<int64_t>(group.bytes), static_cast<int64_t>(group.bytes)});
+    }
+    return Status::OK();
   }
   for (const auto& n : group_names_) Begin(n, "MEMCPY_IN_FUSION_BUFFER");
   KOLO_RETURN_IF_ERROR(ctx.Pack(in.data(), in.size()));
@@ -240,9 +307,12 @@ Status Executor::Allreduce(const GroupOps& group, Operations& ops) {
   group_names_.clear();
   for (const Operation* e : group.members) group_names_.push_back(e->request.name);
   if (timeline_ != nullptr) {
-    const std::string args =
-        fmt::format("{{\"bytes\":{},\"tensors\":{},\"dtype\":\"{}\"}}", group.bytes,
-                    group.members.size(), DataTypeName(group.dtype));
+    std::string args = fmt::format("{{\"bytes\":{},\"tensors\":{},\"dtype\":\"{}\"", group.bytes,
+                                   group.members.size(), DataTypeName(group.dtype));
+    if (group.wire != group.dtype) {
+      args += fmt::format(",\"compressed_to\":\"{}\"", DataTypeName(group.wire));
+    }
+    args += "}";
     for (const auto& n : group_names_) timeline_->Begin(n, "ALLREDUCE", args);
     comm_->on_phase = [this](collectives::Phase phase, bool starting) {
       for (const auto& n : group_names_) {
@@ -255,11 +325,20 @@ Status Executor::Allreduce(const GroupOps& group, Operations& ops) {
     };
   }
 
-  const Status status =
-      first.on_device ? RunDevice(group, op_name, ops) : RunHost(group, backend, op_name, ops);
+  const bool compressed = group.wire != group.dtype;
+  Status status;
+  if (first.on_device) {
+    status = RunDevice(group, op_name, ops);
+  } else if (compressed) {
+    status = RunHostCompressed(group, backend, op_name, ops);
+  } else {
+    status = RunHost(group, backend, op_name, ops);
+  }
   comm_->on_phase = nullptr;
   for (const auto& n : group_names_) End(n, "ALLREDUCE");
-  ops.Count({1, 0, 0, status.ok() ? static_cast<int64_t>(group.bytes) : 0, MicrosSince(start)});
+  const size_t wire_bytes = group.bytes / DataTypeSize(group.dtype) * DataTypeSize(group.wire);
+  ops.Count({1, 0, 0, status.ok() ? static_cast<int64_t>(group.bytes) : 0, MicrosSince(start),
+             status.ok() ? static_cast<int64_t>(wire_bytes) : 0});
   if (!status.ok()) return status;  // a transport failure is fatal for the job
   for (Operation* e : group.members) ops.Complete(e, Status::OK(), nullptr);
   return Status::OK();

@@ -44,6 +44,8 @@ struct ExecutionStats {
   int64_t packed_bytes = 0;     // of those, bytes copied through the fusion buffer
   int64_t allreduce_bytes = 0;  // payload of completed allreduces, every tensor
   double execute_us = 0;        // time executing collectives, fusion copies included
+  // Of allreduce_bytes, the bytes as they were reduced: half for compressed float32 tensors.
+  int64_t allreduce_wire_bytes = 0;
 };
 
 // The engine's side: the operations this rank submitted, and where finished ones go
@@ -66,7 +68,14 @@ struct ExecutorSettings {
   int rank = 0;
   int size = 1;
   int64_t fusion_threshold_bytes = 64ll << 20;  // Options::fusion_threshold_bytes
+  // Options::compression as the dtype float32 tensors travel in: kFloat16 or kBFloat16, or
+  // kFloat32 for none.
+  DataType compression = DataType::kFloat32;
 };
+
+// Options::compression's name as a wire dtype: "none" -> kFloat32, "fp16" -> kFloat16, "bf16" ->
+// kBFloat16; an error names the allowed values.
+StatusOr<DataType> CompressionDataType(const std::string& name);
 
 class Executor {
  public:
@@ -94,6 +103,8 @@ class Executor {
   struct GroupOps {
     std::vector<Operation*> members;
     DataType dtype = DataType::kFloat32;
+    // What the collective reduces: dtype, or the compression's half type for float32 tensors.
+    DataType wire = DataType::kFloat32;
     size_t bytes = 0;
     bool fused = false;
     double scale = 1.0;  // 1/size for an average, applied where the results are written
@@ -104,6 +115,11 @@ class Executor {
   // in one collective.
   Status RunHost(const GroupOps& group, backends::Backend& backend, const std::string& op_name,
                  Operations& ops);
+  // Compressed host tensors: each cast once into its slot of the fusion buffer in the wire dtype
+  // (a lone tensor too), the buffer reduced in the wire dtype, and cast back into the outputs
+  // with the average's scaling in the same pass.
+  Status RunHostCompressed(const GroupOps& group, backends::Backend& backend,
+                           const std::string& op_name, Operations& ops);
   // Device tensors: packed into the device fusion buffer (or reduced in place when alone) after
   // each tensor's ready event, reduced by the device collectives, unpacked and scaled on the
   // context's stream; returns once the results are in the outputs.

@@ -30,6 +30,15 @@ void ScaleCopy(DataType dtype, void* dst, const void* src, size_t count, double 
   cpu::Active().scale_copy(dtype, dst, src, count, factor);
 }
 
+bool CanConvert(DataType from, DataType to) {
+  const auto half = [](DataType d) { return d == DataType::kFloat16 || d == DataType::kBFloat16; };
+  return (from == DataType::kFloat32 && half(to)) || (half(from) && to == DataType::kFloat32);
+}
+
+void Convert(DataType from, DataType to, void* dst, const void* src, size_t count, double factor) {
+  cpu::Active().convert(from, to, dst, src, count, factor);
+}
+
 void BitAnd(uint64_t* dst, const uint64_t* src, size_t words) {
   cpu::Active().bit_and(dst, src, words);
 }

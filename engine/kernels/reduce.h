@@ -28,6 +28,15 @@ void Scale(DataType dtype, void* data, size_t count, double factor);
 // otherwise they must not overlap. factor == 1.0 is a plain copy.
 void ScaleCopy(DataType dtype, void* dst, const void* src, size_t count, double factor);
 
+// Gradient compression's casts: dst[i] = src[i] * factor converted from `from` to `to`, in one
+// pass. Allowed pairs: float32 -> float16 or bfloat16, and float16 or bfloat16 -> float32. The
+// product is taken in float32 (factor == 1.0 multiplies by nothing) and rounded once, to nearest
+// even; NaN stays NaN (quiet) and infinities stay infinite; float32 beyond float16's range
+// (65504) becomes an infinity. dst and src must not overlap. See CanConvert.
+void Convert(DataType from, DataType to, void* dst, const void* src, size_t count, double factor);
+// Whether Convert takes this pair.
+bool CanConvert(DataType from, DataType to);
+
 // dst[i] &= src[i], dst[i] |= src[i] over 64-bit words (response-cache bit vectors).
 void BitAnd(uint64_t* dst, const uint64_t* src, size_t words);
 void BitOr(uint64_t* dst, const uint64_t* src, size_t words);

@@ -253,6 +253,82 @@ KOLO_AVX2 void ScaleCopy(DataType dtype, void* dst, const void* src, size_t coun
   Baseline().scale_copy(dtype, dst, src, count, factor);
 }
 
+// ---- compression's casts ----
+
+// StoreBf16 for any float32, NaN included: a NaN keeps its sign and top payload bits, made quiet
+// (FloatToBFloat16's semantics), where the rounding add could carry it into an infinity or zero.
+KOLO_AVX2 inline void StoreBf16AnyFloat(uint8_t* p, __m256 f) {
+  const __m256i x = _mm256_castps_si256(f);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+  const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb);
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(x, bias), 16);
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
+  const __m256i r = _mm256_blendv_epi8(rounded, quiet, nan);
+  const __m128i packed =
+      _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+
+// 8 float32 (32 bytes) <-> 8 halves (16 bytes) per step; the tail goes through a zero-padded
+// stack vector so that it rounds as the rest does.
+template <bool kToHalf, bool kBf16>
+KOLO_AVX2 inline void ConvertStep(uint8_t* out, const uint8_t* in, __m256 f, bool scaled) {
+  if constexpr (kToHalf) {
+    __m256 v = _mm256_loadu_ps(reinterpret_cast<const float*>(in));
+    if (scaled) v = _mm256_mul_ps(v, f);
+    if constexpr (kBf16) {
+      StoreBf16AnyFloat(out, v);
+    } else {
+      StoreHalf(out, v);
+    }
+  } else {
+    __m256 v = kBf16 ? LoadBf16(in) : LoadHalf(in);
+    if (scaled) v = _mm256_mul_ps(v, f);
+    _mm256_storeu_ps(reinterpret_cast<float*>(out), v);
+  }
+}
+
+// 8 float32 (32 bytes) <-> 8 halves (16 bytes) per step; the tail goes through a zero-padded
+// stack vector so that it rounds as the rest does.
+template <bool kToHalf, bool kBf16>
+KOLO_AVX2 void ConvertLoop(uint8_t* d, const uint8_t* s, size_t count, float factor, bool scaled) {
+  constexpr size_t kSrc = kToHalf ? 32 : 16;
+  constexpr size_t kDst = kToHalf ? 16 : 32;
+  const __m256 f = _mm256_set1_ps(factor);
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    ConvertStep<kToHalf, kBf16>(d + i / 8 * kDst, s + i / 8 * kSrc, f, scaled);
+  }
+  if (i == count) return;
+  const size_t rest = count - i;
+  alignas(32) uint8_t ts[kSrc] = {};
+  alignas(32) uint8_t td[kDst];
+  std::memcpy(ts, s + i / 8 * kSrc, rest * (kSrc / 8));
+  ConvertStep<kToHalf, kBf16>(td, ts, f, scaled);
+  std::memcpy(d + i / 8 * kDst, td, rest * (kDst / 8));
+}
+
+KOLO_AVX2 void Convert(DataType from, DataType to, void* dst, const void* src, size_t count,
+                       double factor) {
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  const float f = static_cast<float>(factor);
+  const bool scaled = factor != 1.0;
+  if (from == DataType::kFloat32 && to == DataType::kFloat16) {
+    return ConvertLoop<true, false>(d, s, count, f, scaled);
+  }
+  if (from == DataType::kFloat32 && to == DataType::kBFloat16) {
+    return ConvertLoop<true, true>(d, s, count, f, scaled);
+  }
+  if (from == DataType::kFloat16 && to == DataType::kFloat32) {
+    return ConvertLoop<false, false>(d, s, count, f, scaled);
+  }
+  if (from == DataType::kBFloat16 && to == DataType::kFloat32) {
+    return ConvertLoop<false, true>(d, s, count, f, scaled);
+  }
+}
+
 KOLO_AVX2 void BitAndWords(uint64_t* dst, const uint64_t* src, size_t words) {
   size_t i = 0;
   for (; i + 4 <= words; i += 4) {
@@ -271,7 +347,7 @@ KOLO_AVX2 void BitOrWords(uint64_t* dst, const uint64_t* src, size_t words) {
   for (; i < words; ++i) dst[i] |= src[i];
 }
 
-constexpr ReduceKernels kAvx2 = {"avx2", &Sum3, &ScaleCopy, &BitAndWords, &BitOrWords};
+constexpr ReduceKernels kAvx2 = {"avx2", &Sum3, &ScaleCopy, &Convert, &BitAndWords, &BitOrWords};
 
 // CPUID leaf 1, ECX bit 29 (clang 14 does not accept "f16c" in __builtin_cpu_supports). Its
 // instructions use the AVX registers, whose support by the OS the "avx2" check includes.

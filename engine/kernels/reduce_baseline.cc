@@ -143,6 +143,41 @@ void ScaleCopy(DataType dtype, void* dst, const void* src, size_t count, double 
   }
 }
 
+template <uint16_t (*kFromFloat)(float)>
+void ToHalf(uint8_t* d, const uint8_t* s, size_t n, float factor, bool scaled) {
+  for (size_t i = 0; i < n; ++i) {
+    const float v = Load<float>(s, i);
+    Store<uint16_t>(d, i, kFromFloat(scaled ? v * factor : v));
+  }
+}
+
+template <float (*kToFloat)(uint16_t)>
+void FromHalf(uint8_t* d, const uint8_t* s, size_t n, float factor, bool scaled) {
+  for (size_t i = 0; i < n; ++i) {
+    const float v = kToFloat(Load<uint16_t>(s, i));
+    Store<float>(d, i, scaled ? v * factor : v);
+  }
+}
+
+void Convert(DataType from, DataType to, void* dst, const void* src, size_t count, double factor) {
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  const float f = static_cast<float>(factor);
+  const bool scaled = factor != 1.0;
+  if (from == DataType::kFloat32 && to == DataType::kFloat16) {
+    return ToHalf<FloatToHalf>(d, s, count, f, scaled);
+  }
+  if (from == DataType::kFloat32 && to == DataType::kBFloat16) {
+    return ToHalf<FloatToBFloat16>(d, s, count, f, scaled);
+  }
+  if (from == DataType::kFloat16 && to == DataType::kFloat32) {
+    return FromHalf<HalfToFloat>(d, s, count, f, scaled);
+  }
+  if (from == DataType::kBFloat16 && to == DataType::kFloat32) {
+    return FromHalf<BFloat16ToFloat>(d, s, count, f, scaled);
+  }
+}
+
 void BitAndWords(uint64_t* dst, const uint64_t* src, size_t words) {
   for (size_t i = 0; i < words; ++i) dst[i] &= src[i];
 }
@@ -151,7 +186,8 @@ void BitOrWords(uint64_t* dst, const uint64_t* src, size_t words) {
   for (size_t i = 0; i < words; ++i) dst[i] |= src[i];
 }
 
-constexpr ReduceKernels kBaseline = {"baseline", &Sum3, &ScaleCopy, &BitAndWords, &BitOrWords};
+constexpr ReduceKernels kBaseline = {"baseline", &Sum3,        &ScaleCopy,
+                                     &Convert,   &BitAndWords, &BitOrWords};
 
 }  // namespace
 

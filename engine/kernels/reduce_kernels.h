@@ -19,6 +19,9 @@ struct ReduceKernels {
   void (*sum3)(DataType dtype, void* dst, const void* a, const void* b, size_t count);
   // dst[i] = src[i] * factor with Scale's semantics; dst may equal src, otherwise no overlap.
   void (*scale_copy)(DataType dtype, void* dst, const void* src, size_t count, double factor);
+  // Convert's semantics (reduce.h); only the pairs CanConvert allows.
+  void (*convert)(DataType from, DataType to, void* dst, const void* src, size_t count,
+                  double factor);
   void (*bit_and)(uint64_t* dst, const uint64_t* src, size_t words);
   void (*bit_or)(uint64_t* dst, const uint64_t* src, size_t words);
 };

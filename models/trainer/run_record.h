@@ -48,6 +48,7 @@ struct RunSettings {
   std::string backend;
   std::string transport;
   std::string allreduce_algorithm;  // ring backend: Options::allreduce_algorithm; else ""
+  std::string compression;          // Options::compression; "" for backend none
   bool hierarchical_allreduce = false;
   std::string precision;
   double fusion_threshold_mb = 0;

@@ -64,6 +64,7 @@ RunSettings SettingsFrom(const TrainOptions& o) {
   s.transport = o.engine.backend == "none" ? "" : o.engine.transport;
   // The allreduce algorithm is the ring backend's (NCCL, MPI and parameter servers run their own).
   s.allreduce_algorithm = o.engine.backend == "ring" ? o.engine.allreduce_algorithm : "";
+  s.compression = o.engine.backend == "none" ? "" : o.engine.compression;
   s.hierarchical_allreduce = o.engine.hierarchical_allreduce;
   s.precision = compute::PrecisionName(o.precision);
   s.fusion_threshold_mb = static_cast<double>(o.engine.fusion_threshold_bytes) / (1 << 20);
@@ -124,9 +125,10 @@ CommPerStep CommBetween(const Engine::Stats& a, const Engine::Stats& b, const st
   c.comm_ms = c.negotiation_ms + (b.execute_us - a.execute_us) / 1e3 / n;
   c.bytes = static_cast<double>(b.transport_bytes_sent - a.transport_bytes_sent) / n;
   if (backend != "ring" && size > 1) {
-    // MPI and NCCL move the payload themselves: a bandwidth-optimal allreduce sends 2(N-1)/N of it.
-    c.bytes +=
-        2.0 * (size - 1) / size * static_cast<double>(b.allreduce_bytes - a.allreduce_bytes) / n;
+    // MPI and NCCL move the payload themselves: a bandwidth-optimal allreduce sends 2(N-1)/N of it
+    // (as it travelled: half of float32's under compression).
+    c.bytes += 2.0 * (size - 1) / size *
+               static_cast<double>(b.allreduce_wire_bytes - a.allreduce_wire_bytes) / n;
   }
   return c;
 }

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -172,7 +173,7 @@ Bytes RandomElements(DataType dt, size_t n, std::mt19937_64& rng) {
 }
 
 // The public API presented as a kernel table, so it runs through the same tests.
-const cpu::ReduceKernels kPublic = {"public", &ReduceSum3, &ScaleCopy, &BitAnd, &BitOr};
+const cpu::ReduceKernels kPublic = {"public", &ReduceSum3, &ScaleCopy, &Convert, &BitAnd, &BitOr};
 
 const cpu::ReduceKernels* KernelsByName(const std::string& name) {
   if (name == "baseline") return &cpu::Baseline();
@@ -420,6 +421,70 @@ TEST_P(ReduceEdgeTest, BitAndBitOrMatchReference) {
     EXPECT_EQ(x[words], a[words]) << "BitAnd wrote past the end";
     EXPECT_EQ(y[words], a[words]) << "BitOr wrote past the end";
   }
+}
+
+// Compression's casts against the scalar converters, element by element, for every count (the
+// vector loop's tail included), with the specials the converters define: NaN (quiet, its sign
+// kept), infinities, float16's overflow to infinity and its subnormals.
+TEST_P(ReduceEdgeTest, ConvertMatchesScalarConvertersBothWays) {
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(),
+                            -std::numeric_limits<float>::quiet_NaN(),
+                            std::bit_cast<float>(0x7fffffffu),  // NaN whose rounding would carry
+                            std::bit_cast<float>(0x7f800001u),  // signalling NaN
+                            65504.0f,
+                            65520.0f,  // rounds past float16's largest: infinity
+                            1e-7f,     // a float16 subnormal
+                            3.0e38f,
+                            1.0f + 1.0f / 2048};  // a tie in float16
+  for (DataType half : {DataType::kFloat16, DataType::kBFloat16}) {
+    auto to_half = half == DataType::kFloat16 ? FloatToHalf : FloatToBFloat16;
+    auto to_float = half == DataType::kFloat16 ? HalfToFloat : BFloat16ToFloat;
+    for (size_t n :
+         {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{13}, size_t{100003}}) {
+      for (double factor : {1.0, 0.25}) {
+        SCOPED_TRACE(::testing::Message()
+                     << DataTypeName(half) << " count " << n << " factor " << factor);
+        std::vector<float> src(n);
+        for (size_t i = 0; i < n; ++i) {
+          src[i] = i < std::size(specials) ? specials[i] : std::ldexp(u(rng), (int(i) % 40) - 20);
+        }
+        std::vector<uint16_t> h(n + 1, 0xabcd);
+        k_->convert(DataType::kFloat32, half, h.data(), src.data(), n, factor);
+        for (size_t i = 0; i < n; ++i) {
+          const float scaled = factor == 1.0 ? src[i] : src[i] * static_cast<float>(factor);
+          if (std::isnan(scaled)) {  // NaN's payload may differ between instruction sets
+            ASSERT_TRUE(std::isnan(to_float(h[i]))) << "element " << i;
+          } else {
+            ASSERT_EQ(h[i], to_half(scaled)) << "element " << i << " = " << src[i];
+          }
+        }
+        EXPECT_EQ(h[n], 0xabcd) << "wrote past the end";
+        std::vector<float> back(n + 1, 7.0f);
+        k_->convert(half, DataType::kFloat32, back.data(), h.data(), n, factor);
+        for (size_t i = 0; i < n; ++i) {
+          const float want =
+              factor == 1.0 ? to_float(h[i]) : to_float(h[i]) * static_cast<float>(factor);
+          if (std::isnan(want)) {
+            ASSERT_TRUE(std::isnan(back[i])) << "element " << i;
+          } else {
+            ASSERT_EQ(std::bit_cast<uint32_t>(back[i]), std::bit_cast<uint32_t>(want))
+                << "element " << i;
+          }
+        }
+        EXPECT_EQ(back[n], 7.0f) << "wrote past the end";
+      }
+    }
+  }
+  EXPECT_TRUE(CanConvert(DataType::kFloat32, DataType::kBFloat16));
+  EXPECT_TRUE(CanConvert(DataType::kFloat16, DataType::kFloat32));
+  EXPECT_FALSE(CanConvert(DataType::kFloat64, DataType::kFloat16));
+  EXPECT_FALSE(CanConvert(DataType::kFloat16, DataType::kBFloat16));
 }
 
 TEST(ReduceSumTest, AccumulatesIntoDestinationAndDoublesWhenAliased) {

@@ -11,6 +11,7 @@ import argparse
 import os
 import statistics
 import sys
+import textwrap
 
 from reports import schema
 
@@ -22,6 +23,7 @@ KEY = (
     "ps_servers",
     "ps_placement",
     "ps_pacing",
+    "compression",
     "fusion_threshold_mb",
 )
 # What tells configurations apart within one model's panel of the figure: KEY less model and ranks.
@@ -92,19 +94,23 @@ def summary(pairs: list[dict]) -> list[str]:
 
 
 def table(pairs: list[dict]) -> str:
-    # The parameter server's push pacing, where some point sets it.
+    # The parameter server's push pacing and compression, where some point sets them.
     paced = any(x.get("ps_pacing") for x in pairs)
+    compressed = any(x.get("compression") not in ("", None, "none") for x in pairs)
     lines = [
         "| model | GPUs | backend | "
         + ("ps pacing | " if paced else "")
+        + ("compression | " if compressed else "")
         + "fusion MiB | measured img/s | repeats | spread | predicted img/s | error |",
-        "|---|---|---|---|---|---|---|---|---|" + ("---|" if paced else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if paced else "") + ("---|" if compressed else ""),
     ]
     for x in pairs:
         spread = f"{100 * x['spread']:.1f}%" if x["repeats"] > 1 else "-"
         pacing = f"{x.get('ps_pacing') or ('off' if x['backend'] == 'ps' else '-')} | " if paced else ""
+        compression = f"{x.get('compression') or '-'} | " if compressed else ""
         lines.append(
-            f"| {x['model']} | {x['ranks']} | {x['backend']} | {pacing}{x['fusion_threshold_mb'] or '-'} "
+            f"| {x['model']} | {x['ranks']} | {x['backend']} | {pacing}{compression}"
+            f"{x['fusion_threshold_mb'] or '-'} "
             f"| {x['measured']:.1f} | {x['repeats']} | {spread} | {x['predicted']:.1f} "
             f"| {100 * x['error']:+.1f}% |"
         )
@@ -152,6 +158,10 @@ def figure(pairs: list[dict], title: str = "kolo-sim: predicted beside measured"
     )
     if any(p.get("measured_compute") == "replay" for p in pairs):
         note += "\nmeasured with " + plots.REPLAY_NOTE
+    # Wrapped to the figure's width (about 70 characters of 9-point text per 5.2-inch column), so
+    # that no line runs past the figure's edges.
+    width = 70 * cols
+    note = "\n".join(textwrap.fill(line, width) for line in note.split("\n"))
     fig.supxlabel(note, fontsize=9)
     for ax, model in zip(flat, models, strict=False):
         handles = []

@@ -793,6 +793,14 @@ Status ParameterServerStage(const Point& point, const Calibration& cal, const Co
     return paced_time(lat + per_host * b / net.nic_bytes_per_s + (copy > 0 ? b / copy : 0), b,
                       paced);
   };
+  // Compression: pushes carry half precision, cast once per gradient on the worker (at the
+  // fusion copy rate) before its first shard goes; pulls stay float32.
+  const bool compressed = point.compression != "none";
+  const double push_ratio = compressed ? 0.5 : 1.0;
+  auto cast_s = [&](int ti) {
+    return compressed ? tensors[static_cast<size_t>(ti)].bytes / costs.fusion_copy_bytes_per_s
+                      : 0.0;
+  };
   // Every shard of every gradient, in the order backward submits them (tensor index, shard).
   std::vector<std::pair<int, int>> shards_of;
   for (size_t ti = 0; ti < tensors.size(); ++ti) {
@@ -817,7 +825,7 @@ Status ParameterServerStage(const Point& point, const Calibration& cal, const Co
       double since;  // when the shard's exchange began (its push was ready)
       double end = 0;
     };
-    auto run = [&](std::vector<Transfer>& xs, bool paced) {
+    auto run = [&](std::vector<Transfer>& xs, bool paced, double ratio) {
       std::stable_sort(xs.begin(), xs.end(),
                        [](const Transfer& a, const Transfer& b) { return a.ready < b.ready; });
       std::vector<double> srv(static_cast<size_t>(point.ps_servers), 0);
@@ -831,7 +839,7 @@ Status ParameterServerStage(const Point& point, const Calibration& cal, const Co
       for (size_t i = 0; i < xs.size(); ++i) {
         Transfer& x = xs[i];
         const auto& shard = placement.shards[static_cast<size_t>(x.shard)];
-        const double b = static_cast<double>(shard.bytes);
+        const double b = static_cast<double>(shard.bytes) * ratio;
         const size_t s = static_cast<size_t>(shard.server);
         if (current[s] < 0 || x.ready > srv[s]) {
           current[s] = static_cast<int>(period_end.size());
@@ -865,13 +873,13 @@ Status ParameterServerStage(const Point& point, const Calibration& cal, const Co
     };
     std::vector<Transfer> pushes;
     for (const auto& [ti, shard] : shards_of) {
-      const double ready = tensors[static_cast<size_t>(ti)].submit_s;
+      const double ready = tensors[static_cast<size_t>(ti)].submit_s + cast_s(ti);
       pushes.push_back({ready, shard, ti, ready});
     }
-    run(pushes, pace > 0);
+    run(pushes, pace > 0, push_ratio);
     std::vector<Transfer> pulls;
     for (const Transfer& x : pushes) pulls.push_back({x.end, x.shard, x.tensor, x.since});
-    run(pulls, false);
+    run(pulls, false, 1.0);
     for (const Transfer& x : pulls) {
       Tensor& t = tensors[static_cast<size_t>(x.tensor)];
       t.done_s = std::max(t.done_s, x.end);
@@ -894,13 +902,13 @@ Status ParameterServerStage(const Point& point, const Calibration& cal, const Co
     std::priority_queue<Op, std::vector<Op>, decltype(later)> ops(later);
     int64_t seq = 0;
     for (const auto& [ti, shard] : shards_of) {
-      ops.push({tensors[static_cast<size_t>(ti)].submit_s, seq++, false, shard, ti});
+      ops.push({tensors[static_cast<size_t>(ti)].submit_s + cast_s(ti), seq++, false, shard, ti});
     }
     while (!ops.empty()) {
       const Op op = ops.top();
       ops.pop();
       const auto& shard = placement.shards[static_cast<size_t>(op.shard)];
-      const double b = static_cast<double>(shard.bytes);
+      const double b = static_cast<double>(shard.bytes) * (op.pull ? 1.0 : push_ratio);
       const size_t s = static_cast<size_t>(shard.server);
       double& host = op.pull ? host_in : host_out;
       const double srv_end = std::max(op.ready, srv[s]) + srv_time(shard.server, b, !op.pull);
@@ -930,7 +938,7 @@ Status ParameterServerStage(const Point& point, const Calibration& cal, const Co
   // The worker copies each pulled value into its weights (instead of the optimizer).
   double bytes = 0;
   for (Tensor& t : tensors) {
-    bytes += t.bytes;
+    bytes += t.bytes * push_ratio;  // what the worker sends: its pushes
     t.update_s = t.bytes / costs.fusion_copy_bytes_per_s;
   }
   FinishStep(point, compute, busy, 0, bytes, out);

@@ -50,6 +50,7 @@ struct RawFlags {
   std::string iters = "20", warmup = "5", backend = "ring", check = "1", fusion = "both";
   std::string device = "host";
   std::string fusion_threshold_mb, cycle_time_ms, json, tensors, transport, algorithms;
+  std::string compression;
   bool gloo_all = false;
 };
 
@@ -127,6 +128,7 @@ Status Convert(const RawFlags& raw, BenchConfig* c) {
     KOLO_ASSIGN_OR_RETURN(c->fusion_threshold_mb, ParseDouble("--fusion-threshold-mb",
                                                               raw.fusion_threshold_mb, 0, 1 << 20));
   }
+  if (!raw.compression.empty()) c->compression = raw.compression;
   if (!raw.cycle_time_ms.empty()) {
     KOLO_ASSIGN_OR_RETURN(c->cycle_time_ms,
                           ParseDouble("--cycle-time-ms", raw.cycle_time_ms, 1e-3, 10000));
@@ -278,6 +280,10 @@ StatusOr<ParsedFlags> ParseBenchFlags(int argc, char** argv) {
                      fmt::format("{}", fmt::join(AllreduceAlgorithmNames(), ", ")));
   app.add_option("--fusion-threshold-mb", raw.fusion_threshold_mb,
                  "engine fusion threshold (MiB; overrides KOLO_FUSION_THRESHOLD_BYTES)");
+  app.add_option("--compression", raw.compression,
+                 "gradient compression of the engine's rows (ring, ring-hier, mpi, nccl; the "
+                 "direct rows never compress): none, fp16, bf16 (overrides KOLO_COMPRESSION); "
+                 "busbw counts the float32 payload");
   app.add_option("--cycle-time-ms", raw.cycle_time_ms,
                  "engine cycle time (ms; overrides KOLO_CYCLE_TIME_MS)");
   app.add_option("--json", raw.json, "write every setting and row as JSON to this file (rank 0)");

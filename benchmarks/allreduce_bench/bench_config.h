@@ -63,6 +63,7 @@ struct BenchConfig {
   // Engine settings from flags; unset means the environment's value (or the default).
   std::optional<double> fusion_threshold_mb;  // MiB; 0 disables fusion
   std::optional<double> cycle_time_ms;
+  std::optional<std::string> compression;  // --compression: Options::compression
   std::string json_path;  // written by rank 0; empty = no JSON
   bool check = true;      // verify every backend's result against the local reference
   bool gloo_all = false;  // also Gloo's oldest, unpipelined AllreduceRing

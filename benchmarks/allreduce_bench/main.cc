@@ -54,6 +54,7 @@ Status Configure(const BenchConfig& config, Options* options) {
         static_cast<int64_t>(*config.fusion_threshold_mb * 1024.0 * 1024.0);
   }
   if (config.cycle_time_ms) options->cycle_time_ms = *config.cycle_time_ms;
+  if (config.compression) options->compression = *config.compression;
   // The engines of every row start from the first transport; ring and link rows take their own.
   if (!config.transports.empty()) options->transport = config.transports.front();
   KOLO_RETURN_IF_ERROR(options->Validate());

@@ -216,9 +216,9 @@ std::string FormatHeader(const RunInfo& info) {
   }
   s += fmt::format(
       "# engine: fusion threshold {} bytes, cycle time {} ms, cache {}, ring chunk {} bytes, "
-      "socket buffer {} bytes, shm ring {} bytes, listen {}\n",
+      "socket buffer {} bytes, shm ring {} bytes, listen {}, compression {}\n",
       o.fusion_threshold_bytes, o.cycle_time_ms, o.cache_capacity, o.ring_chunk_bytes,
-      o.socket_buffer_bytes, o.shm_ring_bytes, o.iface.empty() ? "auto" : o.iface);
+      o.socket_buffer_bytes, o.shm_ring_bytes, o.iface.empty() ? "auto" : o.iface, o.compression);
   s += fmt::format(
       "# kolo transport{} of the ring and link rows: {}{}\n", info.transports.size() > 1 ? "s" : "",
       fmt::join(info.transports, ", "),
@@ -322,6 +322,7 @@ nlohmann::json ToJson(const RunInfo& info, const std::vector<SweepRow>& sweep,
        c.fusion == FusionMode::kBoth ? "both" : (c.fusion == FusionMode::kOn ? "on" : "off")},
       {"fusion_threshold_bytes", o.fusion_threshold_bytes},
       {"cycle_time_ms", o.cycle_time_ms},
+      {"compression", o.compression},
       {"cache_capacity", o.cache_capacity},
       {"ring_chunk_bytes", o.ring_chunk_bytes},
       {"socket_buffer_bytes", o.socket_buffer_bytes},

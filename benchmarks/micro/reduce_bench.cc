@@ -184,6 +184,36 @@ void BM_ReduceSum(benchmark::State& state, DataType dt, SumFn sum) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(bytes));
 }
 
+// Compression's casts (kernels::Convert): float32 -> `half` and back, `bytes` of float32 each way
+// per iteration; bytes processed counts the float32 side of both casts. Checked against the
+// scalar converters first.
+void BM_Convert(benchmark::State& state, DataType half) {
+  const size_t bytes = static_cast<size_t>(state.range(0));
+  const size_t count = bytes / sizeof(float);
+  Buffers& b = Shared();
+  auto* f = reinterpret_cast<float*>(b.src.data());
+  for (size_t i = 0; i < count; ++i) f[i] = static_cast<float>(i % 1000) * 0.37f - 100.0f;
+  kernels::Convert(DataType::kFloat32, half, b.dst.data(), f, count, 1.0);
+  kernels::Convert(half, DataType::kFloat32, b.want.data(), b.dst.data(), count, 0.5);
+  const auto* back = reinterpret_cast<const float*>(b.want.data());
+  for (size_t i = 0; i < count; ++i) {
+    const uint16_t h = half == DataType::kFloat16 ? FloatToHalf(f[i]) : FloatToBFloat16(f[i]);
+    const float want = (half == DataType::kFloat16 ? HalfToFloat(h) : BFloat16ToFloat(h)) * 0.5f;
+    if (back[i] != want) {
+      ++g_failures;
+      state.SkipWithError("Convert differs from the scalar converters");
+      return;
+    }
+  }
+  for (auto _ : state) {
+    kernels::Convert(DataType::kFloat32, half, b.dst.data(), f, count, 1.0);
+    kernels::Convert(half, DataType::kFloat32, b.want.data(), b.dst.data(), count, 0.5);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(bytes) *
+                          2);
+}
+
 void Register(const std::string& name, DataType dt, SumFn sum) {
   auto* bench = benchmark::RegisterBenchmark(name.c_str(), BM_ReduceSum, dt, sum);
   for (size_t bytes : kSizes) bench->Arg(static_cast<int64_t>(bytes));
@@ -201,6 +231,12 @@ int main(int argc, char** argv) {
     kolo::Register(base + "/active:" + active, dt, kolo::ActiveSum);
     kolo::Register(base + "/baseline", dt, kolo::BaselineSum);
     if (dt == DataType::kFloat32) kolo::Register(base + "/scalar_loop", dt, kolo::ScalarLoopSum);
+  }
+  for (DataType half : {DataType::kFloat16, DataType::kBFloat16}) {
+    const std::string name = std::string("BM_Convert/float32<->") + kolo::DataTypeName(half);
+    auto* bench = benchmark::RegisterBenchmark(name.c_str(), kolo::BM_Convert, half);
+    for (size_t bytes : kolo::kSizes) bench->Arg(static_cast<int64_t>(bytes));
+    bench->Unit(benchmark::kMicrosecond);
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

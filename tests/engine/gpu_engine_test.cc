@@ -194,6 +194,71 @@ INSTANTIATE_TEST_SUITE_P(RanksAndFusion, RingDevice,
                                               info.param.fused ? "fused" : "unfused");
                          });
 
+// Compression of device tensors: each rank's float32 values are 1 + (rank + 1) * 2^-12, which
+// both half types round to 1 (their spacing at 1 is 2^-10 and 2^-7), so a compressed sum is
+// exactly the rank count (and an average exactly 1) where float32's would not be. Fused and
+// unfused, the staged ring (2 ranks) and NCCL (1 rank), fp16 and bf16.
+void CompressedDeviceAllreduce(const std::string& backend, int ranks, const std::string& compression,
+                               bool fused) {
+  RunRanks(
+      ranks,
+      [&](int r) {
+        Options o = RankOptions(r, ranks);
+        o.backend = backend;
+        o.compression = compression;
+        o.fusion_threshold_bytes = fused ? 64 << 20 : 0;
+        return o;
+      },
+      [&](int rank, Engine& engine) {
+        ASSERT_CUDA(cudaSetDevice(0));
+        const std::vector<size_t> counts = {1, 1000, (6u << 20) / 4 + 5};
+        std::vector<float*> bufs;
+        std::vector<Handle> hs;
+        for (size_t k = 0; k < counts.size(); ++k) {
+          std::vector<float> host(counts[k], 1.0f + static_cast<float>(rank + 1) / 4096.0f);
+          float* d = nullptr;
+          ASSERT_CUDA(cudaMalloc(&d, counts[k] * 4));
+          ASSERT_CUDA(cudaMemcpy(d, host.data(), counts[k] * 4, cudaMemcpyHostToDevice));
+          bufs.push_back(d);
+          auto h = engine.AllreduceAsync(fmt::format("c{}", k), d, d, DataType::kFloat32,
+                                         {static_cast<int64_t>(counts[k])},
+                                         k == 1 ? ReduceOp::kAverage : ReduceOp::kSum,
+                                         TensorPlace{0, nullptr});
+          ASSERT_TRUE(h.ok()) << h.status().ToString();
+          hs.push_back(*h);
+        }
+        for (size_t k = 0; k < hs.size(); ++k) {
+          ASSERT_TRUE(engine.Wait(hs[k], std::chrono::seconds(120)).ok());
+          std::vector<float> got(counts[k]);
+          ASSERT_CUDA(cudaMemcpy(got.data(), bufs[k], counts[k] * 4, cudaMemcpyDeviceToHost));
+          const float want = k == 1 ? 1.0f : static_cast<float>(ranks);
+          size_t wrong = 0;
+          for (float v : got) wrong += v != want;
+          EXPECT_EQ(wrong, 0u) << backend << " " << compression << " rank " << rank << " tensor "
+                               << k << ": first " << got[0] << ", expected " << want;
+          EXPECT_CUDA(cudaFree(bufs[k]));
+        }
+        EXPECT_EQ(engine.stats().allreduce_wire_bytes * 2, engine.stats().allreduce_bytes);
+      });
+}
+
+TEST(DeviceTensors, CompressedRingAllreduce) {
+  std::string why;
+  if (!HaveGpu(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  for (const char* c : {"fp16", "bf16"}) {
+    for (bool fused : {false, true}) CompressedDeviceAllreduce("ring", 2, c, fused);
+  }
+}
+
+TEST(DeviceTensors, CompressedNcclAllreduce) {
+  if (!KOLO_HAVE_NCCL) GTEST_SKIP() << "this build has no NCCL";
+  std::string why;
+  if (!HaveGpu(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  for (const char* c : {"fp16", "bf16"}) {
+    for (bool fused : {false, true}) CompressedDeviceAllreduce("nccl", 1, c, fused);
+  }
+}
+
 void SleepOnStream(void* ms) {
   std::this_thread::sleep_for(std::chrono::milliseconds(reinterpret_cast<intptr_t>(ms)));
 }

@@ -70,7 +70,7 @@ std::vector<Status> RunPsJob(int size, const std::function<Options(int)>& option
 
 // Trains `steps` steps of the test variables; weights start as PsInitial on worker 0 and as
 // garbage elsewhere (the first push carries worker 0's). Pushes go out in a per-worker order.
-Status TrainAndCheck(Engine& e, int steps, bool large) {
+Status TrainAndCheck(Engine& e, int steps, bool large, DataType push = DataType::kFloat32) {
   const auto vars = PsVariables(large);
   std::vector<std::vector<float>> weights(vars.size()), grads(vars.size());
   for (size_t v = 0; v < vars.size(); ++v) {
@@ -99,7 +99,7 @@ Status TrainAndCheck(Engine& e, int steps, bool large) {
     }
     for (Handle h : handles) KOLO_RETURN_IF_ERROR(e.Wait(h, kWait));
   }
-  const auto want = PsReference(vars, e.size(), steps);
+  const auto want = PsReference(vars, e.size(), steps, push);
   for (size_t v = 0; v < vars.size(); ++v) {
     const std::string diff = PsCompare(vars[v].name, weights[v], want[v]);
     if (!diff.empty()) return Internal("worker {}: {}", e.rank(), diff);
@@ -218,6 +218,75 @@ TEST(PsEngine, PacedPushesGiveTheSameWeights) {
     EXPECT_TRUE(results[static_cast<size_t>(r)].ok())
         << "rank " << r << ": " << results[static_cast<size_t>(r)].ToString();
   }
+}
+
+// Compressed pushes: the servers sum the workers' gradients as rounded to fp16 or bf16 (in float32)
+// and train to the reference computed from those rounded gradients, which differs from float32's
+// by far more than the comparison's tolerance. The pushes' bytes halve; pulls stay float32.
+TEST(PsEngine, CompressedPushesTrainOnTheRoundedGradients) {
+  for (const char* compression : {"fp16", "bf16"}) {
+    SCOPED_TRACE(compression);
+    const DataType push =
+        std::string(compression) == "fp16" ? DataType::kFloat16 : DataType::kBFloat16;
+    const int size = 4;
+    const auto results = RunPsJob(
+        size,
+        [&](int r) {
+          Options o = PsRankOptions(r, size, 2, "split");
+          o.compression = compression;
+          return o;
+        },
+        [&](Engine& e) { return TrainAndCheck(e, 3, /*large=*/true, push); });
+    for (int r = 0; r < size; ++r) {
+      EXPECT_TRUE(results[static_cast<size_t>(r)].ok())
+          << "rank " << r << ": " << results[static_cast<size_t>(r)].ToString();
+    }
+  }
+  // The same gradients checked against float32's reference fail: the rounding is visible.
+  const auto vars = testing::PsVariables(true);
+  const auto exact = testing::PsReference(vars, 2, 3);
+  const auto rounded = testing::PsReference(vars, 2, 3, DataType::kFloat16);
+  EXPECT_NE(testing::PsCompare("fc/weight", rounded.back(), exact.back()), "");
+}
+
+// A worker's pushes of a 1.2 MB variable: half the bytes with compression.
+TEST(PsEngine, CompressedPushesSendHalfTheBytes) {
+  std::vector<int64_t> sent(2);
+  for (int pass = 0; pass < 2; ++pass) {
+    const int size = 2;
+    std::vector<int64_t> per_worker(1);
+    const auto results = RunPsJob(
+        size,
+        [&](int r) {
+          Options o = PsRankOptions(r, size, 1, "greedy");
+          o.compression = pass == 0 ? "none" : "bf16";
+          return o;
+        },
+        [&](Engine& e) -> Status {
+          const std::vector<VariableSpec> vars = {{"w", DataType::kFloat32, {300, 1000}}};
+          std::vector<float> w(300000, 0.5f), g(300000, 0.25f);
+          KOLO_RETURN_IF_ERROR(e.RegisterVariables(vars));
+          // The first push also carries the initial weights (float32): count from the second.
+          KOLO_ASSIGN_OR_RETURN(Handle h0, e.PushPullAsync("w", g.data(), w.data(),
+                                                           DataType::kFloat32, {300, 1000}, {}));
+          KOLO_RETURN_IF_ERROR(e.Wait(h0, kWait));
+          const int64_t before = e.stats().ps_bytes_sent;
+          KOLO_ASSIGN_OR_RETURN(Handle h1, e.PushPullAsync("w", g.data(), w.data(),
+                                                           DataType::kFloat32, {300, 1000}, {}));
+          KOLO_RETURN_IF_ERROR(e.Wait(h1, kWait));
+          per_worker[0] = e.stats().ps_bytes_sent - before;
+          return e.Barrier();
+        });
+    for (int r = 0; r < size; ++r) {
+      ASSERT_TRUE(results[static_cast<size_t>(r)].ok())
+          << "rank " << r << ": " << results[static_cast<size_t>(r)].ToString();
+    }
+    sent[static_cast<size_t>(pass)] = per_worker[0];
+  }
+  EXPECT_GE(sent[0], 1200000);
+  EXPECT_LT(sent[0], 1200000 * 1.01);
+  EXPECT_GE(sent[1], 600000);
+  EXPECT_LT(sent[1], 600000 * 1.01);
 }
 
 TEST(PsEngine, ExplicitServerRanksInTheMiddleOfTheJob) {

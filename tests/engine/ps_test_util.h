@@ -50,11 +50,19 @@ inline SgdSettings PsSgd(int step) {
   return s;
 }
 
+// A gradient as it reaches the servers when pushes travel as `push` (compression): rounded to it.
+inline float PsPushed(float g, DataType push) {
+  if (push == DataType::kFloat16) return HalfToFloat(FloatToHalf(g));
+  if (push == DataType::kBFloat16) return BFloat16ToFloat(FloatToBFloat16(g));
+  return g;
+}
+
 // The weights after `steps` synchronous steps of `workers` workers: each step, the average over
-// workers of PsGrad, then g' = avg * grad_scale + weight_decay * w; v = momentum * v + g';
+// workers of PsGrad (each rounded to `push` first), then g' = avg * grad_scale + weight_decay * w; v = momentum * v + g';
 // w -= learning_rate * v (v starts at zero).
 inline std::vector<std::vector<float>> PsReference(const std::vector<VariableSpec>& vars,
-                                                   int workers, int steps) {
+                                                   int workers, int steps,
+                                                   DataType push = DataType::kFloat32) {
   std::vector<std::vector<float>> w(vars.size());
   for (size_t v = 0; v < vars.size(); ++v) {
     const size_t n = static_cast<size_t>(NumElements(vars[v].shape));
@@ -65,7 +73,9 @@ inline std::vector<std::vector<float>> PsReference(const std::vector<VariableSpe
       const SgdSettings s = PsSgd(t);
       for (size_t i = 0; i < n; ++i) {
         double sum = 0;
-        for (int k = 0; k < workers; ++k) sum += PsGrad(k, t, static_cast<int>(v), i);
+        for (int k = 0; k < workers; ++k) {
+          sum += PsPushed(PsGrad(k, t, static_cast<int>(v), i), push);
+        }
         const float avg = static_cast<float>(sum / workers);
         const float g =
             avg * static_cast<float>(s.grad_scale) + static_cast<float>(s.weight_decay) * w[v][i];

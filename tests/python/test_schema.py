@@ -98,6 +98,25 @@ def test_allreduce_algorithm_is_a_ring_setting_with_a_column_of_its_own():
     assert settings.BY_NAME["allreduce_algorithm"].check("auto") is None
 
 
+def test_compression_is_a_setting_of_every_communicating_backend_with_its_column():
+    ring = {"model": "vgg16", "ranks": 4, "backend": "ring", "point_id": "p1", "repeat": 0}
+    for backend in ("ring", "mpi", "ps", "nccl"):
+        point = dict(ring, backend=backend, compression="fp16")
+        args = settings.trainer_args(point)
+        assert args[args.index("--compression") + 1] == "fp16", (backend, args)
+        assert schema.make_row(point, RECORD, run_id="r1", status="ok")["compression"] == "fp16"
+    # What ran, from the record, where the point left it to the default.
+    rec = dict(RECORD, settings=dict(RECORD["settings"], compression="none"))
+    assert schema.make_row(ring, rec, run_id="r1", status="ok")["compression"] == "none"
+    # The single-rank baseline communicates nothing: no flag, an empty column.
+    base = dict(ring, ranks=1, backend="none", compression="bf16")
+    assert "--compression" not in settings.trainer_args(base)
+    assert schema.make_row(base, RECORD, run_id="r1", status="ok")["compression"] == ""
+    why = settings.BY_NAME["compression"].check("fp8")
+    assert why is not None and "bf16" in why
+    assert settings.BY_NAME["compression"].check("none") is None
+
+
 def test_failed_row_has_no_results_and_one_line_error():
     point = {"model": "vgg16", "ranks": 4, "point_id": "p1", "repeat": 0}
     row = schema.make_row(point, RECORD, run_id="r1", status="failed", error="boom\nsecond line", nodes=1)

@@ -190,6 +190,40 @@ TEST(SimModelTest, AnAlgorithmTheEngineRefusesIsRefused) {
   EXPECT_TRUE(Predict(p, Calibration{}).ok());
 }
 
+// Compression halves what every allreduce and every push moves (pulls stay float32), and a
+// communication-bound point gets faster; each group pays its casts at the fusion copy rate.
+TEST(SimModelTest, CompressionHalvesTheBytesAndPaysItsCasts) {
+  Calibration cal;
+  for (const std::string backend : {"ring", "mpi", "nccl", "ps"}) {
+    SCOPED_TRACE(backend);
+    Point p = PaperPoint("vgg16", backend, 16);
+    auto plain = Predict(p, cal);
+    p.compression = "fp16";
+    auto half = Predict(p, cal);
+    ASSERT_TRUE(plain.ok() && half.ok());
+    EXPECT_NEAR(half->comm_bytes_per_step, plain->comm_bytes_per_step / 2,
+                plain->comm_bytes_per_step * 1e-9);
+    EXPECT_LT(half->step_ms, plain->step_ms);
+    EXPECT_LT(half->comm_ms, plain->comm_ms);
+  }
+  // The casts cost time: with a very slow copy rate compression is slower than none on a fast
+  // network, and with NCCL (on the GPU) it costs nothing of it.
+  Calibration slow_copy;
+  slow_copy.fusion_copy_gbytes_per_s = 0.05;
+  slow_copy.link_gbit = 400;
+  Point p = PaperPoint("vgg16", "ring", 8);
+  auto plain = Predict(p, slow_copy);
+  p.compression = "bf16";
+  auto half = Predict(p, slow_copy);
+  ASSERT_TRUE(plain.ok() && half.ok());
+  EXPECT_GT(half->comm_ms, plain->comm_ms);
+  p.compression = "fp8";
+  auto bad = Predict(p, cal);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("compression 'fp8' is unknown"), std::string::npos)
+      << bad.status().ToString();
+}
+
 TEST(SimModelTest, PsUnderIncastIsSlowerWithMoreWorkersPerServer) {
   Calibration cal;
   auto few = Predict(PaperPoint("vgg16", "ps", 4), cal);

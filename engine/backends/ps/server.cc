@@ -108,10 +108,12 @@ Status Server::PostHeaderRecv(int worker) {
 Status Server::PostChunks(int worker) {
   Peer& p = peers_[static_cast<size_t>(worker)];
   ShardState& s = shards_[static_cast<size_t>(p.push_shard)];
-  const size_t bytes = s.count * kElem;
+  // Chunks of chunk_bytes_ / 4 elements in the push dtype (half the bytes when compressed).
+  const size_t chunk_elems = chunk_bytes_ / kElem;
+  const size_t push_elem = DataTypeSize(registration_.push_dtype);
   while (p.chunks_outstanding < 2 && p.chunks_posted < p.chunks_total) {
     const size_t k = p.chunks_posted;
-    const size_t len = std::min(chunk_bytes_, bytes - k * chunk_bytes_);
+    const size_t len = std::min(chunk_elems, s.count - k * chunk_elems) * push_elem;
     const size_t slot = k % 2;
     KOLO_RETURN_IF_ERROR(job_.device->pair(p.rank).Recv(
         *staging_region_, (static_cast<size_t>(worker) * 2 + slot) * chunk_bytes_, len,
@@ -157,8 +159,14 @@ Status Server::OnCompletion(const transport::Completion& c) {
       ShardState& s = shards_[static_cast<size_t>(slot.shard)];
       const float* src =
           staging_.data() + (static_cast<size_t>(w) * 2 + slot.staging) * (chunk_bytes_ / kElem);
+      const DataType push = registration_.push_dtype;
+      const size_t elems = slot.bytes / DataTypeSize(push);
+      if (push != DataType::kFloat32) {  // compressed: summed in float32
+        kernels::Convert(push, DataType::kFloat32, widened_.data(), src, elems, 1.0);
+        src = widened_.data();
+      }
       kernels::ReduceSum(DataType::kFloat32, s.sum.data() + slot.chunk * (chunk_bytes_ / kElem),
-                         src, slot.bytes / kElem);
+                         src, elems);
       --p.chunks_outstanding;
       if (slot.chunk + 1 == p.chunks_total) return OnPushDone(w, s);
       return PostChunks(w);
@@ -251,7 +259,7 @@ Status Server::OnPushHeader(int w, const Header& h) {
     p.recvs.push_back(RecvSlot{Slot::kInit, local, 0, s.count * kElem, 0});
   }
   p.push_shard = local;
-  p.chunks_total = ChunkCount(s.count * kElem, chunk_bytes_);
+  p.chunks_total = ChunkCount(s.count, chunk_bytes_ / kElem);
   p.chunks_posted = 0;
   p.chunks_outstanding = 0;
   if (p.chunks_total == 0) {
@@ -354,6 +362,7 @@ Status Server::FinishRegistration() {
     KOLO_ASSIGN_OR_RETURN(reply_regions_[i], d.Register(&s.reply, sizeof(Header)));
   }
   staging_.assign(static_cast<size_t>(workers_) * 2 * (chunk_bytes_ / kElem), 0.0f);
+  if (registration_.push_dtype != DataType::kFloat32) widened_.assign(chunk_bytes_ / kElem, 0.0f);
   KOLO_ASSIGN_OR_RETURN(staging_region_, d.Register(staging_.data(), staging_.size() * kElem));
   registered_ = true;
   registered_header_ = Header{};

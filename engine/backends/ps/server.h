@@ -124,7 +124,9 @@ class Server {
   std::vector<int> local_;          // shard id -> index in shards_, -1 elsewhere
   std::vector<Header> rx_headers_;  // per worker
   std::unique_ptr<transport::Region> rx_headers_region_;
-  std::vector<float> staging_;  // per worker: 2 chunks
+  std::vector<float> staging_;  // per worker: 2 chunks (of chunk_bytes_ / 4 elements)
+  // Compressed pushes: a received chunk cast to float32 before it is summed.
+  std::vector<float> widened_;
   std::unique_ptr<transport::Region> staging_region_;
   Header registered_header_;
   std::unique_ptr<transport::Region> registered_region_;

@@ -55,6 +55,7 @@ std::vector<uint8_t> SerializeRegistration(const Registration& r) {
   j["placement"] = PlacementPolicyName(r.policy);
   j["split_min_bytes"] = r.split_min_bytes;
   j["chunk_bytes"] = r.chunk_bytes;
+  j["push_dtype"] = DataTypeName(r.push_dtype);
   nlohmann::json vars = nlohmann::json::array();
   for (const VariableSpec& v : r.vars) {
     vars.push_back({{"name", v.name}, {"dtype", DataTypeName(v.dtype)}, {"shape", v.shape}});
@@ -72,6 +73,12 @@ StatusOr<Registration> ParseRegistration(const std::vector<uint8_t>& bytes) {
     KOLO_ASSIGN_OR_RETURN(r.policy, ParsePlacementPolicy(j.at("placement").get<std::string>()));
     r.split_min_bytes = j.at("split_min_bytes").get<int64_t>();
     r.chunk_bytes = j.at("chunk_bytes").get<int64_t>();
+    KOLO_ASSIGN_OR_RETURN(r.push_dtype, ParseDataType(j.at("push_dtype").get<std::string>()));
+    if (r.push_dtype != DataType::kFloat32 && r.push_dtype != DataType::kFloat16 &&
+        r.push_dtype != DataType::kBFloat16) {
+      return ProtocolError("registration pushes {}: allowed are float32, float16, bfloat16",
+                           DataTypeName(r.push_dtype));
+    }
     if (r.chunk_bytes < 4 || r.chunk_bytes % 4 != 0 || r.split_min_bytes < 1 || r.servers < 1) {
       return ProtocolError("registration has servers {}, chunk {} bytes, split minimum {} bytes",
                            r.servers, r.chunk_bytes, r.split_min_bytes);
@@ -101,6 +108,10 @@ std::string DescribeDifference(const Registration& mine, const Registration& the
   if (mine.chunk_bytes != theirs.chunk_bytes) {
     return fmt::format("chunk bytes (KOLO_RING_CHUNK_BYTES): {} vs {}", mine.chunk_bytes,
                        theirs.chunk_bytes);
+  }
+  if (mine.push_dtype != theirs.push_dtype) {
+    return fmt::format("push dtype (KOLO_COMPRESSION): {} vs {}", DataTypeName(mine.push_dtype),
+                       DataTypeName(theirs.push_dtype));
   }
   if (mine.split_min_bytes != theirs.split_min_bytes) {
     return fmt::format("split minimum: {} vs {} bytes", mine.split_min_bytes,

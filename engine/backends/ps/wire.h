@@ -4,7 +4,9 @@
 // same pair is fixed by the header, so the receiver posts the matching receives in order:
 //   worker -> server  kRegister  bytes = length of the registration text that follows
 //                     kPush      [kInitFlag: the shard's initial value, shard bytes], then the
-//                                shard's gradient in ChunkCount(bytes, chunk) messages
+//                                shard's gradient in ChunkCount(elements, chunk elements)
+//                                messages, in the registration's push dtype (float32, or half
+//                                precision under compression: Options::compression)
 //                     kBye       nothing follows; the worker is done
 //   server -> worker  kRegistered nothing follows; the server accepted the registration
 //                     kPull      the shard's new value, one message of shard bytes
@@ -73,6 +75,9 @@ struct Registration {
   PlacementPolicy policy = PlacementPolicy::kGreedy;
   int64_t split_min_bytes = kSplitMinBytes;
   int64_t chunk_bytes = 0;
+  // The dtype gradients are pushed in: float32, or float16/bfloat16 under compression. A chunk
+  // holds chunk_bytes / 4 elements whatever the dtype.
+  DataType push_dtype = DataType::kFloat32;
   std::vector<VariableSpec> vars;
 };
 

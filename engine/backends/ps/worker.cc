@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "engine/common/logging.h"
+#include "engine/kernels/reduce.h"
 
 namespace kolo::backends::ps {
 namespace {
@@ -26,6 +27,8 @@ Worker::Worker(Job job, CompleteFn complete, FailFn fail, timeline::Timeline* ti
       timeline_(timeline),
       chunk_bytes_(PushChunkBytes(job_.options.ring_chunk_bytes)),
       peer_timeout_(static_cast<int64_t>(job_.options.peer_timeout_s * 1000)) {
+  if (job_.options.compression == "fp16") push_dtype_ = DataType::kFloat16;
+  if (job_.options.compression == "bf16") push_dtype_ = DataType::kBFloat16;
   const size_t servers = static_cast<size_t>(job_.roles.servers());
   rx_headers_.resize(servers);
   control_headers_.resize(2);
@@ -43,6 +46,7 @@ Status Worker::RegisterVariables(const std::vector<VariableSpec>& vars) {
   reg.servers = job_.roles.servers();
   reg.policy = job_.policy;
   reg.chunk_bytes = static_cast<int64_t>(chunk_bytes_);
+  reg.push_dtype = push_dtype_;
   reg.vars = vars;
   KOLO_RETURN_IF_ERROR(ValidateRegistration(reg));
   {
@@ -314,6 +318,20 @@ Status Worker::StartPush(const Request& r) {
     KOLO_ASSIGN_OR_RETURN(v.weights_region, d.Register(r.weights, bytes));
     v.weights_ptr = r.weights;
   }
+  // Compressed, the whole gradient is cast once into the variable's wire buffer, and its shards
+  // are sent from there.
+  const bool compressed = push_dtype_ != DataType::kFloat32;
+  const size_t push_elem = DataTypeSize(push_dtype_);
+  transport::Region* push_region = v.grad_region.get();
+  if (compressed) {
+    const size_t count = static_cast<size_t>(NumElements(v.spec.shape));
+    if (!v.wire_region) {
+      v.wire.assign(std::max<size_t>(count, 1), 0);
+      KOLO_ASSIGN_OR_RETURN(v.wire_region, d.Register(v.wire.data(), count * push_elem));
+    }
+    kernels::Convert(DataType::kFloat32, push_dtype_, v.wire.data(), r.grad, count, 1.0);
+    push_region = v.wire_region.get();
+  }
   const auto& ids = placement_.variable_shards[static_cast<size_t>(r.var)];
   v.handle = r.handle;
   v.pending_sends = v.pending_pulls = static_cast<int>(ids.size());
@@ -338,7 +356,10 @@ Status Worker::StartPush(const Request& r) {
     ++pulls_due_[static_cast<size_t>(sh.server)];
     const size_t offset = static_cast<size_t>(sh.begin) * kElem;
     const size_t shard_bytes = static_cast<size_t>(sh.bytes);
-    const size_t chunks = ChunkCount(shard_bytes, chunk_bytes_);
+    // Chunks hold chunk_bytes_ / 4 elements, in the push dtype.
+    const size_t chunk_elems = chunk_bytes_ / kElem;
+    const size_t count = static_cast<size_t>(sh.count);
+    const size_t chunks = ChunkCount(count, chunk_elems);
     KOLO_RETURN_IF_ERROR(p.Send(*push_headers_region_, static_cast<size_t>(id) * sizeof(Header),
                                 sizeof(Header), kHeaderTag));
     q.push_back(SendSlot{r.var, !init && chunks == 0});
@@ -348,8 +369,10 @@ Status Worker::StartPush(const Request& r) {
       q.push_back(SendSlot{r.var, chunks == 0});
     }
     for (size_t k = 0; k < chunks; ++k) {
-      const size_t len = std::min(chunk_bytes_, shard_bytes - k * chunk_bytes_);
-      KOLO_RETURN_IF_ERROR(p.Send(*v.grad_region, offset + k * chunk_bytes_, len,
+      const size_t elems = std::min(chunk_elems, count - k * chunk_elems);
+      KOLO_RETURN_IF_ERROR(p.Send(*push_region,
+                                  (static_cast<size_t>(sh.begin) + k * chunk_elems) * push_elem,
+                                  elems * push_elem,
                                   PayloadTag(Kind::kPush, static_cast<uint32_t>(id))));
       q.push_back(SendSlot{r.var, k + 1 == chunks});
     }

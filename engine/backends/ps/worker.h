@@ -103,6 +103,10 @@ class Worker {
     const void* grad_ptr = nullptr;
     void* weights_ptr = nullptr;
     std::unique_ptr<transport::Region> grad_region, weights_region;
+    // Compression: the gradient cast to the push dtype, sent from here (allocated and registered
+    // at the first push).
+    std::vector<uint16_t> wire;
+    std::unique_ptr<transport::Region> wire_region;
   };
 
   void Run() KOLO_EXCLUDES(mu_);
@@ -126,6 +130,8 @@ class Worker {
   const FailFn fail_;
   timeline::Timeline* const timeline_;
   const size_t chunk_bytes_;
+  // The dtype gradients travel in (Options::compression) and its element size.
+  DataType push_dtype_ = DataType::kFloat32;
   const std::chrono::milliseconds peer_timeout_;
 
   // Lock order: shutdown_mu_, then mu_. mu_ is never held across communication or callbacks.

@@ -108,6 +108,7 @@ Status Convert(const RawFlags& raw, BenchConfig* c) {
             "transports, e.g. shm,tcp",
             raw.transport);
       }
+      KOLO_RETURN_IF_ERROR(ParseTransportSpec(item).status().WithContext("--transport"));
       if (std::find(c->transports.begin(), c->transports.end(), item) == c->transports.end()) {
         c->transports.push_back(item);
       }
@@ -323,6 +324,19 @@ std::vector<int64_t> SweepSizes(const BenchConfig& config) {
     s *= config.step_factor;
   }
   return sizes;
+}
+
+StatusOr<TransportSpec> ParseTransportSpec(const std::string& item) {
+  TransportSpec spec;
+  const size_t star = item.find('*');
+  spec.name = item.substr(0, star);
+  if (star == std::string::npos) return spec;
+  if (spec.name != "tcp" && spec.name != "auto") {
+    return InvalidArgument("'{}': streams (*N) are for tcp and auto only", item);
+  }
+  KOLO_ASSIGN_OR_RETURN(spec.streams, ParseTcpStreams(item, item.substr(star + 1)));
+  if (spec.streams == 0) return InvalidArgument("'{}': give a number of streams, 1 to 16", item);
+  return spec;
 }
 
 }  // namespace kolo::bench

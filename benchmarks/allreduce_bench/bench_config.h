@@ -38,6 +38,14 @@ enum class BufferPlace { kHost, kCuda };
 
 enum class FusionMode { kOn, kOff, kBoth };
 
+// A --transport item: a transport's name, with "*N" for TCP with N streams per pair ("tcp*4",
+// "auto*2"; KOLO_TCP_STREAMS); streams 0 when none is given (the engine's setting holds).
+struct TransportSpec {
+  std::string name;
+  int streams = 0;
+};
+StatusOr<TransportSpec> ParseTransportSpec(const std::string& item);
+
 struct BenchConfig {
   // Size sweep: min_bytes, min_bytes * step_factor, ... up to max_bytes (inclusive).
   int64_t min_bytes = 8;
@@ -64,7 +72,7 @@ struct BenchConfig {
   std::optional<double> fusion_threshold_mb;  // MiB; 0 disables fusion
   std::optional<double> cycle_time_ms;
   std::optional<std::string> compression;  // --compression: Options::compression
-  std::string json_path;  // written by rank 0; empty = no JSON
+  std::string json_path;                   // written by rank 0; empty = no JSON
   bool check = true;      // verify every backend's result against the local reference
   bool gloo_all = false;  // also Gloo's oldest, unpipelined AllreduceRing
   // Step mode instead of the size sweep: one step's gradients of this model (tensor_sets.h).

@@ -220,7 +220,11 @@ StatusOr<StartedEngine> StartEngine(BackendEnv& env, BackendKind kind,
   if (!algorithm.empty()) o.allreduce_algorithm = algorithm;
   o.backend = kind == BackendKind::kMpi ? "mpi" : (kind == BackendKind::kNccl ? "nccl" : "ring");
   o.hierarchical_allreduce = kind == BackendKind::kRingHier;
-  if (!transport.empty()) o.transport = transport;
+  if (!transport.empty()) {
+    KOLO_ASSIGN_OR_RETURN(const TransportSpec spec, ParseTransportSpec(transport));
+    o.transport = spec.name;
+    if (spec.streams > 0) o.tcp_streams = spec.streams;
+  }
   if (fusion_threshold_bytes) o.fusion_threshold_bytes = *fusion_threshold_bytes;
   StartedEngine started;
   started.store = std::make_unique<bootstrap::PrefixStore>(

@@ -56,9 +56,15 @@ Status Configure(const BenchConfig& config, Options* options) {
   if (config.cycle_time_ms) options->cycle_time_ms = *config.cycle_time_ms;
   if (config.compression) options->compression = *config.compression;
   // The engines of every row start from the first transport; ring and link rows take their own.
-  if (!config.transports.empty()) options->transport = config.transports.front();
+  if (!config.transports.empty()) {
+    KOLO_ASSIGN_OR_RETURN(const TransportSpec first, ParseTransportSpec(config.transports.front()));
+    options->transport = first.name;
+    if (first.streams > 0) options->tcp_streams = first.streams;
+  }
   KOLO_RETURN_IF_ERROR(options->Validate());
-  for (const std::string& t : config.transports) {
+  for (const std::string& spec : config.transports) {
+    KOLO_ASSIGN_OR_RETURN(const TransportSpec ts, ParseTransportSpec(spec));
+    const std::string& t = ts.name;
     Status s = transport::CheckTransport(t);
     // A transport this host cannot use (rdma without a device) fails now, naming the host.
     if (s.ok()) s = transport::ProbeTransport(t, transport::SettingsFrom(*options, "", ""));
@@ -160,15 +166,17 @@ Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
     link_stores.push_back(std::make_unique<bootstrap::PrefixStore>(
         transports.size() > 1 ? fmt::format("bench/link/{}/", t) : std::string("bench/link/"),
         *rv.store));
+    KOLO_ASSIGN_OR_RETURN(const TransportSpec spec, ParseTransportSpec(t));
     transport::ConnectSettings settings =
         transport::SettingsFrom(options, rv.listen_addr, rv.secret);
+    if (spec.streams > 0) settings.tcp_streams = spec.streams;
     // The control channel's barrier and allgather and the link row's ring use only the peers of
     // the job's connection plan.
     settings.peers = collectives::PlanConnections(
         options.rank, options.size, collectives::Comm{}.bitwise_direct_max_ranks, nullptr);
     settings.full_ring_peers = collectives::PlanFullRingPeers(options.rank, options.size, nullptr);
     auto connected =
-        transport::Connect(t, settings, *link_stores.back(), options.rank, options.size);
+        transport::Connect(spec.name, settings, *link_stores.back(), options.rank, options.size);
     if (!connected.ok()) {
       return connected.status().WithContext(
           fmt::format("rank {}: connecting the benchmark's {} device", options.rank, t));

@@ -54,6 +54,11 @@ void EngineFlags::Add(CLI::App& app) {
                  "none | fp16 | bf16: float32 gradients travel in half precision in allreduces "
                  "and parameter-server pushes (KOLO_COMPRESSION; default none)")
       ->group(g);
+  app.add_option("--tcp-streams", tcp_streams_,
+                 "TCP connections per pair of ranks, striping large messages across them: auto "
+                 "(one per 10 Gbit/s of the NIC, at most 8; 1 on loopback) or 1-16 "
+                 "(KOLO_TCP_STREAMS)")
+      ->group(g);
   app.add_option("--log-level", log_level_, "trace | debug | info | warning | error")->group(g);
   app.add_option("--ring-chunk-kb", ring_chunk_kb_, "ring pipeline chunk in KiB")->group(g);
   app.add_option("--socket-buffer-kb", socket_buffer_kb_, "socket buffer size in KiB")->group(g);
@@ -100,6 +105,9 @@ Status EngineFlags::Apply(Options* o) const {
   if (hierarchical_) o->hierarchical_allreduce = true;
   if (allreduce_algorithm_) o->allreduce_algorithm = *allreduce_algorithm_;
   if (compression_) o->compression = *compression_;
+  if (tcp_streams_) {
+    KOLO_ASSIGN_OR_RETURN(o->tcp_streams, ParseTcpStreams("--tcp-streams", *tcp_streams_));
+  }
   if (log_level_) {
     auto level = ParseLogLevel(*log_level_);
     if (!level.ok())

@@ -31,6 +31,7 @@ class EngineFlags {
   std::optional<std::string> backend_, transport_, timeline_, iface_, log_level_;
   std::optional<std::string> allreduce_algorithm_;
   std::optional<std::string> compression_;
+  std::optional<std::string> tcp_streams_;
   std::optional<double> fusion_threshold_mb_, cycle_time_ms_, stall_check_s_, stall_shutdown_s_,
       peer_timeout_s_, start_timeout_s_;
   std::optional<int> cache_capacity_;

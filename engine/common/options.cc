@@ -1,7 +1,10 @@
 #include "engine/common/options.h"
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 #include "engine/common/fault_inject.h"
 #include "engine/common/file.h"
@@ -75,7 +79,9 @@ const char* const kKnownVariables[] = {
     "KOLO_PEER_TIMEOUT_SECONDS", "KOLO_START_TIMEOUT_SECONDS", "KOLO_FAULT_INJECT",
     "KOLO_STALL_CHECK_SECONDS", "KOLO_STALL_SHUTDOWN_SECONDS", "KOLO_MPI_IDLE_PROGRESS",
     "KOLO_SKIP_BOOTSTRAP", "KOLO_PS_SERVERS", "KOLO_PS_SERVER_RANKS", "KOLO_PS_PLACEMENT",
-    "KOLO_PS_PACING", "KOLO_IB_DEVICE", "KOLO_IB_PORT", "KOLO_IB_GID_INDEX", "KOLO_IB_VERBS",
+    "KOLO_PS_PACING", "KOLO_COMPRESSION", "KOLO_TCP_STREAMS", "KOLO_TCP_STRIPE_MIN_BYTES",
+    "KOLO_EMULATED_FLOW_CAP", "KOLO_IB_DEVICE", "KOLO_IB_PORT", "KOLO_IB_GID_INDEX",
+    "KOLO_IB_VERBS",
     // Read by scripts/ (and exported to the ranks they start).
     "KOLO_ROOT", "KOLO_VENV", "KOLO_OUT", "KOLO_BIN_DIR", "KOLO_SKIP_BUILD", "KOLO_RECONFIGURE",
     "KOLO_MPIRUN_ARGS", "KOLO_MAIN_TIMEOUT"};
@@ -418,6 +424,44 @@ int64_t LastLevelCacheBytes() {
   return l3 > 0 ? l3 : 0;
 }
 
+StatusOr<int> ParseTcpStreams(const std::string& what, const std::string& value) {
+  if (value == "auto") return 0;
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(value.c_str(), &end, 10);
+  if (value.empty() || end != value.c_str() + value.size() || errno == ERANGE || v < 1 || v > 16) {
+    return InvalidArgument("{}='{}': allowed are auto or a number of streams from 1 to 16", what,
+                           value);
+  }
+  return static_cast<int>(v);
+}
+
+std::string TcpStreamsName(int tcp_streams) {
+  return tcp_streams == 0 ? "auto" : fmt::format("{}", tcp_streams);
+}
+
+int AutoTcpStreams(const std::string& listen_addr) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return 1;
+  std::string iface;
+  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text) != nullptr && listen_addr == text) {
+      if ((a->ifa_flags & IFF_LOOPBACK) == 0) iface = a->ifa_name;
+      break;
+    }
+  }
+  ::freeifaddrs(list);
+  if (iface.empty()) return 1;
+  // Mbit/s; virtual links (veth, bridges) report none or a nominal 10000.
+  std::ifstream speed_file("/sys/class/net/" + iface + "/speed");
+  long mbit = 0;
+  if (!(speed_file >> mbit) || mbit <= 0) return 1;
+  return static_cast<int>(std::clamp<long>((mbit + 9999) / 10000, 1, 8));
+}
+
 const std::vector<std::string>& CompressionNames() {
   static const std::vector<std::string> kNames = {"none", "fp16", "bf16"};
   return kNames;
@@ -439,6 +483,8 @@ std::vector<MatchedSetting> MustMatch(const Options& o) {
       {"hierarchical_allreduce", o.hierarchical_allreduce ? "true" : "false"},
       {"allreduce_algorithm", o.allreduce_algorithm},
       {"compression", o.compression},
+      {"tcp_streams", TcpStreamsName(o.tcp_streams)},
+      {"tcp_stripe_min_bytes", fmt::format("{}", o.tcp_stripe_min_bytes)},
       {"ring_chunk_bytes", fmt::format("{}", o.ring_chunk_bytes)},
   };
   if (o.backend == "ps") {
@@ -471,6 +517,15 @@ StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string
   }
   if (const std::string* v = Find(env, "KOLO_ALLREDUCE_ALGORITHM")) o.allreduce_algorithm = *v;
   if (const std::string* v = Find(env, "KOLO_COMPRESSION")) o.compression = *v;
+  if (const std::string* v = Find(env, "KOLO_TCP_STREAMS")) {
+    KOLO_ASSIGN_OR_RETURN(o.tcp_streams, ParseTcpStreams("KOLO_TCP_STREAMS", *v));
+  }
+  KOLO_RETURN_IF_ERROR(
+      ReadInt(env, "KOLO_TCP_STRIPE_MIN_BYTES", 4096, 1ll << 40, &o.tcp_stripe_min_bytes));
+  if (const std::string* v = Find(env, "KOLO_EMULATED_FLOW_CAP")) {
+    KOLO_ASSIGN_OR_RETURN(o.emulated_flow_cap_bits_per_s,
+                          ParseBitRate("KOLO_EMULATED_FLOW_CAP", *v));
+  }
   if (const std::string* v = Find(env, "KOLO_BACKEND")) o.backend = *v;
   if (const std::string* v = Find(env, "KOLO_TRANSPORT")) o.transport = *v;
   if (const std::string* v = Find(env, "KOLO_TIMELINE")) o.timeline_path = *v;

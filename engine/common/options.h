@@ -65,6 +65,21 @@ struct Options {
   // with it (512 KiB to 4 MiB measured; a larger ring lets more bytes in flight fall out of the
   // cache).
   int64_t shm_ring_bytes = 1 << 20;
+  // KOLO_TCP_STREAMS: TCP connections per pair of ranks, 1 to 16, or 0 ("auto"): one per
+  // 10 Gbit/s of the listening interface's link speed (/sys/class/net/IFACE/speed), at most 8;
+  // 1 on loopback, on virtual links and where the speed is unknown (AutoTcpStreams). On a fast NIC
+  // one TCP flow is bounded by one congestion window and by the copies of one core; a message of
+  // at least KOLO_TCP_STRIPE_MIN_BYTES is striped across the pair's streams (the TCP transport's
+  // "Several streams"). Within a pair the connecting (higher) rank's count holds.
+  int tcp_streams = 0;
+  // KOLO_TCP_STRIPE_MIN_BYTES: the smallest message striped across several streams; smaller ones
+  // go whole on the first (a few parts each would cost more in system calls than they gain).
+  int64_t tcp_stripe_min_bytes = 256 << 10;
+  // KOLO_EMULATED_FLOW_CAP: the emulated cluster's per-flow cap (scripts/cluster up --flow-cap),
+  // as a rate ("200mbit"; "off" or 0: none): every data connection of the TCP transport is paced
+  // at it (SO_MAX_PACING_RATE), standing in for a NIC on which one TCP flow reaches only part of
+  // the link. An emulation for kolo's own studies, never a setting for a real cluster.
+  double emulated_flow_cap_bits_per_s = 0;
   // KOLO_RING_CHUNK_BYTES: pipeline chunk of the ring collectives; a segment larger than this is
   // sent in pieces so that sending, receiving and reducing overlap.
   int64_t ring_chunk_bytes = 512 << 10;
@@ -200,6 +215,15 @@ struct Options {
   // Checks ranges and combinations; the error names the value and what is allowed.
   Status Validate() const;
 };
+
+// Options::tcp_streams as given ("auto" for 0) and its resolution for a rank listening on
+// `listen_addr`: the value itself, or for auto one stream per 10 Gbit/s of that interface's link
+// speed, at most 8 (1 for loopback, unknown speeds and addresses of no interface).
+std::string TcpStreamsName(int tcp_streams);
+// Reads a tcp_streams value as `what` ("KOLO_TCP_STREAMS", "--tcp-streams") gives it: "auto" or
+// 1 to 16.
+StatusOr<int> ParseTcpStreams(const std::string& what, const std::string& value);
+int AutoTcpStreams(const std::string& listen_addr);
 
 // The names Options::compression may take, in help-text order.
 const std::vector<std::string>& CompressionNames();

@@ -23,6 +23,9 @@ tcp::TcpOptions TcpOptionsFrom(const ConnectSettings& s) {
   tcp.timeout = s.timeout;
   tcp.socket_buffer_bytes = s.socket_buffer_bytes;
   tcp.busy_poll = s.busy_poll;
+  tcp.streams = s.tcp_streams;
+  tcp.stripe_min_bytes = static_cast<size_t>(s.tcp_stripe_min_bytes);
+  tcp.flow_cap_bytes_per_s = s.tcp_flow_cap_bytes_per_s;
   return tcp;
 }
 
@@ -174,6 +177,9 @@ ConnectSettings SettingsFrom(const Options& options, const std::string& listen_a
   s.ib_port = options.ib_port;
   s.ib_gid_index = options.ib_gid_index;
   s.ib_verbs = options.ib_verbs;
+  s.tcp_streams = options.tcp_streams > 0 ? options.tcp_streams : AutoTcpStreams(listen_addr);
+  s.tcp_stripe_min_bytes = options.tcp_stripe_min_bytes;
+  s.tcp_flow_cap_bytes_per_s = options.emulated_flow_cap_bits_per_s / 8;
   return s;
 }
 

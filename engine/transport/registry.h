@@ -38,6 +38,12 @@ struct ConnectSettings {
   bool busy_poll = false;
   // Options::poll_spin_us: Device::SetPollSpin of the connected device.
   int64_t poll_spin_us = 0;
+  // TCP: connections this rank opens to each peer it connects to (Options::tcp_streams resolved
+  // for listen_addr), the smallest message striped across them, and the emulated cluster's
+  // per-flow cap in bytes/s (0: none).
+  int tcp_streams = 1;
+  int64_t tcp_stripe_min_bytes = 256 << 10;
+  double tcp_flow_cap_bytes_per_s = 0;
   // Options::ib_device, ib_port, ib_gid_index, ib_verbs (the rdma transport).
   std::string ib_device;
   int ib_port = 1;

@@ -93,8 +93,9 @@ class Pair {
   // Like Recv, but the message is combined into region[offset, offset + capacity) with `acc` as
   // its bytes arrive, staged through a small buffer that stays in cache, instead of being written
   // there: the reduction reads the bytes while they are hot and needs no message-sized scratch.
-  // Parts of the destination may be combined before the completion; it must not be read or
-  // written by anything else until then. A message whose length is not a multiple of acc.unit is
+  // Parts of the destination may be combined before the completion, and with several TCP
+  // streams the parts of a striped message side by side (whole elements, each part in order); it
+  // must not be read or written by anything else until then. A message whose length is not a multiple of acc.unit is
   // a protocol error. REQUIRES: CanAccumulate(), offset + capacity <= region.size(),
   // 1 <= acc.unit <= kMaxAccumulateUnit.
   static constexpr size_t kMaxAccumulateUnit = 16;

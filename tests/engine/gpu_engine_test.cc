@@ -198,8 +198,8 @@ INSTANTIATE_TEST_SUITE_P(RanksAndFusion, RingDevice,
 // both half types round to 1 (their spacing at 1 is 2^-10 and 2^-7), so a compressed sum is
 // exactly the rank count (and an average exactly 1) where float32's would not be. Fused and
 // unfused, the staged ring (2 ranks) and NCCL (1 rank), fp16 and bf16.
-void CompressedDeviceAllreduce(const std::string& backend, int ranks, const std::string& compression,
-                               bool fused) {
+void CompressedDeviceAllreduce(const std::string& backend, int ranks,
+                               const std::string& compression, bool fused) {
   RunRanks(
       ranks,
       [&](int r) {
@@ -220,10 +220,9 @@ void CompressedDeviceAllreduce(const std::string& backend, int ranks, const std:
           ASSERT_CUDA(cudaMalloc(&d, counts[k] * 4));
           ASSERT_CUDA(cudaMemcpy(d, host.data(), counts[k] * 4, cudaMemcpyHostToDevice));
           bufs.push_back(d);
-          auto h = engine.AllreduceAsync(fmt::format("c{}", k), d, d, DataType::kFloat32,
-                                         {static_cast<int64_t>(counts[k])},
-                                         k == 1 ? ReduceOp::kAverage : ReduceOp::kSum,
-                                         TensorPlace{0, nullptr});
+          auto h = engine.AllreduceAsync(
+              fmt::format("c{}", k), d, d, DataType::kFloat32, {static_cast<int64_t>(counts[k])},
+              k == 1 ? ReduceOp::kAverage : ReduceOp::kSum, TensorPlace{0, nullptr});
           ASSERT_TRUE(h.ok()) << h.status().ToString();
           hs.push_back(*h);
         }

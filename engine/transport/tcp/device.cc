@@ -26,12 +26,15 @@ class TcpDevice final : public PairedDevice<TcpPair, TcpState> {
       : PairedDevice(rank, size, options.busy_poll, options.timeout),
         socket_buffer_bytes_(
             static_cast<uint64_t>(std::max<int64_t>(options.socket_buffer_bytes, 0))),
+        streams_(std::max(1, options.streams)),
+        flow_cap_(options.flow_cap_bytes_per_s),
         listener_(std::move(mesh.listener)),
         rejections_(std::move(mesh.rejections)) {
     for (int peer = 0; peer < size; ++peer) {
       if (peer == rank || !mesh.peers[static_cast<size_t>(peer)].valid()) continue;
-      AddPair(std::make_unique<TcpPair>(state_, peer,
-                                        std::move(mesh.peers[static_cast<size_t>(peer)])));
+      AddPair(std::make_unique<TcpPair>(
+          state_, peer, std::move(mesh.peers[static_cast<size_t>(peer)]),
+          std::move(mesh.streams[static_cast<size_t>(peer)]), options.stripe_min_bytes));
     }
   }
 
@@ -50,6 +53,15 @@ class TcpDevice final : public PairedDevice<TcpPair, TcpState> {
       KOLO_RETURN_IF_ERROR(Watch(p->fd(), EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET,
                                  static_cast<uint64_t>(p->peer()),
                                  fmt::format("connection to rank {}", p->peer())));
+      // Streams 1..: id (k << 32) | peer.
+      for (int k = 1; k < p->streams(); ++k) {
+        KOLO_RETURN_IF_ERROR(
+            Watch(p->stream_fd(k), EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET,
+                  (static_cast<uint64_t>(k) << 32) | static_cast<uint64_t>(p->peer()),
+                  fmt::format("stream {} to rank {}", k, p->peer())));
+      }
+      // The emulated cluster's per-flow cap: every connection paced (labelled emulation).
+      if (flow_cap_ > 0) KOLO_RETURN_IF_ERROR(p->CapEachStream(flow_cap_));
     }
     return Status::OK();
   }
@@ -57,7 +69,7 @@ class TcpDevice final : public PairedDevice<TcpPair, TcpState> {
   const char* name() const override { return "tcp"; }
   // What the sockets' buffers may hold: a send and a receive buffer per connection, as asked.
   uint64_t transport_memory_bytes() const override {
-    return 2 * socket_buffer_bytes_ * pairs().size();
+    return 2 * socket_buffer_bytes_ * pairs().size() * static_cast<uint64_t>(streams_);
   }
 
   StatusOr<std::unique_ptr<Region>> Register(void* data, size_t size) override {
@@ -92,7 +104,11 @@ class TcpDevice final : public PairedDevice<TcpPair, TcpState> {
       RejectLateConnections();
       return Status::OK();
     }
-    Status s = pair_of(static_cast<int>(event.data.u64)).OnEvents(event.events);
+    const int peer = static_cast<int>(event.data.u64 & 0xffffffffu);
+    const int stream = static_cast<int>(event.data.u64 >> 32);
+    TcpPair& pair = pair_of(peer);
+    Status s =
+        stream == 0 ? pair.OnEvents(event.events) : pair.OnStreamEvents(stream, event.events);
     if (!s.ok()) return state_.Fail(s);
     return Status::OK();
   }
@@ -163,6 +179,8 @@ class TcpDevice final : public PairedDevice<TcpPair, TcpState> {
   static constexpr uint64_t kListenerId = kWakeId - 1;  // the pairs' ids are their ranks
 
   const uint64_t socket_buffer_bytes_;
+  const int streams_;      // connections per peer
+  const double flow_cap_;  // bytes/s per connection, 0: none (the emulated cluster's cap)
   Fd listener_;
   std::shared_ptr<RejectionLog> rejections_;  // the listener's, from set-up
   bool closed_ = false;
@@ -172,6 +190,10 @@ class TcpDevice final : public PairedDevice<TcpPair, TcpState> {
 
 StatusOr<std::unique_ptr<PollableDevice>> Connect(const TcpOptions& options,
                                                   bootstrap::Store& store, int rank, int size) {
+  if (options.streams < 1 || options.streams > kMaxStreams) {
+    return InvalidArgument("{} TCP streams per peer: allowed are 1 to {}", options.streams,
+                           kMaxStreams);
+  }
   KOLO_ASSIGN_OR_RETURN(Mesh mesh, BuildMesh(options, store, rank, size));
   auto device = std::make_unique<TcpDevice>(rank, size, options, std::move(mesh));
   KOLO_RETURN_IF_ERROR(device->Init());

@@ -17,6 +17,17 @@
 // kProtocol naming the peer. These are sticky. A Poll timeout (kDeadlineExceeded) is not sticky:
 // the caller may poll again.
 //
+// Several streams (TcpOptions::streams = K > 1): each pair holds K authenticated connections
+// (the handshake names each one's stream). Stream 0 carries every frame as above. A message of
+// at least stripe_min_bytes goes as a STRIPED frame on stream 0, whose `length` is the whole
+// message's: the message is cut into K parts of ceil(length / K) bytes rounded up to 64 (the
+// last part shorter, or empty), part 0 follows the header on stream 0 and part k goes on stream
+// k as raw bytes with no header of its own. Streams 1..K-1 carry nothing else, so each side
+// knows from stream 0 alone what every stream carries next. Each part of an accumulating receive
+// is combined as it arrives; a message completes once all its parts have, and completions keep
+// the order the operations were posted in. One stream's flow is bounded by one congestion window
+// (and, on a real NIC, by one core's copies); K streams share the link among them.
+//
 // Shutdown: destroying a Device sends GOODBYE to every peer, half-closes, and waits at most
 // 200 ms for the peers to close their side (so that no reset destroys the frame before they read
 // it); Abort does the same with an ABORT frame and waits at most 1 s. Sends not yet started are
@@ -51,7 +62,16 @@ struct TcpOptions {
   // The ranks to connect to (the auto transport: those on other hosts); unset: every other rank.
   // The device has pair(p) only for these.
   std::optional<std::vector<int>> peers;
+  // Connections per peer (Options::tcp_streams), 1 to kMaxStreams. With more than one, a message
+  // of at least stripe_min_bytes is striped across them (see "Several streams" above).
+  int streams = 1;
+  size_t stripe_min_bytes = 256 << 10;
+  // Every data socket's send rate cap in bytes/s (SO_MAX_PACING_RATE), 0 for none: the emulated
+  // cluster's per-flow cap (Options::emulated_flow_cap_bits_per_s).
+  double flow_cap_bytes_per_s = 0;
 };
+
+inline constexpr int kMaxStreams = 16;
 
 // Connects `rank` to every other rank of a job of `size` ranks (or to options.peers): binds a
 // listener, publishes "tcp/addr/<rank>" = "ip:port" in `store`, reads every peer's address,

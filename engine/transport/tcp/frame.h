@@ -2,6 +2,7 @@
 // posted operations in.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -14,7 +15,19 @@ enum class FrameType : uint32_t {
   kAbort = 2,      // the sender is failing; the payload is its reason (at most kMaxAbortReason)
   kGoodbye = 3,    // the sender is shutting down cleanly; no payload, nothing follows
   kKeepalive = 4,  // the sender is alive and waiting; no payload, completes nothing
+  kStriped = 5,    // a message of `length` bytes cut across the pair's streams; part 0 follows
 };
+
+// The part of a striped message of `length` bytes over `streams` streams that stream `k` carries:
+// parts of ceil(length / streams) bytes rounded up to 64 (so that every part boundary is a whole
+// number of elements of any dtype), the last shorter or empty.
+inline void StripePart(uint64_t length, int streams, int k, uint64_t* offset, uint64_t* bytes) {
+  const uint64_t n = static_cast<uint64_t>(streams);
+  const uint64_t part = ((length + n - 1) / n + 63) / 64 * 64;
+  const uint64_t begin = std::min<uint64_t>(length, part * static_cast<uint64_t>(k));
+  *offset = begin;
+  *bytes = std::min<uint64_t>(length - begin, part);
+}
 
 // Host byte order: every rank of a job runs on the same architecture.
 struct FrameHeader {

@@ -38,7 +38,7 @@ Status CheckPreamble(const uint8_t* p, const char* what) {
 
 Digest Proof(std::string_view label, std::string_view secret, const Nonce& acceptor_nonce,
              const Hello& hello) {
-  uint8_t message[64 + 16 + 16 + 12] = {};
+  uint8_t message[64 + 16 + 16 + 20] = {};
   size_t n = std::min(label.size(), size_t{64});
   std::memcpy(message, label.data(), n);
   std::memcpy(message + 64, acceptor_nonce.data(), 16);
@@ -46,6 +46,8 @@ Digest Proof(std::string_view label, std::string_view secret, const Nonce& accep
   Put32(message + 96, static_cast<uint32_t>(hello.from_rank));
   Put32(message + 100, static_cast<uint32_t>(hello.to_rank));
   Put32(message + 104, static_cast<uint32_t>(hello.size));
+  Put32(message + 108, static_cast<uint32_t>(hello.stream));
+  Put32(message + 112, static_cast<uint32_t>(hello.streams));
   return HmacSha256(secret, message, sizeof message);
 }
 
@@ -62,8 +64,10 @@ void Encode(const Hello& m, uint8_t* out) {
   Put32(out + 8, static_cast<uint32_t>(m.from_rank));
   Put32(out + 12, static_cast<uint32_t>(m.to_rank));
   Put32(out + 16, static_cast<uint32_t>(m.size));
-  std::memcpy(out + 20, m.nonce.data(), m.nonce.size());
-  std::memcpy(out + 36, m.mac.data(), m.mac.size());
+  Put32(out + 20, static_cast<uint32_t>(m.stream));
+  Put32(out + 24, static_cast<uint32_t>(m.streams));
+  std::memcpy(out + 28, m.nonce.data(), m.nonce.size());
+  std::memcpy(out + 44, m.mac.data(), m.mac.size());
 }
 
 void Encode(const Welcome& m, uint8_t* out) {
@@ -83,8 +87,10 @@ Status Decode(const uint8_t* in, Hello* m) {
   m->from_rank = static_cast<int32_t>(Get32(in + 8));
   m->to_rank = static_cast<int32_t>(Get32(in + 12));
   m->size = static_cast<int32_t>(Get32(in + 16));
-  std::memcpy(m->nonce.data(), in + 20, m->nonce.size());
-  std::memcpy(m->mac.data(), in + 36, m->mac.size());
+  m->stream = static_cast<int32_t>(Get32(in + 20));
+  m->streams = static_cast<int32_t>(Get32(in + 24));
+  std::memcpy(m->nonce.data(), in + 28, m->nonce.size());
+  std::memcpy(m->mac.data(), in + 44, m->mac.size());
   return Status::OK();
 }
 
@@ -95,11 +101,11 @@ Status Decode(const uint8_t* in, Welcome* m) {
 }
 
 Digest ConnectorProof(std::string_view secret, const Nonce& acceptor_nonce, const Hello& hello) {
-  return Proof("kolo tcp connector proof v1", secret, acceptor_nonce, hello);
+  return Proof("kolo tcp connector proof v2", secret, acceptor_nonce, hello);
 }
 
 Digest AcceptorProof(std::string_view secret, const Nonce& acceptor_nonce, const Hello& hello) {
-  return Proof("kolo tcp acceptor proof v1", secret, acceptor_nonce, hello);
+  return Proof("kolo tcp acceptor proof v2", secret, acceptor_nonce, hello);
 }
 
 StatusOr<Nonce> RandomNonce() {

@@ -1,10 +1,14 @@
 // The connection handshake of the TCP transport: wire format and authentication.
 //
 //   acceptor -> connector  Challenge  magic, version, acceptor rank, nonce_a          (28 bytes)
-//   connector -> acceptor  Hello      magic, version, from, to, size, nonce_c, mac_c  (68 bytes)
+//   connector -> acceptor  Hello      magic, version, from, to, size, stream, streams, nonce_c,
+//                                     mac_c                                         (76 bytes)
 //   acceptor -> connector  Welcome    magic, version, mac_a                           (40 bytes)
 //
-// mac_c and mac_a are HMAC-SHA-256 under the job secret over both nonces and the ranks, with a
+// `stream` numbers the connection among the `streams` the connector opens to the acceptor (0
+// carries the frames; 1.. carry parts of striped messages: device.h); the connector's count is
+// the pair's. mac_c and mac_a are HMAC-SHA-256 under the job
+// secret over both nonces, the ranks, the size and the stream, with a
 // different label each way, so each side proves it knows the secret without sending it and a
 // recorded exchange cannot be replayed (the acceptor's nonce is fresh). Integers are little-endian.
 // A side that rejects the other closes the connection without answering.
@@ -21,7 +25,7 @@
 namespace kolo::transport::tcp {
 
 inline constexpr uint32_t kHandshakeMagic = 0x4f4c4f4b;  // "KOLO" on the wire
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kProtocolVersion = 2;
 
 using Nonce = std::array<uint8_t, 16>;
 
@@ -34,10 +38,12 @@ struct Challenge {
 struct Hello {
   int32_t from_rank = -1;
   int32_t to_rank = -1;
-  int32_t size = 0;  // the job size the connector was started with
+  int32_t size = 0;     // the job size the connector was started with
+  int32_t stream = 0;   // which of the pair's streams this connection is (0: the first)
+  int32_t streams = 1;  // how many the connector opens
   Nonce nonce{};
   Digest mac{};
-  static constexpr size_t kBytes = 68;
+  static constexpr size_t kBytes = 76;
 };
 
 struct Welcome {

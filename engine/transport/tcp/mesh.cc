@@ -29,6 +29,7 @@ struct Conn {
   Fd fd;
   bool outgoing = false;
   int peer = -1;               // known up front for outgoing connections
+  int stream = 0;              // outgoing: which of the pair's streams
   sockaddr_in addr{};          // outgoing: where the peer listens
   std::string remote;          // for log lines
   Clock::time_point deadline;  // incoming: per-connection bound; outgoing: next retry
@@ -47,12 +48,20 @@ class MeshBuilder {
   MeshBuilder(const TcpOptions& options, int rank, int size)
       : options_(options), rank_(rank), size_(size) {
     mesh_.peers.resize(static_cast<size_t>(size));
+    streams_ = std::max(1, options.streams);
+    // The streams of a pair are the connector's (the higher rank's): ours to lower ranks, and
+    // learned from the first hello of each higher rank.
+    mesh_.streams.resize(static_cast<size_t>(size));
+    pair_streams_.assign(static_cast<size_t>(size), 0);
+    for (int r = 0; r < rank; ++r) {
+      pair_streams_[static_cast<size_t>(r)] = streams_;
+      mesh_.streams[static_cast<size_t>(r)].resize(static_cast<size_t>(streams_ - 1));
+    }
     is_peer_.assign(static_cast<size_t>(size), !options.peers.has_value());
     if (options.peers) {
       for (int p : *options.peers) is_peer_[static_cast<size_t>(p)] = true;
     }
     is_peer_[static_cast<size_t>(rank)] = false;
-    for (bool p : is_peer_) expected_ += p;
   }
 
   StatusOr<Mesh> Run(bootstrap::Store& store) {
@@ -76,14 +85,17 @@ class MeshBuilder {
       }
       KOLO_ASSIGN_OR_RETURN(sockaddr_in addr,
                             ParseAddress(std::string(value->begin(), value->end())));
-      Conn& c = conns_.emplace_back();
-      c.outgoing = true;
-      c.peer = peer;
-      c.addr = addr;
-      c.remote = FormatAddress(addr);
-      KOLO_RETURN_IF_ERROR(StartConnect(c));
+      for (int stream = 0; stream < streams_; ++stream) {
+        Conn& c = conns_.emplace_back();
+        c.outgoing = true;
+        c.peer = peer;
+        c.stream = stream;
+        c.addr = addr;
+        c.remote = FormatAddress(addr);
+        KOLO_RETURN_IF_ERROR(StartConnect(c));
+      }
     }
-    while (connected_ < expected_) {
+    while (!AllConnected()) {
       KOLO_RETURN_IF_ERROR(Step());
     }
     return std::move(mesh_);
@@ -155,7 +167,7 @@ class MeshBuilder {
       }
       ++it;
     }
-    if (connected_ < expected_ && now >= deadline_) return TimedOut();
+    if (now >= deadline_ && !AllConnected()) return TimedOut();
     return Status::OK();
   }
 
@@ -163,10 +175,10 @@ class MeshBuilder {
     return std::min(options_.timeout, kPerConnectionBound);
   }
 
-  Status TimedOut() const {
+  Status TimedOut() {
     std::string missing;
     for (int r = 0; r < size_; ++r) {
-      if (is_peer_[static_cast<size_t>(r)] && !mesh_.peers[static_cast<size_t>(r)].valid()) {
+      if (is_peer_[static_cast<size_t>(r)] && !Connected(r)) {
         missing += fmt::format("{}{}", missing.empty() ? "" : ", ", r);
       }
     }
@@ -294,6 +306,8 @@ class MeshBuilder {
         c.hello.from_rank = rank_;
         c.hello.to_rank = c.peer;
         c.hello.size = size_;
+        c.hello.stream = c.stream;
+        c.hello.streams = streams_;
         c.hello.mac = ConnectorProof(options_.secret, c.acceptor_nonce, c.hello);
         uint8_t wire[Hello::kBytes];
         Encode(c.hello, wire);
@@ -326,7 +340,7 @@ class MeshBuilder {
           return Unavailable("rank {}: rank {} at {} failed to prove the job secret", rank_, c.peer,
                              c.remote);
         }
-        Establish(c, c.peer);
+        Establish(c, c.peer, c.stream);
         return Status::OK();
       }
       case Conn::State::kAwaitHello: {
@@ -351,8 +365,20 @@ class MeshBuilder {
                                  ConnectorProof(options_.secret, c.acceptor_nonce, hello))) {
           Reject(c, fmt::format("claimed rank {} but failed to prove the job secret",
                                 hello.from_rank));
-        } else if (mesh_.peers[static_cast<size_t>(hello.from_rank)].valid()) {
-          Reject(c, fmt::format("rank {} is already connected", hello.from_rank));
+        } else if (hello.streams < 1 || hello.streams > kMaxStreams || hello.stream < 0 ||
+                   hello.stream >= hello.streams) {
+          Reject(c, fmt::format("claimed rank {} with stream {} of {} (allowed: 1 to {} streams)",
+                                hello.from_rank, hello.stream, hello.streams, kMaxStreams));
+        } else if (pair_streams_[static_cast<size_t>(hello.from_rank)] != 0 &&
+                   pair_streams_[static_cast<size_t>(hello.from_rank)] != hello.streams) {
+          Reject(c, fmt::format("claimed rank {} with {} streams, where its other connections "
+                                "said {}",
+                                hello.from_rank, hello.streams,
+                                pair_streams_[static_cast<size_t>(hello.from_rank)]));
+        } else if (LearnStreams(hello.from_rank, hello.streams),
+                   Slot(hello.from_rank, hello.stream).valid()) {
+          Reject(c, fmt::format("rank {} is already connected{}", hello.from_rank,
+                                streams_ > 1 ? fmt::format(" on stream {}", hello.stream) : ""));
         } else {
           Welcome welcome{AcceptorProof(options_.secret, c.acceptor_nonce, hello)};
           uint8_t wire[Welcome::kBytes];
@@ -361,7 +387,7 @@ class MeshBuilder {
               static_cast<ssize_t>(sizeof wire)) {
             Reject(c, fmt::format("claimed rank {} but could not be answered", hello.from_rank));
           } else {
-            Establish(c, hello.from_rank);
+            Establish(c, hello.from_rank, hello.stream);
           }
         }
         return Status::OK();
@@ -372,10 +398,39 @@ class MeshBuilder {
     return Status::OK();
   }
 
-  void Establish(Conn& c, int peer) {
-    KOLO_LOG(kDebug, "rank {}: connected to rank {} ({})", rank_, peer, c.remote);
-    mesh_.peers[static_cast<size_t>(peer)] = std::move(c.fd);
-    ++connected_;
+  // The connection to `peer` on `stream`.
+  Fd& Slot(int peer, int stream) {
+    if (stream == 0) return mesh_.peers[static_cast<size_t>(peer)];
+    return mesh_.streams[static_cast<size_t>(peer)][static_cast<size_t>(stream - 1)];
+  }
+
+  // Every stream to `peer` is connected (a higher peer's count is known from its first hello).
+  bool Connected(int peer) {
+    const int k_max = pair_streams_[static_cast<size_t>(peer)];
+    if (k_max == 0) return false;
+    for (int k = 0; k < k_max; ++k) {
+      if (!Slot(peer, k).valid()) return false;
+    }
+    return true;
+  }
+
+  bool AllConnected() {
+    for (int r = 0; r < size_; ++r) {
+      if (is_peer_[static_cast<size_t>(r)] && !Connected(r)) return false;
+    }
+    return true;
+  }
+
+  void LearnStreams(int peer, int streams) {
+    if (pair_streams_[static_cast<size_t>(peer)] != 0) return;
+    pair_streams_[static_cast<size_t>(peer)] = streams;
+    mesh_.streams[static_cast<size_t>(peer)].resize(static_cast<size_t>(streams - 1));
+  }
+
+  void Establish(Conn& c, int peer, int stream) {
+    KOLO_LOG(kDebug, "rank {}: connected to rank {} ({}, stream {})", rank_, peer, c.remote,
+             stream);
+    Slot(peer, stream) = std::move(c.fd);
   }
 
   const TcpOptions& options_;
@@ -383,11 +438,11 @@ class MeshBuilder {
   const int size_;
   Clock::time_point deadline_;
   Mesh mesh_;
-  std::list<Conn> conns_;      // stable addresses while Step() holds pointers
-  std::vector<bool> is_peer_;  // the ranks to connect to
-  int expected_ = 0;
-  int connected_ = 0;
-  std::string listener_name_;  // "rank 0: TCP listener 127.0.0.1:4242", for log lines
+  std::list<Conn> conns_;          // stable addresses while Step() holds pointers
+  std::vector<bool> is_peer_;      // the ranks to connect to
+  int streams_ = 1;                // connections this rank opens to each lower peer
+  std::vector<int> pair_streams_;  // each peer's pair's streams; 0 while not yet known
+  std::string listener_name_;      // "rank 0: TCP listener 127.0.0.1:4242", for log lines
 };
 
 }  // namespace

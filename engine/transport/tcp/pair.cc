@@ -19,9 +19,43 @@ constexpr size_t kHeaderBytes = sizeof(FrameHeader);
 
 }  // namespace
 
-TcpPair::TcpPair(TcpState& state, int peer, Fd fd)
-    : state_(state), peer_(peer), fd_(std::move(fd)), sends_(kQueueReserve), recvs_(kQueueReserve) {
+TcpPair::TcpPair(TcpState& state, int peer, Fd fd, std::vector<Fd> streams, size_t stripe_min_bytes)
+    : state_(state),
+      peer_(peer),
+      fd_(std::move(fd)),
+      sends_(kQueueReserve),
+      recvs_(kQueueReserve),
+      stripe_min_bytes_(stripe_min_bytes) {
   abort_reason_.reserve(kMaxAbortReason);
+  streams_.resize(streams.size());
+  for (size_t k = 0; k < streams.size(); ++k) streams_[k].fd = std::move(streams[k]);
+}
+
+void TcpPair::PartDone(InOrder& order, OpKind kind, uint64_t seq) {
+  if (--order.queue.at(static_cast<size_t>(seq - order.base)).parts_left == 0 &&
+      kind == OpKind::kRecv) {
+    auto it = deferred_.find(seq);
+    if (it != deferred_.end()) {
+      // Every part is in: combine parts 1.. in order behind part 0, through the staging buffer.
+      Deferred& d = it->second;
+      for (size_t at = 0; at < d.scratch.size();) {
+        size_t room = 0;
+        uint8_t* dst = d.acc.Prepare(state_.staging.get(), TcpState::kStagingBytes, &room);
+        const size_t n = std::min(room, d.scratch.size() - at);
+        std::memcpy(dst, d.scratch.data() + at, n);
+        d.acc.Consume(state_.staging.get(), n);
+        at += n;
+      }
+      deferred_.erase(it);
+    }
+  }
+  while (!order.queue.empty() && order.queue.front().parts_left == 0) {
+    const Message& m = order.queue.front();
+    state_.completions.push_back(Completion{peer_, kind, m.tag, m.length});
+    (kind == OpKind::kSend ? state_.bytes_sent : state_.bytes_received) += m.length;
+    order.queue.pop_front();
+    ++order.base;
+  }
 }
 
 Status TcpPair::Lost(const std::string& why) const {
@@ -39,9 +73,31 @@ Status TcpPair::Send(const Region& region, size_t offset, size_t nbytes, uint64_
         Lost(fmt::format("cannot send message tag {:#x}: the connection is closed", tag)));
   }
   SendOp op{FrameHeader{tag, nbytes, static_cast<uint32_t>(FrameType::kData), kFrameCheck},
-            region.data() + offset, 0};
+            region.data() + offset, 0, nbytes, 0};
+  if (!streams_.empty()) {
+    // Several streams: every message is numbered, so that completions keep their order, and a
+    // large one is cut across the streams.
+    op.seq = send_order_.next++;
+    const bool striped = nbytes >= stripe_min_bytes_;
+    send_order_.queue.push_back(Message{tag, nbytes, striped ? streams() : 1});
+    if (striped) {
+      op.header.type = static_cast<uint32_t>(FrameType::kStriped);
+      uint64_t off = 0, part = 0;
+      StripePart(nbytes, streams(), 0, &off, &op.payload);
+      for (int k = 1; k < streams(); ++k) {
+        StripePart(nbytes, streams(), k, &off, &part);
+        if (part == 0) {
+          PartDone(send_order_, OpKind::kSend, op.seq);
+          continue;
+        }
+        streams_[static_cast<size_t>(k - 1)].sends.push_back(
+            Piece{const_cast<uint8_t*>(op.data) + off, part, 0, op.seq, Accumulation()});
+      }
+    }
+  }
   sends_.push_back(op);
   Status s = FlushSends();
+  for (size_t k = 0; s.ok() && k < streams_.size(); ++k) s = FlushStream(streams_[k]);
   if (!s.ok()) return state_.Fail(s);
   if (nbytes >= 4096) FaultPoint(FaultPointId::kSend, state_.rank);
   return Status::OK();
@@ -64,9 +120,101 @@ Status TcpPair::RecvAccumulate(Region& region, size_t offset, size_t capacity, u
 }
 
 Status TcpPair::PaceSends(double bytes_per_s) {
+  // The pair's pace, shared evenly by its streams.
+  return CapEachStream(bytes_per_s / streams());
+}
+
+Status TcpPair::CapEachStream(double bytes_per_s) {
   if (!fd_.valid()) return Lost("its connection is closed");
   Status s = SetMaxPacingRate(fd_.get(), bytes_per_s);
+  for (size_t k = 0; s.ok() && k < streams_.size(); ++k) {
+    s = SetMaxPacingRate(streams_[k].fd.get(), bytes_per_s);
+  }
   if (!s.ok()) return s.WithContext(fmt::format("pacing the connection to rank {}", peer_));
+  return Status::OK();
+}
+
+Status TcpPair::OnStreamEvents(int k, uint32_t events) {
+  Stream& st = streams_[static_cast<size_t>(k - 1)];
+  if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) st.readable = true;
+  if (events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) st.writable = true;
+  KOLO_RETURN_IF_ERROR(ProcessStream(st));
+  return FlushStream(st);
+}
+
+// Writes the stream's queued parts; a part fully written completes its share of its message.
+Status TcpPair::FlushStream(Stream& st) {
+  while (st.writable && !st.sends.empty() && st.fd.valid()) {
+    iovec iov[kMaxIov];
+    int n = 0;
+    for (size_t k = 0; k < st.sends.size() && n < kMaxIov; ++k) {
+      Piece& p = st.sends.at(k);
+      iov[n++] = {p.data + p.done, p.bytes - p.done};
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    const ssize_t written = ::sendmsg(st.fd.get(), &msg, MSG_NOSIGNAL);
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        st.writable = false;
+        break;
+      }
+      return Lost(fmt::format("stream {} of {}: {}", &st - streams_.data() + 1, streams(),
+                              ErrnoStatus(StatusCode::kUnavailable, "sendmsg", errno).message()));
+    }
+    size_t left = static_cast<size_t>(written);
+    if (left > 0) last_tx_ = Clock::now();
+    while (left > 0) {
+      Piece& p = st.sends.front();
+      const size_t need = p.bytes - p.done;
+      if (left < need) {
+        p.done += left;
+        break;
+      }
+      left -= need;
+      const uint64_t seq = p.seq;
+      st.sends.pop_front();
+      PartDone(send_order_, OpKind::kSend, seq);
+    }
+  }
+  return Status::OK();
+}
+
+// Reads the parts posted on the stream, combining them as they come for an accumulating receive.
+// Bytes for which no part is posted stay in the kernel.
+Status TcpPair::ProcessStream(Stream& st) {
+  while (st.readable && !st.recvs.empty() && st.fd.valid()) {
+    Piece& p = st.recvs.front();
+    uint8_t* dst = p.data + p.done;
+    size_t want = p.bytes - p.done;
+    if (p.acc.active()) {
+      size_t room = 0;
+      dst = p.acc.Prepare(state_.staging.get(), TcpState::kStagingBytes, &room);
+      want = std::min(want, room);
+    }
+    const ssize_t got = ::recv(st.fd.get(), dst, want, 0);
+    if (got > 0) {
+      st.last_rx = Clock::now();
+      if (p.acc.active()) p.acc.Consume(state_.staging.get(), static_cast<size_t>(got));
+      p.done += static_cast<size_t>(got);
+      if (p.done == p.bytes) {
+        const uint64_t seq = p.seq;
+        st.recvs.pop_front();
+        PartDone(recv_order_, OpKind::kRecv, seq);
+      }
+      continue;
+    }
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      st.readable = false;
+      break;
+    }
+    return Lost(fmt::format("stream {} of {} {} mid-message (did rank {} exit or crash?)",
+                            &st - streams_.data() + 1, streams(),
+                            got == 0 ? "was closed" : "was reset", peer_));
+  }
   return Status::OK();
 }
 
@@ -122,8 +270,8 @@ Status TcpPair::FlushSends() {
         iov[n++] = {reinterpret_cast<uint8_t*>(&op.header) + op.done, kHeaderBytes - op.done};
       }
       const size_t payload_done = op.done > kHeaderBytes ? op.done - kHeaderBytes : 0;
-      if (op.header.length > payload_done) {
-        iov[n++] = {const_cast<uint8_t*>(op.data) + payload_done, op.header.length - payload_done};
+      if (op.payload > payload_done) {
+        iov[n++] = {const_cast<uint8_t*>(op.data) + payload_done, op.payload - payload_done};
       }
     }
     msghdr msg{};
@@ -146,16 +294,20 @@ Status TcpPair::FlushSends() {
     if (left > 0) last_tx_ = Clock::now();
     while (left > 0) {
       SendOp& op = sends_.front();
-      const size_t need = kHeaderBytes + op.header.length - op.done;
+      const size_t need = kHeaderBytes + op.payload - op.done;
       if (left < need) {
         op.done += left;
         break;
       }
       left -= need;
-      if (op.header.type == static_cast<uint32_t>(FrameType::kData)) {
+      const bool message = op.header.type == static_cast<uint32_t>(FrameType::kData) ||
+                           op.header.type == static_cast<uint32_t>(FrameType::kStriped);
+      if (message && streams_.empty()) {
         state_.completions.push_back(
             Completion{peer_, OpKind::kSend, op.header.tag, op.header.length});
         state_.bytes_sent += op.header.length;
+      } else if (message) {
+        PartDone(send_order_, OpKind::kSend, op.seq);
       }
       sends_.pop_front();
     }
@@ -249,6 +401,15 @@ Status TcpPair::OnHeader() {
     case FrameType::kData:
       rx_ = Rx::kHeaderReady;
       return Status::OK();
+    case FrameType::kStriped:
+      if (streams_.empty()) {
+        return ProtocolError(
+            "rank {} sent a message striped across streams, but this pair has one stream (do all "
+            "ranks share KOLO_TCP_STREAMS?)",
+            peer_);
+      }
+      rx_ = Rx::kHeaderReady;
+      return Status::OK();
     case FrameType::kAbort:
       if (h.length > kMaxAbortReason) {
         return ProtocolError("rank {} sent an ABORT frame with a {}-byte reason (at most {})",
@@ -297,14 +458,56 @@ Status TcpPair::StartPayload() {
   rx_dst_ = r.data;
   rx_remaining_ = rx_header_.length;
   rx_acc_ = r.acc.add != nullptr ? Accumulation(r.data, r.acc) : Accumulation();
+  if (!streams_.empty()) {
+    rx_seq_ = recv_order_.next++;
+    const bool striped = rx_header_.type == static_cast<uint32_t>(FrameType::kStriped);
+    recv_order_.queue.push_back(
+        Message{rx_header_.tag, rx_header_.length, striped ? streams() : 1});
+    if (striped) {
+      uint64_t off = 0, part = 0;
+      StripePart(rx_header_.length, streams(), 0, &off, &part);
+      rx_remaining_ = part;
+      // Elements that straddle the parts' boundaries are combined once the parts are all in.
+      Deferred* deferred = nullptr;
+      if (r.acc.add != nullptr && 64 % r.acc.unit != 0) {
+        deferred = &deferred_[rx_seq_];
+        deferred->scratch.resize(rx_header_.length - part);
+      }
+      for (int k = 1; k < streams(); ++k) {
+        StripePart(rx_header_.length, streams(), k, &off, &part);
+        if (part == 0) {
+          PartDone(recv_order_, OpKind::kRecv, rx_seq_);
+          continue;
+        }
+        Stream& st = streams_[static_cast<size_t>(k - 1)];
+        if (deferred != nullptr) {
+          const uint64_t first = rx_header_.length - deferred->scratch.size();
+          st.recvs.push_back(
+              Piece{deferred->scratch.data() + (off - first), part, 0, rx_seq_, Accumulation()});
+        } else {
+          st.recvs.push_back(
+              Piece{r.data + off, part, 0, rx_seq_,
+                    r.acc.add != nullptr ? Accumulation(r.data + off, r.acc) : Accumulation()});
+        }
+        KOLO_RETURN_IF_ERROR(ProcessStream(st));
+      }
+    }
+  }
   rx_ = Rx::kPayload;
   if (rx_remaining_ == 0) CompleteRecv();
   return Status::OK();
 }
 
 void TcpPair::CompleteRecv() {
-  state_.completions.push_back(Completion{peer_, OpKind::kRecv, rx_header_.tag, rx_header_.length});
-  state_.bytes_received += rx_header_.length;
+  if (streams_.empty()) {
+    state_.completions.push_back(
+        Completion{peer_, OpKind::kRecv, rx_header_.tag, rx_header_.length});
+    state_.bytes_received += rx_header_.length;
+  } else {
+    auto it = deferred_.find(rx_seq_);
+    if (it != deferred_.end()) it->second.acc = rx_acc_;  // part 0's position and carry
+    PartDone(recv_order_, OpKind::kRecv, rx_seq_);
+  }
   recvs_.pop_front();
   rx_ = Rx::kHeader;
 }
@@ -393,7 +596,11 @@ Status TcpPair::CheckClosed() {
   if (rx_ == Rx::kHeaderReady) {
     // Nobody has asked for the next message yet; look past the queued ones for how the stream
     // ends, so that an ABORT behind them surfaces now.
-    size_t pos = tail_pos_ + rx_header_.length;
+    uint64_t first = rx_header_.length, first_off = 0;
+    if (rx_header_.type == static_cast<uint32_t>(FrameType::kStriped) && !streams_.empty()) {
+      StripePart(rx_header_.length, streams(), 0, &first_off, &first);
+    }
+    size_t pos = tail_pos_ + first;
     bool clean = false;
     while (!clean && pos + kHeaderBytes <= tail_.size()) {
       FrameHeader h;
@@ -409,7 +616,11 @@ Status TcpPair::CheckClosed() {
                        std::string(reinterpret_cast<const char*>(tail_.data() + pos), n));
       }
       clean = h.type == static_cast<uint32_t>(FrameType::kGoodbye);
-      pos += h.length;
+      uint64_t off = 0, part = h.length;
+      if (h.type == static_cast<uint32_t>(FrameType::kStriped) && !streams_.empty()) {
+        StripePart(h.length, streams(), 0, &off, &part);  // only part 0 is on this stream
+      }
+      pos += part;
     }
     if (!clean) return AtEndOfStream();
   }
@@ -419,11 +630,19 @@ Status TcpPair::CheckClosed() {
                     "it (next tag {:#x})",
                     peer_, sends_.size(), sends_.front().header.tag));
   }
+  if (!send_order_.queue.empty()) {
+    return Lost(fmt::format(
+        "rank {} closed the connection before reading all of {} message(s) sent to it (next tag "
+        "{:#x})",
+        peer_, send_order_.queue.size(), send_order_.queue.front().tag));
+  }
   return Status::OK();
 }
 
 std::string TcpPair::DescribePending() const {
-  if (sends_.empty() && recvs_.empty()) return "";
+  if (sends_.empty() && recvs_.empty() && send_order_.queue.empty() && recv_order_.queue.empty()) {
+    return "";
+  }
   std::string text = fmt::format("rank {}:", peer_);
   if (!recvs_.empty()) {
     text += fmt::format(" {} recv (next tag {:#x}, {} bytes)", recvs_.size(), recvs_.front().tag,
@@ -432,6 +651,15 @@ std::string TcpPair::DescribePending() const {
   if (!sends_.empty()) {
     text += fmt::format(" {} send (next tag {:#x}, {} bytes)", sends_.size(),
                         sends_.front().header.tag, sends_.front().header.length);
+  }
+  if (!streams_.empty()) {
+    size_t in = 0, out = 0;
+    for (const Stream& st : streams_) {
+      in += st.recvs.size();
+      out += st.sends.size();
+    }
+    text += fmt::format(" ({} streams: {} message(s) unfinished in, {} out; parts {} in, {} out)",
+                        streams(), recv_order_.queue.size(), send_order_.queue.size(), in, out);
   }
   return text;
 }
@@ -448,10 +676,13 @@ Status TcpPair::MaybeKeepalive(Clock::time_point now, std::chrono::milliseconds 
 
 Clock::duration TcpPair::SilentFor(Clock::time_point now) const {
   if (rx_ == Rx::kHeaderReady || closing_) return Clock::duration::zero();
-  return now - last_rx_;
+  Clock::time_point last = last_rx_;
+  for (const Stream& st : streams_) last = std::max(last, st.last_rx);
+  return now - last;
 }
 
 void TcpPair::QueueAbort(const std::string& reason) {
+  for (Stream& st : streams_) st.sends.clear();  // raw parts: nothing to keep in step
   closing_frame_payload_ = reason.substr(0, kMaxAbortReason);
   // Only a frame already partly on the wire must be finished; the stream has to stay in step.
   const bool keep = !sends_.empty() && sends_.front().done > 0;
@@ -460,10 +691,12 @@ void TcpPair::QueueAbort(const std::string& reason) {
   if (keep) sends_.push_back(partial);
   sends_.push_back(SendOp{FrameHeader{0, closing_frame_payload_.size(),
                                       static_cast<uint32_t>(FrameType::kAbort), kFrameCheck},
-                          reinterpret_cast<const uint8_t*>(closing_frame_payload_.data()), 0});
+                          reinterpret_cast<const uint8_t*>(closing_frame_payload_.data()), 0,
+                          closing_frame_payload_.size()});
 }
 
 void TcpPair::QueueGoodbye() {
+  for (Stream& st : streams_) st.sends.clear();
   const bool keep = !sends_.empty() && sends_.front().done > 0;
   SendOp partial = keep ? sends_.front() : SendOp{};
   sends_.clear();
@@ -480,6 +713,11 @@ bool TcpPair::FlushClosing() {
 }
 
 void TcpPair::Close() {
+  for (Stream& st : streams_) {
+    if (!st.fd.valid()) continue;
+    ::shutdown(st.fd.get(), SHUT_WR);
+    st.fd.reset();
+  }
   if (!fd_.valid()) return;
   ::shutdown(fd_.get(), SHUT_WR);
   // Closing with unread bytes makes the kernel reset the connection, which can destroy our last

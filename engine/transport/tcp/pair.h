@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,7 +32,10 @@ struct TcpState : DeviceState {
 
 class TcpPair final : public Pair {
  public:
-  TcpPair(TcpState& state, int peer, Fd fd);
+  // `streams`: the pair's connections besides `fd` (stream 1, 2, ...; device.h "Several
+  // streams"); messages of at least `stripe_min_bytes` are striped across all of them.
+  TcpPair(TcpState& state, int peer, Fd fd, std::vector<Fd> streams = {},
+          size_t stripe_min_bytes = 0);
 
   int peer() const override { return peer_; }
   Status Send(const Region& region, size_t offset, size_t nbytes, uint64_t tag) override;
@@ -43,9 +47,16 @@ class TcpPair final : public Pair {
 
   // -1 once the connection is closed.
   int fd() const { return fd_.get(); }
+  // The connections in all (1 + the extra streams), and the socket of stream k >= 1.
+  int streams() const { return 1 + static_cast<int>(streams_.size()); }
+  int stream_fd(int k) const { return streams_[static_cast<size_t>(k - 1)].fd.get(); }
   // Progress after epoll reported `events` for this pair's socket. An error is also recorded in
   // the device state.
   Status OnEvents(uint32_t events);
+  // The same for stream k >= 1.
+  Status OnStreamEvents(int k, uint32_t events);
+  // Caps every connection's send rate at `bytes_per_s` (SO_MAX_PACING_RATE; 0: none).
+  Status CapEachStream(double bytes_per_s);
   // Reads what the socket holds when no receive is posted, and sets *arrived when (part of) a
   // message is waiting for a receive to be posted. An error is also recorded in the device state.
   Status CheckArrival(bool* arrived);
@@ -75,6 +86,38 @@ class TcpPair final : public Pair {
     FrameHeader header;
     const uint8_t* data;
     size_t done;  // bytes of header + payload written
+    // Payload bytes behind the header on this stream: header.length, or a striped message's
+    // part 0.
+    uint64_t payload = 0;
+    uint64_t seq = 0;  // with several streams: the message's place in send order
+  };
+  // A part of a striped message on stream k >= 1: raw bytes, no header.
+  struct Piece {
+    uint8_t* data;
+    size_t bytes;
+    size_t done;
+    uint64_t seq;
+    Accumulation acc;  // receives: active for an accumulating one
+  };
+  struct Stream {
+    Fd fd;
+    bool readable = true;
+    bool writable = true;
+    RingQueue<Piece> sends{64};
+    RingQueue<Piece> recvs{64};
+    Clock::time_point last_rx = Clock::now();
+  };
+  // With several streams, messages complete in the order they were posted, each once all its
+  // parts have: posted messages in order, from `base` (the front's seq) on.
+  struct Message {
+    uint64_t tag;
+    uint64_t length;
+    int parts_left;
+  };
+  struct InOrder {
+    RingQueue<Message> queue{256};
+    uint64_t base = 0;
+    uint64_t next = 0;
   };
   struct RecvOp {
     uint8_t* data;
@@ -87,6 +130,10 @@ class TcpPair final : public Pair {
   Status PostRecv(Region& region, size_t offset, size_t capacity, uint64_t tag,
                   const Accumulator& acc);
   Status FlushSends();
+  Status FlushStream(Stream& s);
+  Status ProcessStream(Stream& s);
+  // A part of message `seq` is done: completes the messages at the front whose parts all are.
+  void PartDone(InOrder& order, OpKind kind, uint64_t seq);
   Status ProcessRx();
   Status OnHeader();
   Status StartPayload();
@@ -130,6 +177,20 @@ class TcpPair final : public Pair {
   bool goodbye_ = false;
   std::vector<uint8_t> tail_;
   size_t tail_pos_ = 0;
+
+  // Streams 1.. (empty with one stream), and the order of messages across them.
+  std::vector<Stream> streams_;
+  const size_t stripe_min_bytes_;
+  InOrder send_order_, recv_order_;
+  uint64_t rx_seq_ = 0;  // the message the payload being read belongs to
+  // A striped accumulating receive whose element size does not divide the parts' 64-byte
+  // boundaries: parts 1.. land raw in `scratch`, and once every part is in they are combined in
+  // order behind part 0 (whose Accumulation, carry included, is kept in `acc`).
+  struct Deferred {
+    std::vector<uint8_t> scratch;
+    Accumulation acc;
+  };
+  std::map<uint64_t, Deferred> deferred_;
 
   // When bytes last arrived from the peer, and were last written to it.
   Clock::time_point last_rx_ = Clock::now();

@@ -90,6 +90,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
   e.pair_transports = transport::PairTransports(*e.device);
   e.transport_connections = e.device->connections();
   e.transport_memory_bytes = static_cast<int64_t>(e.device->transport_memory_bytes());
+  e.tcp_streams = link.tcp_streams;
   e.comm.device = e.device.get();
   e.comm.chunk_bytes = static_cast<size_t>(options.ring_chunk_bytes);
   e.comm.timeout = link.timeout;
@@ -315,6 +316,7 @@ Engine::Stats Engine::stats() const {
   s.transport_pairs = impl_->pair_transports;
   s.transport_connections = impl_->transport_connections;
   s.transport_memory_bytes = impl_->transport_memory_bytes;
+  s.tcp_streams = impl_->tcp_streams;
   impl_->AddParameterServerStats(&s);
   return s;
 }

@@ -195,6 +195,9 @@ class Engine {
     // collectives/plan.h) and the memory they hold (Device::transport_memory_bytes).
     int transport_connections = 0;
     int64_t transport_memory_bytes = 0;
+    // TCP connections this rank opens to each peer it connects to over TCP (Options::tcp_streams
+    // resolved: "auto" picks by the NIC's speed); within a pair the connecting rank's count holds.
+    int tcp_streams = 1;
   };
   Stats stats() const;
 

@@ -85,6 +85,7 @@ struct Engine::Impl final {
   std::string pair_transports;
   int transport_connections = 0;
   int64_t transport_memory_bytes = 0;
+  int tcp_streams = 1;  // Engine::Stats::tcp_streams
   collectives::Comm comm;
   std::vector<std::unique_ptr<backends::Backend>> backends;  // ordered; the last accepts all
   std::unique_ptr<timeline::Timeline> timeline;

@@ -36,16 +36,18 @@ LEFTOVER_GRACE_S = 3.0
 
 @dataclass(frozen=True)
 class Shape:
-    """An emulated cluster: hosts, ranks per host, link rate and one-way delay."""
+    """An emulated cluster: hosts, ranks per host, link rate, one-way delay and the per-flow cap
+    of kolo's TCP connections ("" for none)."""
 
     hosts: int
     ranks_per_host: int
     link: str
     delay_us: int = 0
+    flow_cap: str = ""
 
-    def network(self) -> tuple[int, str, int]:
-        """What a point needs the same of: ranks per host, link and delay."""
-        return (self.ranks_per_host, self.link, self.delay_us)
+    def network(self) -> tuple[int, str, int, str]:
+        """What a point needs the same of: ranks per host, link, delay and flow cap."""
+        return (self.ranks_per_host, self.link, self.delay_us, self.flow_cap)
 
     def fits(self, need: Shape) -> bool:
         """Whether a point needing `need` can run on this cluster (mpirun fills hosts in order)."""
@@ -56,11 +58,14 @@ class Shape:
         argv += ["--ranks-per-host", str(self.ranks_per_host), "--link", self.link]
         if self.delay_us:
             argv += ["--delay-us", str(self.delay_us)]
+        if self.flow_cap:
+            argv += ["--flow-cap", self.flow_cap]
         return argv
 
     def describe(self) -> str:
         delay = f", {self.delay_us} µs one-way delay" if self.delay_us else ""
-        return f"{self.hosts} host(s) x {self.ranks_per_host} rank(s), {self.link} links{delay}"
+        cap = f", kolo's TCP flows capped at {self.flow_cap} each (emulated)" if self.flow_cap else ""
+        return f"{self.hosts} host(s) x {self.ranks_per_host} rank(s), {self.link} links{delay}{cap}"
 
 
 def cluster_hosts(point: dict) -> int:
@@ -75,7 +80,14 @@ def needed(point: dict) -> Shape:
     """The smallest cluster `point` runs on (cluster_hosts: its workers' hosts and, for backend
     ps, its servers')."""
     hosts = cluster_hosts(point)
-    return Shape(hosts, point.get("ranks_per_host", 1), point["link"], point.get("delay_us", 0))
+    cap = point.get("flow_cap", "")
+    return Shape(
+        hosts,
+        point.get("ranks_per_host", 1),
+        point["link"],
+        point.get("delay_us", 0),
+        "" if cap == "off" else cap,
+    )
 
 
 def plan(points: list[dict]) -> list[Shape]:

@@ -33,11 +33,13 @@ SETTING_COLUMNS = (
     "link",
     "link_represented",
     "delay_us",
+    "flow_cap",
     "backend",
     "transport",
     "allreduce",
     "allreduce_algorithm",
     "compression",
+    "tcp_streams",
     "compute",
     "profile",
     "calibration",
@@ -222,6 +224,8 @@ def make_row(
             row[name] = merged.get(name)
     if not row["nodes"]:
         row["nodes"] = rec_settings.get("nodes") or nodes
+    if row.get("flow_cap") == "off":
+        row["flow_cap"] = None  # uncapped reads the same however it was asked for
     if row["ps_pacing"] == "off":
         row["ps_pacing"] = None  # unpaced reads the same however it was asked for
     # kolo-train runs undilated unless told: a record or point without it ran at dilation 1.
@@ -229,7 +233,7 @@ def make_row(
         row["dilation"] = 1
     row["network"] = network
     if network not in ("emulated", "simulated"):
-        for name in ("ranks_per_host", "link", "delay_us"):
+        for name in ("ranks_per_host", "link", "delay_us", "flow_cap"):
             row[name] = None
     if network == "simulated":
         row["compute"] = "simulated"
@@ -293,8 +297,15 @@ def _older_defaults(row: dict, header: tuple[str, ...]) -> dict:
 # was written by an earlier kolo (before the time breakdown or the network columns, for one) and
 # reads with the missing columns empty (the network columns: _older_defaults).
 # Settings added after the network columns: ps_hosts, ps_pacing, allreduce_algorithm,
-# compression; run metadata added later still.
-_LATER_SETTINGS = ("ps_hosts", "ps_pacing", "allreduce_algorithm", "compression")
+# compression, tcp_streams; run metadata added later still.
+_LATER_SETTINGS = (
+    "ps_hosts",
+    "ps_pacing",
+    "allreduce_algorithm",
+    "compression",
+    "tcp_streams",
+    "flow_cap",
+)
 _LATER_META = ("cpu_cores",)
 _ALWAYS = (
     tuple(c for c in META if c not in _LATER_META)

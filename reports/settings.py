@@ -49,7 +49,7 @@ BASELINE_SETTINGS = (
 # The settings of the emulated network ([launcher] kind = "cluster", scripts/cluster): the
 # launcher consumes them, kolo-train never sees them. "hosts" is the training workers' hosts
 # (ranks = hosts x ranks_per_host); its CSV column is "nodes", the hosts the job spanned.
-CLUSTER_SETTINGS = ("hosts", "ranks_per_host", "link", "delay_us")
+CLUSTER_SETTINGS = ("hosts", "ranks_per_host", "link", "delay_us", "flow_cap")
 # The settings of a prediction ([launcher] kind = "sim", kolo-sim): what it predicts with besides
 # the profile. A simulated network also takes ranks_per_host and link (hosts = ranks /
 # ranks_per_host, up to any size), and dilation for predicting an emulated cluster's points.
@@ -66,6 +66,8 @@ TRANSPORTS = ("auto", "shm", "tcp", "rdma")
 # The ring backend's allreduce algorithms (Options::allreduce_algorithm, engine/common/options.cc).
 ALLREDUCE_ALGORITHMS = ("auto", "ring", "recursive-doubling", "halving-doubling")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+# TCP connections per pair of ranks (Options::tcp_streams): auto, or 1 to 16.
+_TCP_STREAMS_RE = re.compile(r"^(auto|[1-9]|1[0-6])$")
 # Gradient compression (Options::compression): float32 gradients travel in half precision.
 COMPRESSIONS = ("none", "fp16", "bf16")
 PS_PLACEMENTS = ("greedy", "split")
@@ -231,6 +233,15 @@ SETTINGS: tuple[Setting, ...] = (
         applies=_communicates,
         help="float32 gradients travel as fp16 or bf16 (allreduces; parameter-server pushes) (KOLO_COMPRESSION)",
     ),
+    Setting(
+        "tcp_streams",
+        "str",
+        "--tcp-streams",
+        pattern=_TCP_STREAMS_RE,
+        pattern_words='"auto" or a number of streams from 1 to 16',
+        applies=_uses_transport,
+        help="TCP connections per pair of ranks, large messages striped across them (KOLO_TCP_STREAMS)",
+    ),
     Setting("precision", "str", "--precision", choices=PRECISIONS),
     Setting("fusion_threshold_mb", "float", "--fusion-threshold-mb", minimum=0),
     Setting("cycle_time_ms", "float", "--cycle-time-ms", minimum=0, exclusive_minimum=True),
@@ -275,6 +286,14 @@ SETTINGS: tuple[Setting, ...] = (
         help="rate of each emulated host's link (tc tbf, both directions)",
     ),
     Setting("delay_us", "int", None, minimum=0, maximum=1000000, help="one-way delay added per link, µs"),
+    Setting(
+        "flow_cap",
+        "str",
+        None,
+        pattern=_PACING_RE,
+        pattern_words='a rate like "250mbit" (kbit, mbit or gbit), or "off"',
+        help="emulated per-flow cap: every TCP connection of kolo paced at it (scripts/cluster up --flow-cap)",
+    ),
     Setting(
         "calibration",
         "str",

@@ -24,6 +24,7 @@ KEY = (
     "ps_placement",
     "ps_pacing",
     "compression",
+    "tcp_streams",
     "fusion_threshold_mb",
 )
 # What tells configurations apart within one model's panel of the figure: KEY less model and ranks.
@@ -97,17 +98,22 @@ def table(pairs: list[dict]) -> str:
     # The parameter server's push pacing and compression, where some point sets them.
     paced = any(x.get("ps_pacing") for x in pairs)
     compressed = any(x.get("compression") not in ("", None, "none") for x in pairs)
-    lines = [
-        "| model | GPUs | backend | "
-        + ("ps pacing | " if paced else "")
+    streams = any(x.get("tcp_streams") not in ("", None, "1", "auto") for x in pairs)
+    extra = (
+        ("ps pacing | " if paced else "")
         + ("compression | " if compressed else "")
-        + "fusion MiB | measured img/s | repeats | spread | predicted img/s | error |",
-        "|---|---|---|---|---|---|---|---|---|" + ("---|" if paced else "") + ("---|" if compressed else ""),
+        + ("tcp streams | " if streams else "")
+    )
+    lines = [
+        "| model | GPUs | backend | " + extra + "fusion MiB | measured img/s | repeats | spread "
+        "| predicted img/s | error |",
+        "|---|---|---|---|---|---|---|---|---|" + "---|" * extra.count("|"),
     ]
     for x in pairs:
         spread = f"{100 * x['spread']:.1f}%" if x["repeats"] > 1 else "-"
         pacing = f"{x.get('ps_pacing') or ('off' if x['backend'] == 'ps' else '-')} | " if paced else ""
         compression = f"{x.get('compression') or '-'} | " if compressed else ""
+        compression += f"{x.get('tcp_streams') or '-'} | " if streams else ""
         lines.append(
             f"| {x['model']} | {x['ranks']} | {x['backend']} | {pacing}{compression}"
             f"{x['fusion_threshold_mb'] or '-'} "

@@ -96,6 +96,10 @@ int Predict(int argc, char** argv) {
   app.add_option("--compression", p.compression,
                  "gradient compression: none | fp16 | bf16 (the engine's KOLO_COMPRESSION)")
       ->check(CLI::IsMember({"none", "fp16", "bf16"}));
+  std::string tcp_streams = "1";
+  app.add_option("--tcp-streams", tcp_streams,
+                 "TCP connections per pair: 1-16, or auto (taken as 1) (the engine's "
+                 "KOLO_TCP_STREAMS)");
   app.add_option("--transport", p.transport, "between hosts: tcp | rdma (auto = tcp)")
       ->check(CLI::IsMember({"tcp", "rdma", "auto", "shm"}));
   app.add_option("--link", link,
@@ -157,6 +161,14 @@ int Predict(int argc, char** argv) {
   p.hierarchical = allreduce == "hierarchical";
   p.ps_on_worker_hosts = ps_hosts == "spread";
   if (p.transport == "auto" || p.transport == "shm") p.transport = "tcp";
+  {
+    auto streams = kolo::ParseTcpStreams("--tcp-streams", tcp_streams);
+    if (!streams.ok()) {
+      Say(streams.status().message());
+      return 2;
+    }
+    p.tcp_streams = std::max(1, *streams);
+  }
   Calibration cal;
   if (!ReadCalibration(calibration_path, &cal)) return 2;
   auto pred = kolo::sim::Predict(p, cal);
@@ -174,6 +186,7 @@ int Predict(int argc, char** argv) {
                              {"backend", p.backend},
                              {"allreduce_algorithm", p.allreduce_algorithm},
                              {"compression", p.backend == "none" ? "" : p.compression},
+                             {"tcp_streams", tcp_streams},
                              {"ranks", p.ranks},
                              {"fusion_threshold_mb", p.fusion_threshold_mb},
                              {"cycle_time_ms", p.cycle_time_ms},

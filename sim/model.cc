@@ -52,15 +52,17 @@ Status ReadCosts(const Json& j, const char* key, TransportCosts* out, const std:
   if (!t.is_object()) return InvalidArgument("{}: \"{}\" must be an object", origin, key);
   for (auto [field, target] :
        {std::pair{"latency_us", &out->latency_us}, std::pair{"efficiency", &out->efficiency},
-        std::pair{"copy_gbytes_per_s", &out->copy_gbytes_per_s}}) {
+        std::pair{"copy_gbytes_per_s", &out->copy_gbytes_per_s},
+        std::pair{"stream_gbit", &out->stream_gbit}}) {
     if (!t.contains(field)) continue;
     if (!t.at(field).is_number()) {
       return InvalidArgument("{}: {}.{} must be a number", origin, key, field);
     }
     *target = t.at(field).get<double>();
   }
-  if (out->latency_us < 0 || out->copy_gbytes_per_s < 0) {
-    return InvalidArgument("{}: {}.latency_us and copy_gbytes_per_s must be >= 0", origin, key);
+  if (out->latency_us < 0 || out->copy_gbytes_per_s < 0 || out->stream_gbit < 0) {
+    return InvalidArgument("{}: {}.latency_us, copy_gbytes_per_s and stream_gbit must be >= 0",
+                           origin, key);
   }
   if (!(out->efficiency > 0 && out->efficiency <= 1)) {
     return InvalidArgument("{}: {}.efficiency = {} is not allowed; allowed: a fraction in (0, 1]",
@@ -72,7 +74,8 @@ Status ReadCosts(const Json& j, const char* key, TransportCosts* out, const std:
 Json CostsJson(const TransportCosts& t) {
   return {{"latency_us", t.latency_us},
           {"efficiency", t.efficiency},
-          {"copy_gbytes_per_s", t.copy_gbytes_per_s}};
+          {"copy_gbytes_per_s", t.copy_gbytes_per_s},
+          {"stream_gbit", t.stream_gbit}};
 }
 
 // ---- The symmetric job the real Controller negotiates in ----
@@ -506,7 +509,13 @@ Network MakeNetwork(const Point& point, const Calibration& cal, double working_b
   const TransportCosts& t = point.transport == "rdma" ? cal.rdma : cal.tcp;
   const double link_gbit = (point.link_gbit > 0 ? point.link_gbit : cal.link_gbit);
   // Under dilation K the emulated link stands for one K times faster (SCHEMA.md: link_represented).
-  net.nic_bytes_per_s = link_gbit * k * kGiga / 8 * t.efficiency;
+  // A TCP connection may carry less than the link (calibration stream_gbit): S streams per pair
+  // fill the link only when S of them reach it.
+  double wire_gbit = link_gbit;
+  if (point.transport != "rdma" && t.stream_gbit > 0) {
+    wire_gbit = std::min(wire_gbit, std::max(1, point.tcp_streams) * t.stream_gbit);
+  }
+  net.nic_bytes_per_s = wire_gbit * k * kGiga / 8 * t.efficiency;
   net.nic_latency_s = t.latency_us * 1e-6 / k;
   net.nic_copy_bytes_per_s = t.copy_gbytes_per_s * kGiga * k;
   if (point.backend == "nccl") {
@@ -590,6 +599,10 @@ Status CheckPoint(const Point& point) {
   if (point.transport != "tcp" && point.transport != "rdma" && point.transport != "auto") {
     return InvalidArgument("transport '{}' is not allowed; allowed: tcp, rdma, auto",
                            point.transport);
+  }
+  if (point.tcp_streams < 0 || point.tcp_streams > 16) {
+    return InvalidArgument("tcp_streams {} is not allowed; allowed: 0 (auto) to 16",
+                           point.tcp_streams);
   }
   if (point.ranks < 1 || point.ranks_per_host < 1 || point.ranks % point.ranks_per_host != 0) {
     return InvalidArgument(

@@ -49,6 +49,10 @@ struct TransportCosts {
   double latency_us = 0;         // per message (one ring step, one push, one negotiation hop)
   double efficiency = 1;         // achievable fraction of the link's line rate
   double copy_gbytes_per_s = 0;  // per-byte host cost (copies through the kernel); 0: none
+  // The most one TCP connection carries, Gbit/s on the wire (one congestion window, one core's
+  // copies; the emulated cluster's --flow-cap); 0: no limit of its own. With S streams per pair
+  // a host's link moves min(line rate, S x this) times efficiency. TCP only.
+  double stream_gbit = 0;
 };
 
 // The calibration: every parameter a prediction uses besides the point's settings. Read from a
@@ -144,8 +148,11 @@ struct Point {
   // per-element rate (assumed: sim/calibrations/README.md); parameter-server pushes move half.
   std::string compression = "none";
   std::string transport = "tcp";  // tcp | rdma (between hosts); auto = tcp
-  double link_gbit = 0;           // NIC line rate; 0: the calibration's
-  double dilation = 1;            // the emulated cluster's time dilation (see SCHEMA.md)
+  // TCP connections per pair (the engine's KOLO_TCP_STREAMS; 0 = auto, taken as 1: kolo-sim
+  // knows no NIC to read a speed from).
+  int tcp_streams = 1;
+  double link_gbit = 0;  // NIC line rate; 0: the calibration's
+  double dilation = 1;   // the emulated cluster's time dilation (see SCHEMA.md)
   double fusion_threshold_mb = 64;
   double cycle_time_ms = 1;
   int backward_passes_per_step = 1;

@@ -517,6 +517,8 @@ StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string
   }
   if (const std::string* v = Find(env, "KOLO_ALLREDUCE_ALGORITHM")) o.allreduce_algorithm = *v;
   if (const std::string* v = Find(env, "KOLO_COMPRESSION")) o.compression = *v;
+  KOLO_RETURN_IF_ERROR(
+      RefuseEmpty(env, "KOLO_TCP_STREAMS", "auto or a number of streams from 1 to 16"));
   if (const std::string* v = Find(env, "KOLO_TCP_STREAMS")) {
     KOLO_ASSIGN_OR_RETURN(o.tcp_streams, ParseTcpStreams("KOLO_TCP_STREAMS", *v));
   }

@@ -33,6 +33,7 @@ std::string RunRecordToJson(const RunRecord& r) {
                    {"transport", s.transport},
                    {"allreduce_algorithm", s.allreduce_algorithm},
                    {"compression", s.compression},
+                   {"tcp_streams", s.tcp_streams},
                    {"hierarchical_allreduce", s.hierarchical_allreduce},
                    {"precision", s.precision},
                    {"fusion_threshold_mb", s.fusion_threshold_mb},
@@ -90,7 +91,8 @@ std::string RunRecordToJson(const RunRecord& r) {
                                {"transport_bytes_received", e.transport_bytes_received},
                                {"transport_pairs", e.transport_pairs},
                                {"transport_connections", e.transport_connections},
-                               {"transport_memory_bytes", e.transport_memory_bytes}};
+                               {"transport_memory_bytes", e.transport_memory_bytes},
+                               {"tcp_streams", e.tcp_streams}};
     j["results"] = std::move(results);
   }
   j["status"] = r.ok ? "ok" : "failed";

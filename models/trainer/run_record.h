@@ -49,6 +49,9 @@ struct RunSettings {
   std::string transport;
   std::string allreduce_algorithm;  // ring backend: Options::allreduce_algorithm; else ""
   std::string compression;          // Options::compression; "" for backend none
+  // Options::tcp_streams as given ("auto" or a count) for the backends on kolo's transports; ""
+  // otherwise. The count each rank opened is engine_stats.tcp_streams.
+  std::string tcp_streams;
   bool hierarchical_allreduce = false;
   std::string precision;
   double fusion_threshold_mb = 0;

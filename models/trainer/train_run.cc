@@ -65,6 +65,9 @@ RunSettings SettingsFrom(const TrainOptions& o) {
   // The allreduce algorithm is the ring backend's (NCCL, MPI and parameter servers run their own).
   s.allreduce_algorithm = o.engine.backend == "ring" ? o.engine.allreduce_algorithm : "";
   s.compression = o.engine.backend == "none" ? "" : o.engine.compression;
+  s.tcp_streams = o.engine.backend == "ring" || o.engine.backend == "ps"
+                      ? TcpStreamsName(o.engine.tcp_streams)
+                      : "";
   s.hierarchical_allreduce = o.engine.hierarchical_allreduce;
   s.precision = compute::PrecisionName(o.precision);
   s.fusion_threshold_mb = static_cast<double>(o.engine.fusion_threshold_bytes) / (1 << 20);

@@ -82,7 +82,11 @@ class ClusterLauncher(base.Launcher):
 
     def baseline_settings(self, point):
         # One emulated host with the link of the point it was made for (it sends nothing over it).
-        return {**{k: point[k] for k in ("link", "delay_us") if k in point}, "hosts": 1, "ranks_per_host": 1}
+        return {
+            **{k: point[k] for k in ("link", "delay_us", "flow_cap") if k in point},
+            "hosts": 1,
+            "ranks_per_host": 1,
+        }
 
     def check_point(self, point, label, root, problems):
         base.refuse_ps_hosts(point, label, self.KIND, problems)

@@ -37,11 +37,12 @@ class SimLauncher(base.Launcher):
                 f'point {label}: [launcher] kind = "sim" predicts from a replay profile; it needs '
                 f'compute = "replay" and a profile (compute is {point.get("compute", "not set")!r})'
             )
-        for key in ("hosts", "delay_us"):
+        for key in ("hosts", "delay_us", "flow_cap"):
             if key in point:
                 problems.append(
                     f'point {label}: {key} is not allowed with kind = "sim" (hosts are ranks / '
-                    "ranks_per_host; the simulated links have no added delay)"
+                    "ranks_per_host; the simulated links have no added delay; a per-stream cap is "
+                    "the calibration's tcp.stream_gbit)"
                 )
         rph = point.get("ranks_per_host", 1)
         if point.get("ranks", 1) % rph:

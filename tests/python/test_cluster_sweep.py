@@ -104,6 +104,12 @@ def test_ranks_per_host_and_link_axes_get_a_cluster_each(write_sweep):
         "1gbit",
     ]
     assert cluster.Shape(3, 1, "1gbit", 200).up_argv("x")[-2:] == ["--delay-us", "200"]
+    # The emulated per-flow cap: a cluster of its own, passed to scripts/cluster up.
+    capped = cluster.needed(dict(ring[0], flow_cap="250mbit"))
+    assert capped.up_argv("x")[-2:] == ["--flow-cap", "250mbit"]
+    assert "capped at 250mbit" in capped.describe()
+    assert not capped.fits(cluster.needed(ring[0]))
+    assert cluster.needed(dict(ring[0], flow_cap="off")) == cluster.needed(ring[0])
     assert cluster.Shape(5, 1, "1gbit").fits(cluster.Shape(2, 1, "1gbit"))
     assert not cluster.Shape(2, 1, "1gbit").fits(cluster.Shape(5, 1, "1gbit"))
     assert not cluster.Shape(5, 1, "1gbit").fits(cluster.Shape(2, 1, "500mbit"))

@@ -117,6 +117,25 @@ def test_compression_is_a_setting_of_every_communicating_backend_with_its_column
     assert settings.BY_NAME["compression"].check("none") is None
 
 
+def test_tcp_streams_is_a_setting_of_the_backends_on_kolos_transports():
+    ring = {"model": "vgg16", "ranks": 4, "backend": "ring", "point_id": "p1", "repeat": 0}
+    for backend in ("ring", "ps"):
+        point = dict(ring, backend=backend, tcp_streams="4")
+        args = settings.trainer_args(point)
+        assert args[args.index("--tcp-streams") + 1] == "4", (backend, args)
+        assert schema.make_row(point, RECORD, run_id="r1", status="ok")["tcp_streams"] == "4"
+    mpi = dict(ring, backend="mpi", tcp_streams="4")
+    assert "--tcp-streams" not in settings.trainer_args(mpi)
+    assert schema.make_row(mpi, RECORD, run_id="r1", status="ok")["tcp_streams"] == ""
+    check = settings.BY_NAME["tcp_streams"].check
+    assert check("auto") is None and check("16") is None
+    for bad in ("0", "17", "four", 4):
+        why = check(bad)
+        assert why is not None and "auto" in why, bad
+    assert settings.BY_NAME["flow_cap"].check("250mbit") is None
+    assert settings.BY_NAME["flow_cap"].check("fast") is not None
+
+
 def test_failed_row_has_no_results_and_one_line_error():
     point = {"model": "vgg16", "ranks": 4, "point_id": "p1", "repeat": 0}
     row = schema.make_row(point, RECORD, run_id="r1", status="failed", error="boom\nsecond line", nodes=1)

@@ -26,7 +26,6 @@ class TcpDevice final : public PairedDevice<TcpPair, TcpState> {
       : PairedDevice(rank, size, options.busy_poll, options.timeout),
         socket_buffer_bytes_(
             static_cast<uint64_t>(std::max<int64_t>(options.socket_buffer_bytes, 0))),
-        streams_(std::max(1, options.streams)),
         flow_cap_(options.flow_cap_bytes_per_s),
         listener_(std::move(mesh.listener)),
         rejections_(std::move(mesh.rejections)) {
@@ -69,7 +68,9 @@ class TcpDevice final : public PairedDevice<TcpPair, TcpState> {
   const char* name() const override { return "tcp"; }
   // What the sockets' buffers may hold: a send and a receive buffer per connection, as asked.
   uint64_t transport_memory_bytes() const override {
-    return 2 * socket_buffer_bytes_ * pairs().size() * static_cast<uint64_t>(streams_);
+    uint64_t connections = 0;
+    for (const TcpPair* p : pairs()) connections += static_cast<uint64_t>(p->streams());
+    return 2 * socket_buffer_bytes_ * connections;
   }
 
   StatusOr<std::unique_ptr<Region>> Register(void* data, size_t size) override {
@@ -179,7 +180,6 @@ class TcpDevice final : public PairedDevice<TcpPair, TcpState> {
   static constexpr uint64_t kListenerId = kWakeId - 1;  // the pairs' ids are their ranks
 
   const uint64_t socket_buffer_bytes_;
-  const int streams_;      // connections per peer
   const double flow_cap_;  // bytes/s per connection, 0: none (the emulated cluster's cap)
   Fd listener_;
   std::shared_ptr<RejectionLog> rejections_;  // the listener's, from set-up

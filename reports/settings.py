@@ -231,7 +231,7 @@ SETTINGS: tuple[Setting, ...] = (
         "--compression",
         choices=COMPRESSIONS,
         applies=_communicates,
-        help="float32 gradients travel as fp16 or bf16 (allreduces; parameter-server pushes) (KOLO_COMPRESSION)",
+        help="float32 gradients travel as fp16 or bf16 (allreduces, parameter-server pushes)",
     ),
     Setting(
         "tcp_streams",
@@ -292,7 +292,7 @@ SETTINGS: tuple[Setting, ...] = (
         None,
         pattern=_PACING_RE,
         pattern_words='a rate like "250mbit" (kbit, mbit or gbit), or "off"',
-        help="emulated per-flow cap: every TCP connection of kolo paced at it (scripts/cluster up --flow-cap)",
+        help="emulated per-flow cap: each TCP connection of kolo paced at it (cluster up --flow-cap)",
     ),
     Setting(
         "calibration",

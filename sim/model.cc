@@ -509,13 +509,13 @@ Network MakeNetwork(const Point& point, const Calibration& cal, double working_b
   const TransportCosts& t = point.transport == "rdma" ? cal.rdma : cal.tcp;
   const double link_gbit = (point.link_gbit > 0 ? point.link_gbit : cal.link_gbit);
   // Under dilation K the emulated link stands for one K times faster (SCHEMA.md: link_represented).
-  // A TCP connection may carry less than the link (calibration stream_gbit): S streams per pair
-  // fill the link only when S of them reach it.
-  double wire_gbit = link_gbit;
+  net.nic_bytes_per_s = link_gbit * k * kGiga / 8 * t.efficiency;
+  // A TCP connection may carry less than the link (calibration stream_gbit, in payload): S
+  // streams per pair fill the link only when S of them reach it.
   if (point.transport != "rdma" && t.stream_gbit > 0) {
-    wire_gbit = std::min(wire_gbit, std::max(1, point.tcp_streams) * t.stream_gbit);
+    net.nic_bytes_per_s = std::min(
+        net.nic_bytes_per_s, std::max(1, point.tcp_streams) * t.stream_gbit * k * kGiga / 8);
   }
-  net.nic_bytes_per_s = wire_gbit * k * kGiga / 8 * t.efficiency;
   net.nic_latency_s = t.latency_us * 1e-6 / k;
   net.nic_copy_bytes_per_s = t.copy_gbytes_per_s * kGiga * k;
   if (point.backend == "nccl") {

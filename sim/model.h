@@ -49,9 +49,9 @@ struct TransportCosts {
   double latency_us = 0;         // per message (one ring step, one push, one negotiation hop)
   double efficiency = 1;         // achievable fraction of the link's line rate
   double copy_gbytes_per_s = 0;  // per-byte host cost (copies through the kernel); 0: none
-  // The most one TCP connection carries, Gbit/s on the wire (one congestion window, one core's
+  // The most one TCP connection carries, Gbit/s of payload (one congestion window, one core's
   // copies; the emulated cluster's --flow-cap); 0: no limit of its own. With S streams per pair
-  // a host's link moves min(line rate, S x this) times efficiency. TCP only.
+  // a host's link moves min(line rate x efficiency, S x this). TCP only.
   double stream_gbit = 0;
 };
 

@@ -375,10 +375,10 @@ class MeshBuilder {
                                 "said {}",
                                 hello.from_rank, hello.streams,
                                 pair_streams_[static_cast<size_t>(hello.from_rank)]));
-        } else if (LearnStreams(hello.from_rank, hello.streams),
-                   Slot(hello.from_rank, hello.stream).valid()) {
+        } else if (StreamTaken(hello.from_rank, hello.streams, hello.stream)) {
           Reject(c, fmt::format("rank {} is already connected{}", hello.from_rank,
-                                streams_ > 1 ? fmt::format(" on stream {}", hello.stream) : ""));
+                                hello.streams > 1 ? fmt::format(" on stream {}", hello.stream)
+                                                  : ""));
         } else {
           Welcome welcome{AcceptorProof(options_.secret, c.acceptor_nonce, hello)};
           uint8_t wire[Welcome::kBytes];
@@ -421,10 +421,14 @@ class MeshBuilder {
     return true;
   }
 
-  void LearnStreams(int peer, int streams) {
-    if (pair_streams_[static_cast<size_t>(peer)] != 0) return;
-    pair_streams_[static_cast<size_t>(peer)] = streams;
-    mesh_.streams[static_cast<size_t>(peer)].resize(static_cast<size_t>(streams - 1));
+  // An authenticated hello from a higher `peer` for `stream` of `streams`: the pair's count is
+  // learned from the first; whether that stream is connected already.
+  bool StreamTaken(int peer, int streams, int stream) {
+    if (pair_streams_[static_cast<size_t>(peer)] == 0) {
+      pair_streams_[static_cast<size_t>(peer)] = streams;
+      mesh_.streams[static_cast<size_t>(peer)].resize(static_cast<size_t>(streams - 1));
+    }
+    return Slot(peer, stream).valid();
   }
 
   void Establish(Conn& c, int peer, int stream) {

@@ -207,17 +207,11 @@ TEST(Compression, HalvesTheBytesOnTheWire) {
 
 TEST(Compression, RanksThatDisagreeFailAtStartUpNamingThem) {
   constexpr int kRanks = 3;
-  bootstrap::InMemoryStore store;
-  std::vector<std::thread> threads;
-  std::vector<Status> results(kRanks);
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      auto o = RankOptions(r, kRanks);
-      o.compression = r == 2 ? "fp16" : "none";
-      results[static_cast<size_t>(r)] = Engine::Create(o, &store).status();
-    });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<Status> results = testing::CreateStatuses(kRanks, [](int r) {
+    auto o = RankOptions(r, kRanks);
+    o.compression = r == 2 ? "fp16" : "none";
+    return o;
+  });
   for (int r = 0; r < kRanks; ++r) {
     const Status& s = results[static_cast<size_t>(r)];
     ASSERT_EQ(s.code(), StatusCode::kInvalidArgument) << "rank " << r << ": " << s.ToString();

@@ -54,6 +54,22 @@ inline void RunRanks(int size, const std::function<void(int, Engine&)>& body) {
       size, [size](int r) { return RankOptions(r, size); }, body);
 }
 
+// Creates `size` engines at once, rank r from options_for(r), over one store, and returns each
+// rank's Engine::Create status (the engines themselves are destroyed): for start-up refusals.
+inline std::vector<Status> CreateStatuses(int size,
+                                          const std::function<Options(int)>& options_for) {
+  bootstrap::InMemoryStore store;
+  std::vector<Status> results(static_cast<size_t>(size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      results[static_cast<size_t>(r)] = Engine::Create(options_for(r), &store).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
 // Value element i of rank r's input holds (as a double): small integers, exact in every dtype
 // (sums over up to 8 ranks stay below 256 for uint8 and are exact in float16/bfloat16).
 inline double InputValue(int rank, size_t i) {

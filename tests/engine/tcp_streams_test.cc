@@ -109,18 +109,12 @@ TEST(TcpStreams, APairTakesTheConnectorsCount) {
 
 TEST(TcpStreams, RanksThatDisagreeFailAtStartUpNamingThem) {
   constexpr int kRanks = 3;
-  bootstrap::InMemoryStore store;
-  std::vector<std::thread> threads;
-  std::vector<Status> results(kRanks);
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      auto o = RankOptions(r, kRanks);
-      o.transport = "tcp";
-      o.tcp_streams = r == 1 ? 4 : 2;
-      results[static_cast<size_t>(r)] = Engine::Create(o, &store).status();
-    });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<Status> results = testing::CreateStatuses(kRanks, [](int r) {
+    auto o = RankOptions(r, kRanks);
+    o.transport = "tcp";
+    o.tcp_streams = r == 1 ? 4 : 2;
+    return o;
+  });
   for (int r = 0; r < kRanks; ++r) {
     const Status& s = results[static_cast<size_t>(r)];
     ASSERT_EQ(s.code(), StatusCode::kInvalidArgument) << "rank " << r << ": " << s.ToString();

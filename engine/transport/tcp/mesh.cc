@@ -376,9 +376,9 @@ class MeshBuilder {
                                 hello.from_rank, hello.streams,
                                 pair_streams_[static_cast<size_t>(hello.from_rank)]));
         } else if (StreamTaken(hello.from_rank, hello.streams, hello.stream)) {
-          Reject(c, fmt::format("rank {} is already connected{}", hello.from_rank,
-                                hello.streams > 1 ? fmt::format(" on stream {}", hello.stream)
-                                                  : ""));
+          Reject(c,
+                 fmt::format("rank {} is already connected{}", hello.from_rank,
+                             hello.streams > 1 ? fmt::format(" on stream {}", hello.stream) : ""));
         } else {
           Welcome welcome{AcceptorProof(options_.secret, c.acceptor_nonce, hello)};
           uint8_t wire[Welcome::kBytes];

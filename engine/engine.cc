@@ -294,6 +294,49 @@ Status Engine::Barrier() {
   return Wait(h);
 }
 
+Engine::Tunables Engine::tunables() const {
+  MutexLock lock(impl_->mu);
+  return impl_->tunables;
+}
+
+Status Engine::Retune(const std::string& name, const Tunables& t) {
+  if (t.fusion_threshold_bytes < 0 || t.fusion_threshold_bytes > (int64_t{1} << 40)) {
+    return InvalidArgument("retune: fusion threshold {} bytes is outside [0, 1 TiB]",
+                           t.fusion_threshold_bytes);
+  }
+  if (!(t.cycle_time_ms > 0 && t.cycle_time_ms <= 10000)) {
+    return InvalidArgument("retune: cycle time {} ms is outside (0, 10000]", t.cycle_time_ms);
+  }
+  KOLO_ASSIGN_OR_RETURN(const collectives::AllreduceAlgorithm algorithm,
+                        collectives::ParseAllreduceAlgorithm(t.allreduce_algorithm));
+  if (impl_->options.hierarchical_allreduce &&
+      algorithm != collectives::AllreduceAlgorithm::kAuto &&
+      algorithm != collectives::AllreduceAlgorithm::kRing) {
+    return InvalidArgument(
+        "retune: allreduce algorithm '{}' cannot run a hierarchical allreduce: allowed are auto, "
+        "ring",
+        t.allreduce_algorithm);
+  }
+  if (role() != Role::kWorker || impl_->executor == nullptr) {
+    return FailedPrecondition("retune: this rank runs no allreduce engine (a parameter server)");
+  }
+  {
+    MutexLock lock(impl_->mu);
+    if (!impl_->pending_retunes.emplace(name, t).second) {
+      return InvalidArgument("retune '{}' is already pending: give each switch its own name", name);
+    }
+  }
+  // The switch point: an empty allreduce, negotiated like any collective, so that every rank
+  // runs it, and applies `t` after it, in the same cycle.
+  auto h = AllreduceAsync(name, nullptr, nullptr, DataType::kInt32, {0}, ReduceOp::kSum);
+  if (!h.ok()) {
+    MutexLock lock(impl_->mu);
+    impl_->pending_retunes.erase(name);
+    return h.status();
+  }
+  return Wait(*h);
+}
+
 Status Engine::Shutdown() {
   MutexLock once(impl_->shutdown_mu);
   // A parameter-server worker first tells the servers it is done (its errors are in fatal).

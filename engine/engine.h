@@ -112,6 +112,23 @@ class Engine {
   // Returns once every rank has called Barrier (negotiated like any collective).
   Status Barrier();
 
+  // What an autotuner may change while the job runs. Every rank must use the same values.
+  struct Tunables {
+    int64_t fusion_threshold_bytes = 64ll << 20;  // Options::fusion_threshold_bytes
+    double cycle_time_ms = 1.0;                   // Options::cycle_time_ms
+    std::string allreduce_algorithm = "auto";     // Options::allreduce_algorithm (ring backend)
+  };
+  // The tunables in force on this rank.
+  Tunables tunables() const;
+  // Switches every rank to `t` at the same point of the collective stream: an allreduce named
+  // `name` (every rank calls Retune with the same name and values, between steps: the trainer
+  // broadcasts rank 0's first), after whose cycle each rank applies `t` before it runs anything
+  // agreed later; so fusion groups and algorithms never differ between ranks. Returns once the
+  // collective has run here (the switch follows within the same cycle). Errors (before anything is
+  // submitted): a value out of range or an algorithm the backend cannot run, naming it and what is
+  // allowed. The device staged ring of device tensors keeps its algorithm.
+  Status Retune(const std::string& name, const Tunables& t);
+
   // Stops the background thread after the current cycle. Operations still pending fail with
   // "shut down". Any rank's shutdown ends the job's engine on every rank. Idempotent, and safe to
   // call from several threads at once (each returns once the background thread has stopped).

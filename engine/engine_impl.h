@@ -2,7 +2,9 @@
 // Internal to engine/; see engine.h for the contract.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,7 +40,11 @@ using SteadyClock = std::chrono::steady_clock;
 // (execution/), which completes them in the table.
 struct Engine::Impl final {
   explicit Impl(const Options& o)
-      : options(o), ops(o.rank, [this](const execution::ExecutionStats& d) { Count(d); }) {}
+      : options(o), ops(o.rank, [this](const execution::ExecutionStats& d) { Count(d); }) {
+    MutexLock lock(mu);
+    tunables = Engine::Tunables{o.fusion_threshold_bytes, o.cycle_time_ms, o.allreduce_algorithm};
+    cycle_time_ms.store(o.cycle_time_ms);
+  }
 
   // --- Background thread.
   void Loop() KOLO_EXCLUDES(mu);
@@ -65,6 +71,8 @@ struct Engine::Impl final {
   static constexpr int kLoneHoldsToStop = 2;
   // The controller's agreement for this cycle, with the engine's statistics updated.
   Status Negotiate(std::vector<coordinator::Response>* responses, bool* stop) KOLO_EXCLUDES(mu);
+  // After a cycle ran `responses`: applies the tunables whose switch collective was among them.
+  Status ApplyRetunes(const std::vector<coordinator::Response>& responses) KOLO_EXCLUDES(mu);
   // The statistics the executor adds (through the table).
   void Count(const execution::ExecutionStats& delta) KOLO_EXCLUDES(mu);
 
@@ -109,6 +117,11 @@ struct Engine::Impl final {
   // the table.
   Mutex mu;
   int64_t barrier_seq KOLO_GUARDED_BY(mu) = 0;
+  // Engine::Retune: tunables waiting for the collective of their name to run; those in force.
+  std::map<std::string, Engine::Tunables> pending_retunes KOLO_GUARDED_BY(mu);
+  Engine::Tunables tunables KOLO_GUARDED_BY(mu);
+  // The cycle time in force, read by the background thread each cycle (Retune changes it).
+  std::atomic<double> cycle_time_ms{1.0};
   Stats stats KOLO_GUARDED_BY(mu);
   // Started at the end of Create, joined by Shutdown; not guarded by mu (Shutdown joins it with
   // mu released, so that the background thread can finish). Shutdown holds shutdown_mu throughout

@@ -49,11 +49,13 @@ void Engine::Impl::Loop() {
                options.local_size, cpus);
     }
   }
-  const auto cycle = std::chrono::duration_cast<SteadyClock::duration>(
-      std::chrono::duration<double, std::milli>(options.cycle_time_ms));
-  auto last_start = SteadyClock::now() - cycle;
+  auto cycle_of = [this] {
+    return std::chrono::duration_cast<SteadyClock::duration>(
+        std::chrono::duration<double, std::milli>(cycle_time_ms.load(std::memory_order_relaxed)));
+  };
+  auto last_start = SteadyClock::now() - cycle_of();
   while (true) {
-    Status s = AwaitCycle(cycle, last_start);
+    Status s = AwaitCycle(cycle_of(), last_start);
     last_start = SteadyClock::now();
     bool stop = false;
     if (s.ok()) s = RunCycle(&stop);
@@ -191,8 +193,39 @@ Status Engine::Impl::RunCycle(bool* stop) {
     }
   }
   KOLO_RETURN_IF_ERROR(executor->Execute(responses, ops));
+  KOLO_RETURN_IF_ERROR(ApplyRetunes(responses));
   MutexLock lock(mu);
   ++stats.cycles;
+  return Status::OK();
+}
+
+Status Engine::Impl::ApplyRetunes(const std::vector<Response>& responses) {
+  std::vector<Engine::Tunables> due;
+  {
+    MutexLock lock(mu);
+    if (pending_retunes.empty()) return Status::OK();
+    for (const Response& r : responses) {
+      auto it = pending_retunes.find(r.request.name);
+      if (it == pending_retunes.end()) continue;
+      due.push_back(it->second);
+      pending_retunes.erase(it);
+    }
+  }
+  for (const Engine::Tunables& t : due) {
+    // Checked by Retune before its collective was submitted.
+    KOLO_ASSIGN_OR_RETURN(const collectives::AllreduceAlgorithm algorithm,
+                          collectives::ParseAllreduceAlgorithm(t.allreduce_algorithm));
+    for (auto& b : backends) {
+      if (std::string(b->name()) == "ring")
+        KOLO_RETURN_IF_ERROR(b->SetAllreduceAlgorithm(algorithm));
+    }
+    executor->set_fusion_threshold_bytes(t.fusion_threshold_bytes);
+    cycle_time_ms.store(t.cycle_time_ms, std::memory_order_relaxed);
+    KOLO_LOG(kInfo, "retuned: fusion threshold {} bytes, cycle time {} ms, allreduce algorithm {}",
+             t.fusion_threshold_bytes, t.cycle_time_ms, t.allreduce_algorithm);
+    MutexLock lock(mu);
+    tunables = t;
+  }
   return Status::OK();
 }
 

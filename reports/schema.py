@@ -40,6 +40,7 @@ SETTING_COLUMNS = (
     "allreduce_algorithm",
     "compression",
     "tcp_streams",
+    "autotune",
     "compute",
     "profile",
     "calibration",
@@ -218,6 +219,14 @@ def make_row(
     )
     merged = {k: v for k, v in rec_settings.items() if v is not None}
     merged.update({k: v for k, v in point.items() if k in SETTING_COLUMNS})
+    if rec_settings.get("autotune") is True:
+        # What the timed steps ran: the search's choice, whatever the point started from.
+        merged["autotune"] = "on"
+        for k in ("fusion_threshold_mb", "cycle_time_ms", "allreduce_algorithm"):
+            if rec_settings.get(k) is not None:
+                merged[k] = rec_settings[k]
+    elif merged.get("autotune") is False:
+        merged["autotune"] = "off"
     for name in SETTING_COLUMNS:
         setting = settings.BY_NAME.get(name)
         if setting is None or setting.applies is None or setting.applies(merged):
@@ -305,6 +314,7 @@ _LATER_SETTINGS = (
     "compression",
     "tcp_streams",
     "flow_cap",
+    "autotune",
 )
 _LATER_META = ("cpu_cores",)
 _ALWAYS = (

@@ -242,6 +242,14 @@ SETTINGS: tuple[Setting, ...] = (
         applies=_uses_transport,
         help="TCP connections per pair of ranks, large messages striped across them (KOLO_TCP_STREAMS)",
     ),
+    Setting(
+        "autotune",
+        "str",
+        "--autotune",
+        choices=("on", "off"),
+        applies=_communicates,
+        help="on: search fusion threshold, cycle time and algorithm before the timed steps",
+    ),
     Setting("precision", "str", "--precision", choices=PRECISIONS),
     Setting("fusion_threshold_mb", "float", "--fusion-threshold-mb", minimum=0),
     Setting("cycle_time_ms", "float", "--cycle-time-ms", minimum=0, exclusive_minimum=True),
@@ -372,6 +380,8 @@ def trainer_args(point: dict) -> list[str]:
     args: list[str] = []
     for name, value in normalize(point).items():
         flag = BY_NAME[name].flag
-        if flag is not None:
+        if name == "autotune":  # a flag without a value
+            args += [flag] if value == "on" else []
+        elif flag is not None:
             args += [flag, _fmt(value) if isinstance(value, float) else str(value)]
     return args

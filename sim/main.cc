@@ -127,6 +127,10 @@ int Predict(int argc, char** argv) {
       ->check(CLI::Range(0.0, 0.5));
   app.add_option("--steps", p.steps, "steps simulated (the last is reported)")
       ->check(CLI::Range(2, 100));
+  bool autotune = false;
+  app.add_flag("--autotune", autotune,
+               "predict kolo-train --autotune: its coordinate search run on the model, then the "
+               "choice predicted (trials in the record's \"autotune\")");
   app.add_option("--calibration", calibration_path, "calibration JSON (default: built in)");
   app.add_option("--json", json_path, "write a kolo-train-style run record here");
   // kolo-train's flags a sweep passes on; checked against the profile.
@@ -171,6 +175,18 @@ int Predict(int argc, char** argv) {
   }
   Calibration cal;
   if (!ReadCalibration(calibration_path, &cal)) return 2;
+  std::vector<kolo::sim::AutotuneTrialPrediction> trials;
+  if (autotune) {
+    if (p.backend == "ps" || p.backend == "none") {
+      Say(
+          fmt::format("--autotune tunes the allreduce engine; backend '{}' has none: allowed with "
+                      "ring, mpi or nccl",
+                      p.backend));
+      return 2;
+    }
+    auto chosen = kolo::sim::AutotuneChoice(p, cal, &trials);
+    if (chosen.ok()) p = *chosen;
+  }
   auto pred = kolo::sim::Predict(p, cal);
   nlohmann::json record;
   record["kolo_commit"] = "unknown";
@@ -201,6 +217,22 @@ int Predict(int argc, char** argv) {
   }
   const Prediction& r = *pred;
   settings["nodes"] = r.hosts;
+  if (autotune) {
+    settings["autotune"] = true;
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& t : trials) {
+      list.push_back({{"fusion_threshold_mb", t.fusion_threshold_mb},
+                      {"cycle_time_ms", t.cycle_time_ms},
+                      {"allreduce_algorithm", t.allreduce_algorithm},
+                      {"images_per_sec", t.images_per_sec},
+                      {"kept", t.kept}});
+    }
+    record["autotune"] = {{"trials", std::move(list)},
+                          {"choice",
+                           {{"fusion_threshold_mb", p.fusion_threshold_mb},
+                            {"cycle_time_ms", p.cycle_time_ms},
+                            {"allreduce_algorithm", p.allreduce_algorithm}}}};
+  }
   settings["step_jitter"] = p.step_jitter >= 0 ? p.step_jitter : cal.step_jitter;
   record["settings"] = settings;
   record["results"] = {

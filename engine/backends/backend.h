@@ -54,6 +54,12 @@ class Backend {
   virtual Status Broadcast(void* buf, size_t nbytes, int root) = 0;
   // Rank r's block sits at the prefix sum of bytes_per_rank; each rank filled its own.
   virtual Status Allgatherv(void* buf, const std::vector<size_t>& bytes_per_rank) = 0;
+
+  // The allreduce algorithm of the collectives from now on (Engine::Retune). Backends that run
+  // their own (MPI) say so.
+  virtual Status SetAllreduceAlgorithm(collectives::AllreduceAlgorithm /*algorithm*/) {
+    return FailedPrecondition("backend '{}' runs its own allreduce algorithm", name());
+  }
 };
 
 // Collectives over the engine's transport device (engine/collectives). Each allreduce runs the

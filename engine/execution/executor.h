@@ -98,6 +98,9 @@ class Executor {
   // did not submit is an Internal error.
   Status Execute(const std::vector<coordinator::Response>& responses, Operations& ops);
 
+  // Engine::Retune: the fusion threshold of the cycles from the next on. Background thread only.
+  void set_fusion_threshold_bytes(int64_t bytes) { settings_.fusion_threshold_bytes = bytes; }
+
  private:
   // A group's operations, in the group's order, and what they share.
   struct GroupOps {
@@ -130,7 +133,7 @@ class Executor {
   void Begin(const std::string& name, const std::string& activity, const std::string& args = "");
   void End(const std::string& name, const std::string& activity);
 
-  const ExecutorSettings settings_;
+  ExecutorSettings settings_;
   collectives::Comm* comm_;
   const std::vector<std::unique_ptr<backends::Backend>>* backends_;
   timeline::Timeline* timeline_;

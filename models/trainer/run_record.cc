@@ -46,7 +46,23 @@ std::string RunRecordToJson(const RunRecord& r) {
                    {"ps_servers", s.ps_servers},
                    {"ps_placement", s.ps_placement},
                    {"ps_pacing", s.ps_pacing},
-                   {"ps_staging", s.ps_staging}};
+                   {"ps_staging", s.ps_staging},
+                   {"autotune", s.autotune}};
+  if (!r.autotune_trials.empty()) {
+    Json trials = Json::array();
+    for (const AutotuneTrial& t : r.autotune_trials) {
+      trials.push_back({{"fusion_threshold_mb", t.fusion_threshold_mb},
+                        {"cycle_time_ms", t.cycle_time_ms},
+                        {"allreduce_algorithm", t.allreduce_algorithm},
+                        {"images_per_sec", t.images_per_sec},
+                        {"kept", t.kept}});
+    }
+    j["autotune"] = {{"trials", std::move(trials)},
+                     {"choice",
+                      {{"fusion_threshold_mb", s.fusion_threshold_mb},
+                       {"cycle_time_ms", s.cycle_time_ms},
+                       {"allreduce_algorithm", s.allreduce_algorithm}}}};
+  }
   if (r.results) {
     const RunResults& x = *r.results;
     const Engine::Stats& e = x.engine_stats;

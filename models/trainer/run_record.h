@@ -67,6 +67,19 @@ struct RunSettings {
   // "sync", "overlap" (--ps-staging; what applies to gradients that are not host float32, i.e.
   // on a GPU); empty for other backends
   std::string ps_staging;
+  // --autotune: the search ran, and fusion_threshold_mb, cycle_time_ms and allreduce_algorithm
+  // above are its choice (what the timed steps ran).
+  bool autotune = false;
+};
+
+// One autotune trial: the settings and rank 0's images/sec over its measured steps (at the
+// represented pace), and whether the search kept it.
+struct AutotuneTrial {
+  double fusion_threshold_mb = 0;
+  double cycle_time_ms = 0;
+  std::string allreduce_algorithm;
+  double images_per_sec = 0;
+  bool kept = false;
 };
 
 // Where a step's time went, per rank and step, mean over the timed steps and the ranks.
@@ -121,6 +134,7 @@ struct RunRecord {
   std::string gpu_model;
   RunSettings settings;
   std::optional<RunResults> results;
+  std::vector<AutotuneTrial> autotune_trials;  // --autotune, in the order they ran
   bool ok = false;
   std::string error;
 };

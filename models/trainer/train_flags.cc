@@ -63,6 +63,18 @@ Status Validate(TrainOptions& o, const std::optional<std::string>& precision_fla
     if (!o.record_profile.empty()) {
       KOLO_RETURN_IF_ERROR(CheckWritable(o.record_profile, "--record-profile"));
     }
+    if (!o.autotune_log.empty()) {
+      KOLO_RETURN_IF_ERROR(CheckWritable(o.autotune_log, "--autotune-log"));
+    }
+  }
+  if (o.autotune && (o.engine.backend == "ps" || o.engine.backend == "none")) {
+    return InvalidArgument(
+        "--autotune tunes the allreduce engine (fusion threshold, cycle time, algorithm); backend "
+        "'{}' has none: allowed with ring, mpi or nccl",
+        o.engine.backend);
+  }
+  if (!o.autotune_log.empty() && !o.autotune) {
+    return InvalidArgument("--autotune-log is written by --autotune, which is not given");
   }
   const auto computes = compute::AvailableComputeBackends();
   if (o.compute.empty()) o.compute = computes.front();
@@ -149,6 +161,15 @@ ParsedFlags ParseTrainFlags(int argc, char** argv) {
   app.add_option("--num-batches", o.num_batches, "timed steps")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 30));
+  app.add_flag("--autotune", o.autotune,
+               "before the timed steps, search the fusion threshold, cycle time and (ring) "
+               "allreduce algorithm by coordinate search, every rank switching at the same step; "
+               "the timed steps run the best (trials in the run record)");
+  app.add_option("--autotune-trial-steps", o.autotune_trial_steps,
+                 "steps per autotune trial, the first of each not measured")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1000));
+  app.add_option("--autotune-log", o.autotune_log, "write the autotune trials as CSV (rank 0)");
   app.add_option("--compute", o.compute,
                  "compute backend: " +
                      fmt::format("{}", fmt::join(compute::AvailableComputeBackends(), " | ")));

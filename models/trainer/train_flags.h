@@ -42,6 +42,13 @@ struct TrainOptions {
   // servers: `overlap` copies them on a side stream while backward goes on, `sync` one blocking
   // copy per parameter on the training thread (TrainerConfig::ps_staging).
   PsStaging ps_staging = PsStaging::kOverlap;
+  // --autotune: before the timed steps, a coordinate search over the fusion threshold, the cycle
+  // time and (ring backend) the allreduce algorithm, each trial `autotune_trial_steps` steps (the
+  // first of each not measured), every rank switching at the same step (Engine::Retune); the
+  // timed steps run the best. --autotune-log: a CSV of the trials, written by rank 0.
+  bool autotune = false;
+  int autotune_trial_steps = 3;
+  std::string autotune_log;
   Options engine;  // KOLO_* from the environment, then the engine flags
 };
 

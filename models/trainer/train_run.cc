@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/common/fault_inject.h"
+#include "engine/common/file.h"
 #include "engine/engine.h"
 #include "models/compute/replay/profile.h"
 #include "models/graph/init.h"
@@ -65,6 +66,7 @@ RunSettings SettingsFrom(const TrainOptions& o) {
   // The allreduce algorithm is the ring backend's (NCCL, MPI and parameter servers run their own).
   s.allreduce_algorithm = o.engine.backend == "ring" ? o.engine.allreduce_algorithm : "";
   s.compression = o.engine.backend == "none" ? "" : o.engine.compression;
+  s.autotune = false;  // set once the search has run (Run::Autotune)
   s.tcp_streams = o.engine.backend == "ring" || o.engine.backend == "ps"
                       ? TcpStreamsName(o.engine.tcp_streams)
                       : "";
@@ -238,6 +240,13 @@ class Run {
   Status Train();
   Status Setup();
   Status Loop(Trainer& trainer, const compute::SgdConfig& sgd);
+  // --autotune: the coordinate search, between the warm-up and the timed steps (see TrainOptions).
+  Status Autotune(Trainer& trainer);
+  // Every rank switches to rank 0's `t` (broadcast first), at the same step.
+  Status SwitchTo(Engine::Tunables* t, int trial);
+  // Runs o_.autotune_trial_steps steps and returns this rank's images/sec over all but the first
+  // (the median step, at the represented pace).
+  StatusOr<double> Trial(Trainer& trainer);
   Status Finish(const Trainer& trainer);
 
   const TrainOptions& o_;
@@ -361,6 +370,10 @@ Status Run::Loop(Trainer& trainer, const compute::SgdConfig& sgd) {
   }
   for (int step = 0; step < total; ++step) {
     if (Stopping()) return Status::OK();
+    if (step == o_.num_warmup_batches && o_.autotune && distributed()) {
+      KOLO_RETURN_IF_ERROR(Autotune(trainer));
+      if (Stopping()) return Status::OK();
+    }
     // Tests only (KOLO_FAULT_INJECT=R:EXIT:step:N): this rank finishes early.
     if (FaultPoint(FaultPointId::kStep, rank_)) break;
     const bool timed = step >= o_.num_warmup_batches;
@@ -388,6 +401,131 @@ Status Run::Loop(Trainer& trainer, const compute::SgdConfig& sgd) {
   }
   // Every collective of the timed steps has completed: Step waits for all of its own.
   if (distributed()) timed_end_ = engine_->stats();
+  return Status::OK();
+}
+
+Status Run::SwitchTo(Engine::Tunables* t, int trial) {
+  // Rank 0's values for every rank: fusion threshold, cycle time, algorithm index.
+  const auto& names = AllreduceAlgorithmNames();
+  double v[3] = {static_cast<double>(t->fusion_threshold_bytes), t->cycle_time_ms, 0};
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == t->allreduce_algorithm) v[2] = static_cast<double>(i);
+  }
+  KOLO_ASSIGN_OR_RETURN(Handle h,
+                        engine_->BroadcastAsync(fmt::format("kolo.autotune.values.{}", trial), v,
+                                                DataType::kFloat64, {3}, 0));
+  KOLO_RETURN_IF_ERROR(engine_->Wait(h));
+  const size_t algorithm = static_cast<size_t>(v[2]);
+  if (algorithm >= names.size()) return Internal("autotune: algorithm index {} from rank 0", v[2]);
+  t->fusion_threshold_bytes = static_cast<int64_t>(v[0]);
+  t->cycle_time_ms = v[1];
+  t->allreduce_algorithm = names[algorithm];
+  return engine_->Retune(fmt::format("kolo.autotune.switch.{}", trial), *t);
+}
+
+StatusOr<double> Run::Trial(Trainer& trainer) {
+  const int64_t images_per_step = o_.batch_size * o_.backward_passes_per_step;
+  std::vector<double> seconds;
+  for (int k = 0; k < o_.autotune_trial_steps; ++k) {
+    if (Stopping()) return 0.0;
+    KOLO_ASSIGN_OR_RETURN(StepStats st, trainer.Step());
+    ++steps_done_;
+    last_loss_ = st.loss;
+    Represent(&st, o_.dilation);
+    if (k > 0) seconds.push_back(st.seconds);  // the first runs across the switch
+  }
+  std::sort(seconds.begin(), seconds.end());
+  return static_cast<double>(images_per_step) / seconds[seconds.size() / 2];
+}
+
+// Coordinate search (one knob at a time, each over its values, keeping a value only when it is
+// faster than the best so far): fusion threshold, then cycle time, then (ring) the allreduce
+// algorithm. Rank 0 measures and decides; every rank switches with it (SwitchTo).
+Status Run::Autotune(Trainer& trainer) {
+  SetPhase("autotune");
+  const bool ring = o_.engine.backend == "ring";
+  Engine::Tunables best = engine_->tunables();
+  const std::vector<double> fusion_mb = {4, 16, 64, 128};
+  const std::vector<double> cycles_ms = {0.5, 1, 2.5, 5};
+  // The rule (auto) or the ring for every size; hierarchical allreduce allows only those two.
+  const std::vector<std::string> algorithms = {"auto", "ring"};
+  int trial = 0;
+  double best_rate = 0;
+  auto run = [&](Engine::Tunables t, bool baseline) -> Status {
+    KOLO_RETURN_IF_ERROR(SwitchTo(&t, trial));
+    KOLO_ASSIGN_OR_RETURN(double rate, Trial(trainer));
+    // Rank 0's measurement decides for every rank.
+    KOLO_ASSIGN_OR_RETURN(
+        Handle h, engine_->BroadcastAsync(fmt::format("kolo.autotune.rate.{}", trial), &rate,
+                                          DataType::kFloat64, {1}, 0));
+    KOLO_RETURN_IF_ERROR(engine_->Wait(h));
+    const bool kept = baseline || rate > best_rate;
+    if (kept) {
+      best = t;
+      best_rate = rate;
+    }
+    record_.autotune_trials.push_back(
+        AutotuneTrial{static_cast<double>(t.fusion_threshold_bytes) / (1 << 20), t.cycle_time_ms,
+                      ring ? t.allreduce_algorithm : "", rate, kept});
+    if (rank_ == 0) {
+      std::printf("autotune trial %d: fusion %g MiB, cycle %g ms%s: %.1f images/sec (rank 0)%s\n",
+                  trial + 1, static_cast<double>(t.fusion_threshold_bytes) / (1 << 20),
+                  t.cycle_time_ms, ring ? (", " + t.allreduce_algorithm).c_str() : "", rate,
+                  kept ? " (kept)" : "");
+      std::fflush(stdout);
+    }
+    ++trial;
+    return Status::OK();
+  };
+  KOLO_RETURN_IF_ERROR(run(best, /*baseline=*/true));
+  // Each knob's values but the one it had when its turn came (already measured).
+  const int64_t fusion_before = best.fusion_threshold_bytes;
+  for (double mb : fusion_mb) {
+    Engine::Tunables t = best;
+    t.fusion_threshold_bytes = static_cast<int64_t>(mb * (1 << 20));
+    if (t.fusion_threshold_bytes == fusion_before || Stopping()) continue;
+    KOLO_RETURN_IF_ERROR(run(t, false));
+  }
+  const double cycle_before = best.cycle_time_ms;
+  for (double ms : cycles_ms) {
+    Engine::Tunables t = best;
+    t.cycle_time_ms = ms;
+    if (t.cycle_time_ms == cycle_before || Stopping()) continue;
+    KOLO_RETURN_IF_ERROR(run(t, false));
+  }
+  if (ring) {
+    const std::string algorithm_before = best.allreduce_algorithm;
+    for (const std::string& a : algorithms) {
+      Engine::Tunables t = best;
+      t.allreduce_algorithm = a;
+      if (t.allreduce_algorithm == algorithm_before || Stopping()) continue;
+      KOLO_RETURN_IF_ERROR(run(t, false));
+    }
+  }
+  if (Stopping()) return Status::OK();
+  KOLO_RETURN_IF_ERROR(SwitchTo(&best, trial));
+  record_.settings.autotune = true;
+  record_.settings.fusion_threshold_mb =
+      static_cast<double>(best.fusion_threshold_bytes) / (1 << 20);
+  record_.settings.cycle_time_ms = best.cycle_time_ms;
+  if (ring) record_.settings.allreduce_algorithm = best.allreduce_algorithm;
+  if (rank_ == 0) {
+    std::printf("autotune: %d trials; timed steps run fusion %g MiB, cycle %g ms%s\n", trial,
+                record_.settings.fusion_threshold_mb, best.cycle_time_ms,
+                ring ? (", " + best.allreduce_algorithm).c_str() : "");
+    std::fflush(stdout);
+    if (!o_.autotune_log.empty()) {
+      std::string csv =
+          "trial,fusion_threshold_mb,cycle_time_ms,allreduce_algorithm,images_per_sec,kept\n";
+      for (size_t i = 0; i < record_.autotune_trials.size(); ++i) {
+        const AutotuneTrial& t = record_.autotune_trials[i];
+        csv += fmt::format("{},{},{},{},{:.3f},{}\n", i + 1, t.fusion_threshold_mb, t.cycle_time_ms,
+                           t.allreduce_algorithm, t.images_per_sec, t.kept ? 1 : 0);
+      }
+      KOLO_RETURN_IF_ERROR(WriteFileAtomically(o_.autotune_log, csv, 0644, "--autotune-log"));
+    }
+  }
+  SetPhase("timed steps");
   return Status::OK();
 }
 

@@ -136,6 +136,30 @@ def test_tcp_streams_is_a_setting_of_the_backends_on_kolos_transports():
     assert settings.BY_NAME["flow_cap"].check("fast") is not None
 
 
+def test_autotune_is_a_flag_and_its_choice_fills_the_columns():
+    ring = {"model": "vgg16", "ranks": 4, "backend": "ring", "point_id": "p1", "repeat": 0}
+    on = dict(ring, autotune="on", fusion_threshold_mb=64.0)
+    assert "--autotune" in settings.trainer_args(on)
+    assert "--autotune" not in settings.trainer_args(dict(ring, autotune="off"))
+    rec = dict(
+        RECORD,
+        settings=dict(
+            RECORD["settings"],
+            autotune=True,
+            fusion_threshold_mb=16.0,
+            cycle_time_ms=2.5,
+            allreduce_algorithm="ring",
+        ),
+    )
+    row = schema.make_row(on, rec, run_id="r1", status="ok")
+    # What the timed steps ran: the search's choice, not the point's starting threshold.
+    assert row["autotune"] == "on"
+    assert (row["fusion_threshold_mb"], row["cycle_time_ms"], row["allreduce_algorithm"]) == ("16", "2.5", "ring")
+    assert settings.BY_NAME["autotune"].check("yes") is not None
+    base = dict(ring, ranks=1, backend="none", autotune="on")
+    assert "--autotune" not in settings.trainer_args(base)
+
+
 def test_failed_row_has_no_results_and_one_line_error():
     point = {"model": "vgg16", "ranks": 4, "point_id": "p1", "repeat": 0}
     row = schema.make_row(point, RECORD, run_id="r1", status="failed", error="boom\nsecond line", nodes=1)

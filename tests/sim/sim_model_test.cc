@@ -224,6 +224,40 @@ TEST(SimModelTest, CompressionHalvesTheBytesAndPaysItsCasts) {
       << bad.status().ToString();
 }
 
+// The model's autotune: kolo-train's coordinate search over Predict. The choice is the fastest
+// kept trial, no slower than the start, and each kept trial beats every trial before it.
+TEST(SimModelTest, AutotuneChoosesTheFastestKeptTrial) {
+  Calibration cal;
+  Point p = PaperPoint("resnet101", "ring", 16);
+  p.fusion_threshold_mb = 4;
+  p.cycle_time_ms = 5;
+  std::vector<AutotuneTrialPrediction> trials;
+  auto choice = AutotuneChoice(p, cal, &trials);
+  ASSERT_TRUE(choice.ok()) << choice.status().ToString();
+  // The start, 3 more thresholds (4 is the start), 3 more cycle times, the other algorithm.
+  ASSERT_EQ(trials.size(), 8u);
+  double best = 0;
+  const AutotuneTrialPrediction* last = nullptr;
+  for (const auto& t : trials) {
+    if (t.kept && &t != &trials[0]) {
+      EXPECT_GT(t.images_per_sec, best);
+    }
+    if (t.kept) {
+      best = t.images_per_sec;
+      last = &t;
+    }
+  }
+  ASSERT_NE(last, nullptr);
+  EXPECT_EQ(choice->fusion_threshold_mb, last->fusion_threshold_mb);
+  EXPECT_EQ(choice->cycle_time_ms, last->cycle_time_ms);
+  EXPECT_EQ(choice->allreduce_algorithm, last->allreduce_algorithm);
+  auto start = Predict(p, cal);
+  auto chosen = Predict(*choice, cal);
+  ASSERT_TRUE(start.ok() && chosen.ok());
+  EXPECT_GE(chosen->total_images_per_sec, start->total_images_per_sec);
+  EXPECT_EQ(chosen->total_images_per_sec, best);
+}
+
 TEST(SimModelTest, PsUnderIncastIsSlowerWithMoreWorkersPerServer) {
   Calibration cal;
   auto few = Predict(PaperPoint("vgg16", "ps", 4), cal);

@@ -58,6 +58,16 @@ class RingBackend final : public Backend {
     return collectives::RingAllgatherv(*comm_, *region, 0, bytes_per_rank);
   }
 
+  Status SetAllreduceAlgorithm(collectives::AllreduceAlgorithm algorithm) override {
+    if (hierarchical_ && algorithm != Algorithm::kAuto && algorithm != Algorithm::kRing) {
+      return InvalidArgument(
+          "allreduce algorithm '{}' cannot run a hierarchical allreduce: allowed are auto, ring",
+          collectives::AllreduceAlgorithmName(algorithm));
+    }
+    algorithm_ = algorithm;
+    return Status::OK();
+  }
+
  private:
   using Algorithm = collectives::AllreduceAlgorithm;
   // The algorithm for an allreduce of `bytes`: the one asked for, or the rule's.

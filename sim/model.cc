@@ -72,10 +72,11 @@ Status ReadCosts(const Json& j, const char* key, TransportCosts* out, const std:
 }
 
 Json CostsJson(const TransportCosts& t) {
-  return {{"latency_us", t.latency_us},
-          {"efficiency", t.efficiency},
-          {"copy_gbytes_per_s", t.copy_gbytes_per_s},
-          {"stream_gbit", t.stream_gbit}};
+  Json j = {{"latency_us", t.latency_us},
+            {"efficiency", t.efficiency},
+            {"copy_gbytes_per_s", t.copy_gbytes_per_s}};
+  if (t.stream_gbit > 0) j["stream_gbit"] = t.stream_gbit;  // a per-stream cap, where one is set
+  return j;
 }
 
 // ---- The symmetric job the real Controller negotiates in ----

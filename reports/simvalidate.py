@@ -31,8 +31,12 @@ KEY = (
 CONFIG = tuple(k for k in KEY if k not in ("model", "ranks"))
 
 
+# What a column left empty means (a file written before it): the setting's default.
+_DEFAULTS = {"tcp_streams": "auto", "compression": "none"}
+
+
 def _key(row: dict) -> tuple:
-    return tuple(row.get(k, "") for k in KEY)
+    return tuple(row.get(k, "") or _DEFAULTS.get(k, "") for k in KEY)
 
 
 def compare(predicted: list[dict], measured: list[dict]) -> list[dict]:

@@ -96,7 +96,7 @@ int Predict(int argc, char** argv) {
   app.add_option("--compression", p.compression,
                  "gradient compression: none | fp16 | bf16 (the engine's KOLO_COMPRESSION)")
       ->check(CLI::IsMember({"none", "fp16", "bf16"}));
-  std::string tcp_streams = "1";
+  std::string tcp_streams = "auto";
   app.add_option("--tcp-streams", tcp_streams,
                  "TCP connections per pair: 1-16, or auto (taken as 1) (the engine's "
                  "KOLO_TCP_STREAMS)");

@@ -325,6 +325,7 @@ Status Engine::Retune(const std::string& name, const Tunables& t) {
     if (!impl_->pending_retunes.emplace(name, t).second) {
       return InvalidArgument("retune '{}' is already pending: give each switch its own name", name);
     }
+    impl_->retunes_pending.fetch_add(1, std::memory_order_release);
   }
   // The switch point: an empty allreduce, negotiated like any collective, so that every rank
   // runs it, and applies `t` after it, in the same cycle.
@@ -332,6 +333,7 @@ Status Engine::Retune(const std::string& name, const Tunables& t) {
   if (!h.ok()) {
     MutexLock lock(impl_->mu);
     impl_->pending_retunes.erase(name);
+    impl_->retunes_pending.fetch_sub(1, std::memory_order_relaxed);
     return h.status();
   }
   return Wait(*h);

@@ -120,6 +120,8 @@ struct Engine::Impl final {
   // Engine::Retune: tunables waiting for the collective of their name to run; those in force.
   std::map<std::string, Engine::Tunables> pending_retunes KOLO_GUARDED_BY(mu);
   Engine::Tunables tunables KOLO_GUARDED_BY(mu);
+  // How many pending_retunes there are, so that a cycle with none takes no lock to find out.
+  std::atomic<int> retunes_pending{0};
   // The cycle time in force, read by the background thread each cycle (Retune changes it).
   std::atomic<double> cycle_time_ms{1.0};
   Stats stats KOLO_GUARDED_BY(mu);

@@ -200,15 +200,17 @@ Status Engine::Impl::RunCycle(bool* stop) {
 }
 
 Status Engine::Impl::ApplyRetunes(const std::vector<Response>& responses) {
+  // Per cycle: no lock unless a switch is pending.
+  if (retunes_pending.load(std::memory_order_acquire) == 0) return Status::OK();
   std::vector<Engine::Tunables> due;
   {
     MutexLock lock(mu);
-    if (pending_retunes.empty()) return Status::OK();
     for (const Response& r : responses) {
       auto it = pending_retunes.find(r.request.name);
       if (it == pending_retunes.end()) continue;
       due.push_back(it->second);
       pending_retunes.erase(it);
+      retunes_pending.fetch_sub(1, std::memory_order_relaxed);
     }
   }
   for (const Engine::Tunables& t : due) {

@@ -25,6 +25,7 @@
 
 #include "engine/common/file.h"
 #include "engine/common/options.h"
+#include "sim/autotune.h"
 #include "sim/calibrate.h"
 #include "sim/model.h"
 

@@ -243,19 +243,4 @@ Network MakeNetwork(const Point& point, const Calibration& cal, double working_b
 // Predicts `point`. Errors name the model, profile or setting at fault.
 StatusOr<Prediction> Predict(const Point& point, const Calibration& cal);
 
-// kolo-train --autotune's search run on the model: the same coordinate search (fusion threshold
-// 4, 16, 64, 128 MiB, then cycle time 0.5, 1, 2.5, 5 ms, then, for the ring backend, the
-// allreduce algorithm auto or ring), from `point`'s settings, keeping a value only when its
-// prediction is faster. Returns the point with the choice; `trials` gets every predicted trial
-// (the point's settings and images/sec), in order.
-struct AutotuneTrialPrediction {
-  double fusion_threshold_mb = 0;
-  double cycle_time_ms = 0;
-  std::string allreduce_algorithm;
-  double images_per_sec = 0;
-  bool kept = false;
-};
-StatusOr<Point> AutotuneChoice(const Point& point, const Calibration& cal,
-                               std::vector<AutotuneTrialPrediction>* trials);
-
 }  // namespace kolo::sim

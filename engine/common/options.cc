@@ -303,11 +303,7 @@ Status Options::Validate() const {
     return InvalidArgument("allreduce algorithm '{}' is unknown: allowed are {}",
                            allreduce_algorithm, fmt::join(algorithms, ", "));
   }
-  const auto& compressions = CompressionNames();
-  if (std::find(compressions.begin(), compressions.end(), compression) == compressions.end()) {
-    return InvalidArgument("compression '{}' is unknown: allowed are {}", compression,
-                           fmt::join(compressions, ", "));
-  }
+  KOLO_RETURN_IF_ERROR(CompressionDataType(compression).status());
   if (hierarchical_allreduce && allreduce_algorithm != "auto" && allreduce_algorithm != "ring") {
     return InvalidArgument(
         "allreduce algorithm '{}' cannot run a hierarchical allreduce (its rings within and "
@@ -462,9 +458,29 @@ int AutoTcpStreams(const std::string& listen_addr) {
   return static_cast<int>(std::clamp<long>((mbit + 9999) / 10000, 1, 8));
 }
 
+namespace {
+
+// Options::compression's names and the dtype each makes float32 tensors travel in.
+constexpr std::pair<const char*, DataType> kCompressions[] = {
+    {"none", DataType::kFloat32}, {"fp16", DataType::kFloat16}, {"bf16", DataType::kBFloat16}};
+
+}  // namespace
+
 const std::vector<std::string>& CompressionNames() {
-  static const std::vector<std::string> kNames = {"none", "fp16", "bf16"};
+  static const std::vector<std::string> kNames = [] {
+    std::vector<std::string> names;
+    for (const auto& [name, dtype] : kCompressions) names.emplace_back(name);
+    return names;
+  }();
   return kNames;
+}
+
+StatusOr<DataType> CompressionDataType(const std::string& name) {
+  for (const auto& [known, dtype] : kCompressions) {
+    if (name == known) return dtype;
+  }
+  return InvalidArgument("compression '{}' is unknown: allowed are {}", name,
+                         fmt::join(CompressionNames(), ", "));
 }
 
 const std::vector<std::string>& AllreduceAlgorithmNames() {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/common/dtype.h"
 #include "engine/common/logging.h"
 #include "engine/common/status.h"
 
@@ -227,6 +228,9 @@ int AutoTcpStreams(const std::string& listen_addr);
 
 // The names Options::compression may take, in help-text order.
 const std::vector<std::string>& CompressionNames();
+// Options::compression's name as the dtype float32 tensors travel in: "none" -> kFloat32, "fp16"
+// -> kFloat16, "bf16" -> kBFloat16; an error names the allowed values.
+StatusOr<DataType> CompressionDataType(const std::string& name);
 
 // The allreduce algorithms Options::allreduce_algorithm may name, in help-text order.
 const std::vector<std::string>& AllreduceAlgorithmNames();

@@ -34,13 +34,6 @@ double MicrosSince(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-StatusOr<DataType> CompressionDataType(const std::string& name) {
-  if (name == "none") return DataType::kFloat32;
-  if (name == "fp16") return DataType::kFloat16;
-  if (name == "bf16") return DataType::kBFloat16;
-  return InvalidArgument("compression '{}' is unknown: allowed are none, fp16, bf16", name);
-}
-
 Executor::Executor(const ExecutorSettings& settings, collectives::Comm* comm,
                    const std::vector<std::unique_ptr<backends::Backend>>* backends,
                    timeline::Timeline* timeline)

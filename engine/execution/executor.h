@@ -18,6 +18,7 @@
 #include "engine/backends/backend.h"
 #include "engine/backends/device_collectives.h"
 #include "engine/collectives/collectives.h"
+#include "engine/common/options.h"
 #include "engine/common/status.h"
 #include "engine/common/tensor.h"
 #include "engine/coordinator/message.h"
@@ -73,9 +74,8 @@ struct ExecutorSettings {
   DataType compression = DataType::kFloat32;
 };
 
-// Options::compression's name as a wire dtype: "none" -> kFloat32, "fp16" -> kFloat16, "bf16" ->
-// kBFloat16; an error names the allowed values.
-StatusOr<DataType> CompressionDataType(const std::string& name);
+// Options::compression's name as a wire dtype (engine/common/options.h).
+using kolo::CompressionDataType;
 
 class Executor {
  public:

@@ -32,19 +32,26 @@ KOLO_AVX2 inline __m256 LoadBf16(const uint8_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 
-// The integer round-to-nearest-even of FloatToBFloat16. Its NaN branch is not needed here: every
-// float stored comes from adding or scaling bfloat16 inputs, so a NaN is either an input's payload
-// (low 16 bits zero) or the default NaN, and rounding cannot carry it into infinity. Arithmetic
-// has already made it quiet, as FloatToBFloat16 would.
-KOLO_AVX2 inline void StoreBf16(uint8_t* p, __m256 f) {
-  const __m256i x = _mm256_castps_si256(f);
+// The integer round-to-nearest-even of FloatToBFloat16, one lane per float, not yet packed.
+KOLO_AVX2 inline __m256i RoundToBf16(__m256i x) {
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
   const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb);
-  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(x, bias), 16);
-  // Every lane is in [0, 0xffff], so unsigned-saturating packing is exact.
+  return _mm256_srli_epi32(_mm256_add_epi32(x, bias), 16);
+}
+
+// Eight lanes, each in [0, 0xffff], as eight bfloat16 (unsigned-saturating packing is exact).
+KOLO_AVX2 inline void PackBf16(uint8_t* p, __m256i r) {
   const __m128i packed =
       _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+
+// Its NaN branch is not needed here: every float stored comes from adding or scaling bfloat16
+// inputs, so a NaN is either an input's payload (low 16 bits zero) or the default NaN, and
+// rounding cannot carry it into infinity. Arithmetic has already made it quiet, as
+// FloatToBFloat16 would.
+KOLO_AVX2 inline void StoreBf16(uint8_t* p, __m256 f) {
+  PackBf16(p, RoundToBf16(_mm256_castps_si256(f)));
 }
 
 KOLO_AVX2 inline __m256i LoadI(const uint8_t* p) {
@@ -259,19 +266,11 @@ KOLO_AVX2 void ScaleCopy(DataType dtype, void* dst, const void* src, size_t coun
 // (FloatToBFloat16's semantics), where the rounding add could carry it into an infinity or zero.
 KOLO_AVX2 inline void StoreBf16AnyFloat(uint8_t* p, __m256 f) {
   const __m256i x = _mm256_castps_si256(f);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
-  const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb);
-  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(x, bias), 16);
   const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
   const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
-  const __m256i r = _mm256_blendv_epi8(rounded, quiet, nan);
-  const __m128i packed =
-      _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+  PackBf16(p, _mm256_blendv_epi8(RoundToBf16(x), quiet, nan));
 }
 
-// 8 float32 (32 bytes) <-> 8 halves (16 bytes) per step; the tail goes through a zero-padded
-// stack vector so that it rounds as the rest does.
 template <bool kToHalf, bool kBf16>
 KOLO_AVX2 inline void ConvertStep(uint8_t* out, const uint8_t* in, __m256 f, bool scaled) {
   if constexpr (kToHalf) {

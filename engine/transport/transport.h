@@ -95,9 +95,9 @@ class Pair {
   // there: the reduction reads the bytes while they are hot and needs no message-sized scratch.
   // Parts of the destination may be combined before the completion, and with several TCP
   // streams the parts of a striped message side by side (whole elements, each part in order); it
-  // must not be read or written by anything else until then. A message whose length is not a multiple of acc.unit is
-  // a protocol error. REQUIRES: CanAccumulate(), offset + capacity <= region.size(),
-  // 1 <= acc.unit <= kMaxAccumulateUnit.
+  // must not be read or written by anything else until then. A message whose length is not a
+  // multiple of acc.unit is a protocol error. REQUIRES: CanAccumulate(), offset + capacity <=
+  // region.size(), 1 <= acc.unit <= kMaxAccumulateUnit.
   static constexpr size_t kMaxAccumulateUnit = 16;
   virtual Status RecvAccumulate(Region& /*region*/, size_t /*offset*/, size_t /*capacity*/,
                                 uint64_t /*tag*/, const Accumulator& /*acc*/) {

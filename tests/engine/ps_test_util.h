@@ -58,8 +58,8 @@ inline float PsPushed(float g, DataType push) {
 }
 
 // The weights after `steps` synchronous steps of `workers` workers: each step, the average over
-// workers of PsGrad (each rounded to `push` first), then g' = avg * grad_scale + weight_decay * w; v = momentum * v + g';
-// w -= learning_rate * v (v starts at zero).
+// workers of PsGrad (each rounded to `push` first), then g' = avg * grad_scale + weight_decay * w;
+// v = momentum * v + g'; w -= learning_rate * v (v starts at zero).
 inline std::vector<std::vector<float>> PsReference(const std::vector<VariableSpec>& vars,
                                                    int workers, int steps,
                                                    DataType push = DataType::kFloat32) {

@@ -72,7 +72,8 @@ TEST(Retune, BadValuesAreRefusedBeforeAnythingIsSubmitted) {
     t.cycle_time_ms = 0;
     Status s = engine.Retune("bad.1", t);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(s.message().find("cycle time 0 ms is outside (0, 10000]"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("cycle time 0 ms is outside (0, 10000]"), std::string::npos)
+        << s.ToString();
     t = engine.tunables();
     t.allreduce_algorithm = "tree";
     s = engine.Retune("bad.2", t);

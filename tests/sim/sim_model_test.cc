@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "sim/autotune.h"
 #include "sim/calibrate.h"
 #include "sim/model.h"
 

@@ -27,8 +27,8 @@ Worker::Worker(Job job, CompleteFn complete, FailFn fail, timeline::Timeline* ti
       timeline_(timeline),
       chunk_bytes_(PushChunkBytes(job_.options.ring_chunk_bytes)),
       peer_timeout_(static_cast<int64_t>(job_.options.peer_timeout_s * 1000)) {
-  if (job_.options.compression == "fp16") push_dtype_ = DataType::kFloat16;
-  if (job_.options.compression == "bf16") push_dtype_ = DataType::kBFloat16;
+  // Checked by Options::Validate before the job was joined.
+  if (auto wire = CompressionDataType(job_.options.compression); wire.ok()) push_dtype_ = *wire;
   const size_t servers = static_cast<size_t>(job_.roles.servers());
   rx_headers_.resize(servers);
   control_headers_.resize(2);
@@ -370,10 +370,9 @@ Status Worker::StartPush(const Request& r) {
     }
     for (size_t k = 0; k < chunks; ++k) {
       const size_t elems = std::min(chunk_elems, count - k * chunk_elems);
-      KOLO_RETURN_IF_ERROR(p.Send(*push_region,
-                                  (static_cast<size_t>(sh.begin) + k * chunk_elems) * push_elem,
-                                  elems * push_elem,
-                                  PayloadTag(Kind::kPush, static_cast<uint32_t>(id))));
+      KOLO_RETURN_IF_ERROR(
+          p.Send(*push_region, (static_cast<size_t>(sh.begin) + k * chunk_elems) * push_elem,
+                 elems * push_elem, PayloadTag(Kind::kPush, static_cast<uint32_t>(id))));
       q.push_back(SendSlot{r.var, k + 1 == chunks});
     }
   }

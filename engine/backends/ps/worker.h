@@ -130,7 +130,7 @@ class Worker {
   const FailFn fail_;
   timeline::Timeline* const timeline_;
   const size_t chunk_bytes_;
-  // The dtype gradients travel in (Options::compression) and its element size.
+  // The dtype gradients travel in (Options::compression).
   DataType push_dtype_ = DataType::kFloat32;
   const std::chrono::milliseconds peer_timeout_;
 

@@ -89,6 +89,14 @@ for line in open(sys.argv[1]):
         assert not dup, f"flags repeated in {line.split()[1]}: {sorted(dup)}"
 print(f"plan: {len(steps)} steps in order")
 EOF
+  # A subset: one model, one precision, a test left out.
+  timeout 120 "$ROOT/scripts/gpu-check" --bin "$BUNDLE" --dry-run --models vgg16 \
+    --precisions fp16 --skip-tests kolo_cudnn_backend_test >"$WORK/subset" 2>&1 ||
+    fail "gpu-check --dry-run with a subset failed"
+  grep -q "^step kolo-vgg16-b64-fp16 " "$WORK/subset" || fail "the subset lacks kolo-vgg16-b64-fp16"
+  grep -qE "^step (kolo|profile)-(resnet101|inception3)|^step kolo-vgg16-b64-(tf32|bf16)" \
+    "$WORK/subset" && fail "the subset runs a model or precision it was not given"
+  grep -q "^step test-kolo_cudnn_backend_test " "$WORK/subset" && fail "--skip-tests ran the test"
   for b in $(grep -o 'kolo-gpu/bin/[A-Za-z0-9_-]*' "$WORK/plan" | sort -u); do
     grep -qx "kolo-gpu/bin/${b##*/}" "$WORK/list" || fail "the plan names ${b##*/}, not in the bundle"
   done
@@ -104,6 +112,8 @@ expect_error() {
 }
 expect_error bad_budget "is not a whole number of seconds" "$ROOT/scripts/gpu-check" --budget-s soon --dry-run
 expect_error bad_step "'bogus' is not a step" "$ROOT/scripts/gpu-check" --steps tests,bogus --dry-run
+expect_error bad_model "'alexnet' is not a model" "$ROOT/scripts/gpu-check" --models alexnet --dry-run
+expect_error bad_precision "'fp8' is not a precision" "$ROOT/scripts/gpu-check" --precisions fp8 --dry-run
 expect_error bad_bin "is neither a folder nor a bundle file" "$ROOT/scripts/gpu-check" --bin "$WORK/none"
 expect_error bad_arch "is not a CUDA architecture" "$ROOT/scripts/gpu/pack-deps" --bin --arch hopper
 expect_error over_limit "over --max-mib 1" "$ROOT/scripts/gpu/pack-deps" --bin --dry-run \

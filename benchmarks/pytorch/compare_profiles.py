@@ -4,12 +4,15 @@
     compare_profiles.py KOLO_PROFILE TORCH_PROFILE [--json FILE] [--top-layers N]
 
 KOLO_PROFILE is a `kolo-train --record-profile` file (models/compute/replay/profile.h): per-layer
-forward and backward times, each measured on the host around the layer with the device
-synchronised after it, so they include launch and synchronisation overhead. TORCH_PROFILE holds
-sums of CUDA kernel durations per step, without launch gaps. The layers are grouped by kind
-(op_kinds.kolo_layer_kind, from the zoo's layer names) and the kinds mapped onto the kernel kinds
-of the PyTorch profile. Prints a markdown table, kind | kolo ms/step | PyTorch ms/step | difference,
-with totals, then the layers whose names match a torchvision module and differ the most.
+forward and backward times. With "timing": "marks" they are the device time between CUDA events
+after consecutive layers (idle gaps included where the host issued a layer more slowly than the
+GPU ran it), with the host's time issuing each layer beside them; older profiles ("synchronised")
+timed each layer on the host with the device synchronised after it, launch and synchronise
+included. TORCH_PROFILE holds sums of CUDA kernel durations per step, without launch gaps. The
+layers are grouped by kind (op_kinds.kolo_layer_kind, from the zoo's layer names) and the kinds
+mapped onto the kernel kinds of the PyTorch profile. Prints a markdown table, kind | kolo
+ms/step | PyTorch ms/step | difference (and kolo's issue time, where recorded), with totals, then
+the layers whose names match a torchvision module and differ the most.
 """
 
 import argparse
@@ -44,6 +47,7 @@ def kolo_kind_times(profile: dict) -> tuple[dict, list]:
     """kolo's milliseconds per step per ROWS key (every key present), and the names of layers
     whose kind could not be told from their name (counted under "other")."""
     out = {key: 0.0 for key, _, _ in ROWS}
+    issue = {key: 0.0 for key, _, _ in ROWS}
     unknown = []
     for layer in profile["layers"]:
         kind = layer.get("kind") or kolo_layer_kind(layer["name"])
@@ -54,8 +58,11 @@ def kolo_kind_times(profile: dict) -> tuple[dict, list]:
         fwd, bwd = KOLO_KIND_SPLIT[kind]
         out[fwd] += layer["forward_ms"]
         out[bwd] += layer["backward_ms"]
+        issue[fwd] += layer.get("forward_issue_ms", 0.0)
+        issue[bwd] += layer.get("backward_issue_ms", 0.0)
     out["optimizer"] += profile.get("update_ms", 0.0)
-    return out, unknown
+    profile_issue = issue if "forward_issue_ms" in profile["layers"][0] else None
+    return out, unknown, profile_issue
 
 
 def torch_kind_times(profile: dict) -> dict:
@@ -70,12 +77,15 @@ def compare(kolo: dict, torch: dict, top_layers: int = 15) -> dict:
     "torch_conv_bwd": PyTorch's convolution backward split, "unknown_layers",
     "layers": the TOP_LAYERS layers with the largest kolo - PyTorch (fwd + bwd) among those whose
     name is a PyTorch module's of a type that does what the layer does (op_kinds.TORCH_TYPES)}."""
-    k, unknown = kolo_kind_times(kolo)
+    k, unknown, issue = kolo_kind_times(kolo)
     t = torch_kind_times(torch)
     rows = [
         {"kind": key, "label": label, "kolo_ms": k[key], "torch_ms": t[key], "diff_ms": k[key] - t[key]}
         for key, label, _ in ROWS
     ]
+    if issue is not None:
+        for row in rows:
+            row["kolo_issue_ms"] = issue[row["kind"]]
     kt, tt = sum(k.values()), sum(t.values())
     kinds = torch["kinds_ms"]
     modules = {m["name"]: m for m in torch.get("modules", [])}
@@ -106,6 +116,9 @@ def compare(kolo: dict, torch: dict, top_layers: int = 15) -> dict:
         "torch_precision": torch.get("precision"),
         "rows": rows,
         "total": {"kolo_ms": kt, "torch_ms": tt, "diff_ms": kt - tt},
+        "kolo_timing": kolo.get("timing", "synchronised"),
+        "kolo_step_ms": kolo.get("step_ms"),
+        "kolo_issue_ms": sum(issue.values()) if issue is not None else None,
         "torch_step_time_ms": torch.get("step_time_ms_median"),
         "torch_conv_bwd": {
             p: kinds.get(p, 0.0) for p in ("conv_bwd_data", "conv_bwd_filter", "conv_bwd_other")
@@ -116,23 +129,39 @@ def compare(kolo: dict, torch: dict, top_layers: int = 15) -> dict:
 
 
 def to_markdown(result: dict) -> str:
+    marks = result.get("kolo_timing") == "marks"
+    how = (
+        "device time between events after consecutive layers (idle gaps included), and the host's "
+        "time issuing them"
+        if marks
+        else "per-layer host wall time with a device synchronise after each layer (includes launch overhead)"
+    )
+    issued = result.get("kolo_issue_ms") is not None
     lines = [
         (
             f"{result['model']}, batch {result['batch_size']}, kolo {result['kolo_precision']}, "
-            f"PyTorch {result['torch_precision']}. kolo: per-layer host wall time with a device "
-            "synchronise after each layer (includes launch overhead); PyTorch: sum of CUDA kernel "
+            f"PyTorch {result['torch_precision']}. kolo: {how}; PyTorch: sum of CUDA kernel "
             "times per step (no launch gaps)."
         ),
         "",
-        "| kind | kolo ms/step | PyTorch ms/step | kolo − PyTorch |",
-        "|------|-------------:|----------------:|---------------:|",
+        "| kind | kolo ms/step | PyTorch ms/step | kolo − PyTorch |"
+        + (" kolo issue ms/step |" if issued else ""),
+        "|------|-------------:|----------------:|---------------:|"
+        + ("-------------------:|" if issued else ""),
     ]
     for row in result["rows"]:
         lines.append(
             f"| {row['label']} | {row['kolo_ms']:.3f} | {row['torch_ms']:.3f} | {row['diff_ms']:+.3f} |"
+            + (f" {row['kolo_issue_ms']:.3f} |" if issued else "")
         )
     tot = result["total"]
-    lines.append(f"| **total** | {tot['kolo_ms']:.3f} | {tot['torch_ms']:.3f} | {tot['diff_ms']:+.3f} |")
+    lines.append(
+        f"| **total** | {tot['kolo_ms']:.3f} | {tot['torch_ms']:.3f} | {tot['diff_ms']:+.3f} |"
+        + (f" {result['kolo_issue_ms']:.3f} |" if issued else "")
+    )
+    if result.get("kolo_step_ms"):
+        lines.append("")
+        lines.append(f"kolo timed step (wall, median, while profiling): {result['kolo_step_ms']:.3f} ms.")
     split = result["torch_conv_bwd"]
     lines.append("")
     lines.append(

@@ -12,6 +12,22 @@ class CompletedCopy final : public GradientCopy {
 
 }  // namespace
 
+Status ComputeBackend::TimeMark() {
+  KOLO_RETURN_IF_ERROR(Synchronize());
+  host_marks_.push_back(std::chrono::steady_clock::now());
+  return Status::OK();
+}
+
+StatusOr<std::vector<double>> ComputeBackend::TakeMarkTimesMs() {
+  std::vector<double> ms;
+  ms.reserve(host_marks_.size());
+  for (const auto& t : host_marks_) {
+    ms.push_back(std::chrono::duration<double, std::milli>(t - host_marks_.front()).count());
+  }
+  host_marks_.clear();
+  return ms;
+}
+
 StatusOr<std::unique_ptr<GradientCopy>> ComputeBackend::StartGradientCopy(int param,
                                                                           std::span<float> out) {
   KOLO_RETURN_IF_ERROR(GetGradient(param, out));

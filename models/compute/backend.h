@@ -160,10 +160,24 @@ class ComputeBackend {
   // Waits until all queued work is done (GPU); returns at once on CPU.
   [[nodiscard]] virtual Status Synchronize() = 0;
 
+  // Time marks, for --record-profile's per-layer times. TimeMark() records a point after the work
+  // issued so far without waiting for it, so that marking every layer leaves the device's queue
+  // as full as in an unmarked step; TakeMarkTimesMs() waits for the last mark and returns every
+  // mark since the previous Take, in ms after the first of them, then forgets them. On a GPU the
+  // marks are events on the compute stream: the time between two is the device time of the work
+  // between them, idle gaps included where the host issued it more slowly than the device ran it.
+  // The default, for backends whose work is done when a call returns (oneDNN, replay), reads the
+  // host clock after Synchronize().
+  [[nodiscard]] virtual Status TimeMark();
+  virtual StatusOr<std::vector<double>> TakeMarkTimesMs();
+
   // Seconds spent inside the backend's kernels (oneDNN primitives, cuDNN/cuBLAS calls as seen by
   // the host, replay sleeps: wall-clock, dilated ones included) since the previous call. Used to
   // report the trainer's own overhead.
   virtual double TakeKernelSeconds() = 0;
+
+ private:
+  std::vector<std::chrono::steady_clock::time_point> host_marks_;  // the default TimeMark's
 };
 
 // The backends this build has, by name, in the order `--compute` lists them.

@@ -150,6 +150,8 @@ void Represent(StepStats* st, double dilation) {
   st->update_seconds /= dilation;
   for (double& t : st->forward_ms) t /= dilation;
   for (double& t : st->backward_ms) t /= dilation;
+  for (double& t : st->forward_issue_ms) t /= dilation;
+  for (double& t : st->backward_issue_ms) t /= dilation;
   st->update_ms /= dilation;
 }
 
@@ -264,7 +266,8 @@ class Run {
   // Per timed step.
   std::vector<double> step_s_, wait_s_, kernel_s_, forward_s_, backward_s_, update_s_;
   Engine::Stats timed_start_, timed_end_;  // the engine's counters around the timed steps
-  std::vector<std::vector<double>> fwd_ms_, bwd_ms_;  // [layer][timed step]
+  std::vector<std::vector<double>> fwd_ms_, bwd_ms_;              // [layer][timed step]
+  std::vector<std::vector<double>> fwd_issue_ms_, bwd_issue_ms_;  // host time inside each call
   std::vector<double> update_ms_;
   double last_loss_ = 0;
 };
@@ -367,6 +370,8 @@ Status Run::Loop(Trainer& trainer, const compute::SgdConfig& sgd) {
   if (!o_.record_profile.empty()) {
     fwd_ms_.assign(graph_->layers().size(), {});
     bwd_ms_.assign(graph_->layers().size(), {});
+    fwd_issue_ms_.assign(graph_->layers().size(), {});
+    bwd_issue_ms_.assign(graph_->layers().size(), {});
   }
   for (int step = 0; step < total; ++step) {
     if (Stopping()) return Status::OK();
@@ -394,6 +399,8 @@ Status Run::Loop(Trainer& trainer, const compute::SgdConfig& sgd) {
       for (size_t l = 0; l < fwd_ms_.size(); ++l) {
         fwd_ms_[l].push_back(st.forward_ms[l]);
         bwd_ms_[l].push_back(st.backward_ms[l]);
+        fwd_issue_ms_[l].push_back(st.forward_issue_ms[l]);
+        bwd_issue_ms_[l].push_back(st.backward_issue_ms[l]);
       }
       if (!fwd_ms_.empty()) update_ms_.push_back(st.update_ms);
     }
@@ -618,8 +625,11 @@ Status Run::Finish(const Trainer& trainer) {
     p.kolo_commit = record_.kolo_commit;
     p.steps = static_cast<int64_t>(step_s_.size());
     p.update_ms = Median(update_ms_);
+    p.timing = "marks";
+    p.step_ms = 1e3 * Median(step_s_);
     for (size_t l = 0; l < fwd_ms_.size(); ++l) {
-      p.layers.push_back({graph_->layers()[l].name, Median(fwd_ms_[l]), Median(bwd_ms_[l])});
+      p.layers.push_back({graph_->layers()[l].name, Median(fwd_ms_[l]), Median(bwd_ms_[l]),
+                          Median(fwd_issue_ms_[l]), Median(bwd_issue_ms_[l])});
     }
     KOLO_RETURN_IF_ERROR(compute::replay::SaveProfile(p, o_.record_profile));
     std::printf("profile of %zu layers written to %s\n", p.layers.size(),

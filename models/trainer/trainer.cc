@@ -109,18 +109,25 @@ Status Trainer::RunMicroBatch(int m, bool last, StepStats* stats) {
   const auto& layers = graph_.layers();
   const int n = static_cast<int>(layers.size());
   const bool timed = config_.record_layer_times;
+  // With timed: the layer after each mark but the first (its index; backward as -1 - index).
+  std::vector<int> marked;
   const auto forward_start = Clock::now();
   if (data_.size() > 1) {
     const Batch& b = data_[static_cast<size_t>(m)];
     KOLO_RETURN_IF_ERROR(backend_.SetInput(b.images, b.labels));
+  }
+  if (timed) {
+    marked.reserve(2 * static_cast<size_t>(n));
+    KOLO_RETURN_IF_ERROR(backend_.TimeMark());
   }
   for (int l = 0; l < n; ++l) {
     const auto t0 = timed ? Clock::now() : Clock::time_point{};
     KOLO_RETURN_IF_ERROR(
         backend_.Forward(l).WithContext("forward of layer '" + layers[l].name + "'"));
     if (timed) {
-      KOLO_RETURN_IF_ERROR(backend_.Synchronize());
-      stats->forward_ms[static_cast<size_t>(l)] += 1e3 * Seconds(t0, Clock::now());
+      stats->forward_issue_ms[static_cast<size_t>(l)] += 1e3 * Seconds(t0, Clock::now());
+      KOLO_RETURN_IF_ERROR(backend_.TimeMark());
+      marked.push_back(l);
     }
   }
   const auto backward_start = Clock::now();
@@ -133,8 +140,9 @@ Status Trainer::RunMicroBatch(int m, bool last, StepStats* stats) {
     KOLO_RETURN_IF_ERROR(backend_.Backward(l, /*accumulate=*/m > 0)
                              .WithContext("backward of layer '" + layer.name + "'"));
     if (timed) {
-      KOLO_RETURN_IF_ERROR(backend_.Synchronize());
-      stats->backward_ms[static_cast<size_t>(l)] += 1e3 * Seconds(t0, Clock::now());
+      stats->backward_issue_ms[static_cast<size_t>(l)] += 1e3 * Seconds(t0, Clock::now());
+      KOLO_RETURN_IF_ERROR(backend_.TimeMark());
+      marked.push_back(-1 - l);
     }
     if (!last) continue;
     for (int p : layer.param_ids) {
@@ -158,6 +166,21 @@ Status Trainer::RunMicroBatch(int m, bool last, StepStats* stats) {
       pending_[static_cast<size_t>(p)] = h;
     }
   }
+  if (timed) {
+    KOLO_ASSIGN_OR_RETURN(std::vector<double> at, backend_.TakeMarkTimesMs());
+    if (at.size() != marked.size() + 1) {
+      return Internal("backend '{}' returned {} time marks, {} were made", backend_.name(),
+                      at.size(), marked.size() + 1);
+    }
+    for (size_t i = 0; i < marked.size(); ++i) {
+      const double ms = at[i + 1] - at[i];
+      if (marked[i] >= 0) {
+        stats->forward_ms[static_cast<size_t>(marked[i])] += ms;
+      } else {
+        stats->backward_ms[static_cast<size_t>(-1 - marked[i])] += ms;
+      }
+    }
+  }
   KOLO_ASSIGN_OR_RETURN(double loss, backend_.Loss());
   stats->loss += loss / config_.backward_passes_per_step;
   stats->backward_seconds += Seconds(backward_start, Clock::now());
@@ -170,6 +193,8 @@ StatusOr<StepStats> Trainer::Step() {
   if (config_.record_layer_times) {
     stats.forward_ms.assign(graph_.layers().size(), 0.0);
     stats.backward_ms.assign(graph_.layers().size(), 0.0);
+    stats.forward_issue_ms.assign(graph_.layers().size(), 0.0);
+    stats.backward_issue_ms.assign(graph_.layers().size(), 0.0);
   }
   backend_.TakeKernelSeconds();  // drop whatever ran between steps
   const auto start = Clock::now();
@@ -194,6 +219,7 @@ StatusOr<StepStats> Trainer::Step() {
   const auto& params = graph_.params();
   const double grad_scale = 1.0 / passes;
   double update_s = 0;
+  if (config_.record_layer_times) KOLO_RETURN_IF_ERROR(backend_.TimeMark());
   for (int p : backprop_order_) {
     Handle& h = pending_[static_cast<size_t>(p)];
     const auto t0 = Clock::now();
@@ -213,11 +239,18 @@ StatusOr<StepStats> Trainer::Step() {
   }
   if (config_.record_layer_times) {
     const auto t0 = Clock::now();
-    KOLO_RETURN_IF_ERROR(backend_.Synchronize());
+    KOLO_RETURN_IF_ERROR(backend_.TimeMark());
+    KOLO_ASSIGN_OR_RETURN(std::vector<double> at, backend_.TakeMarkTimesMs());
     update_s += Seconds(t0, Clock::now());
-    stats.update_ms = 1e3 * update_s;
-    for (double& t : stats.forward_ms) t /= passes;
-    for (double& t : stats.backward_ms) t /= passes;
+    if (at.size() != 2) {
+      return Internal("backend '{}' returned {} time marks around the updates, 2 were made",
+                      backend_.name(), at.size());
+    }
+    stats.update_ms = at[1] - at[0];
+    for (auto* v : {&stats.forward_ms, &stats.backward_ms, &stats.forward_issue_ms,
+                    &stats.backward_issue_ms}) {
+      for (double& t : *v) t /= passes;
+    }
   }
   stats.update_seconds = update_s;
   stats.seconds = Seconds(start, Clock::now());

@@ -66,8 +66,10 @@ struct TrainerConfig {
   // Micro-batches accumulated locally per step (local gradient aggregation); >= 1.
   int backward_passes_per_step = 1;
   compute::SgdConfig sgd;
-  // Synchronize the backend after every layer and time it (for --record-profile). Off in normal
-  // runs: on a GPU the per-layer synchronisation would serialise the pipeline.
+  // Time every layer (for --record-profile) with the backend's time marks (TimeMark: events on a
+  // GPU, so the device's queue is not drained between layers; the host clock after a synchronise
+  // on a CPU), and the host's time to issue each call. The marks are read, which waits for the
+  // device, once per micro-batch and once after the updates. Off in normal runs.
   bool record_layer_times = false;
   // Longest wait for one collective. The engine fails a collective whose peer is gone after its
   // own peer timeout; this bounds the trainer's wait even so.
@@ -93,10 +95,13 @@ struct StepStats {
   double backward_seconds = 0;
   double update_seconds = 0;
   // Only with record_layer_times: per layer (graph order), the mean over the micro-batches, and
-  // the time of all updates of the step.
+  // the time of all updates of the step (between time marks); the host's time inside each layer's
+  // call, not waiting for the device.
   std::vector<double> forward_ms;
   std::vector<double> backward_ms;
   double update_ms = 0;
+  std::vector<double> forward_issue_ms;
+  std::vector<double> backward_issue_ms;
 };
 
 class Trainer {

@@ -15,6 +15,7 @@ named, never fatal: the summary is rewritten after every step of a run that may 
 import argparse
 import glob
 import json
+import re
 import os
 import sys
 
@@ -49,10 +50,11 @@ def train_table(recs, gpu):
         if not name.startswith("kolo-") or "-np" in name or name.startswith("kolo-ps-"):
             continue
         key = name[len("kolo-") :]
-        model, _, rest = key.rpartition("-b")
-        batch, _, prec = rest.partition("-")
-        if not model or not batch.isdigit():
+        # <model>-b<batch>[-<precision>]: the precision may itself begin with "b" (bf16).
+        m = re.fullmatch(r"(.+?)-b(\d+)(?:-(.+))?", key)
+        if not m:
             continue
+        model, batch, prec = m.group(1), m.group(2), m.group(3) or ""
         k = kolo_rate(recs[name])
         t = recs.get("torch-" + key, {}).get("images_per_sec")
         ks = f"{k:.1f}" if k else f"failed: {str(recs[name].get('error', ''))[:60]}"

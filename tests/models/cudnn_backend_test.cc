@@ -26,6 +26,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -394,6 +395,45 @@ TEST(CudnnBackendTest, KernelSecondsArePositiveAfterAPass) {
   EXPECT_GT(s, 0);
   EXPECT_LT(s, 60);
   EXPECT_EQ((*b)->TakeKernelSeconds(), 0) << "taken twice";
+}
+
+// --record-profile's marks: one event per mark on the compute stream, read once; the device time
+// they span lies inside the host's wall time from the first mark to the read.
+TEST(CudnnBackendTest, TimeMarksAreEventsReadOnce) {
+  SKIP_WITHOUT_GPU();
+  const Graph g = Tiny("tiny-resnet");
+  auto b = CreateComputeBackend("cudnn");
+  ASSERT_TRUE(b.ok());
+  BackendConfig config;
+  config.batch = 2;
+  ASSERT_TRUE((*b)->Prepare(g, config).ok());
+  const Batch data = MakeBatch(g, 2, 1);
+  ASSERT_TRUE((*b)->SetInput(data.images, data.labels).ok());
+  const int n = static_cast<int>(g.layers().size());
+  for (int round = 0; round < 2; ++round) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_TRUE((*b)->TimeMark().ok());
+    for (int l = 0; l < n; ++l) {
+      ASSERT_TRUE((*b)->Forward(l).ok());
+      ASSERT_TRUE((*b)->TimeMark().ok());
+    }
+    for (int l = n - 1; l >= 0; --l) {
+      ASSERT_TRUE((*b)->Backward(l, false).ok());
+      ASSERT_TRUE((*b)->TimeMark().ok());
+    }
+    auto at = (*b)->TakeMarkTimesMs();
+    const double wall_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(at.ok()) << at.status().ToString();
+    ASSERT_EQ(at->size(), static_cast<size_t>(2 * n + 1)) << "round " << round;
+    EXPECT_EQ(at->front(), 0);
+    for (size_t i = 1; i < at->size(); ++i) EXPECT_GE((*at)[i], (*at)[i - 1]) << i;
+    EXPECT_GT(at->back(), 0);
+    EXPECT_LE(at->back(), wall_ms);
+    auto again = (*b)->TakeMarkTimesMs();
+    ASSERT_TRUE(again.ok());
+    EXPECT_TRUE(again->empty()) << "taken twice";
+  }
 }
 
 TEST(CudnnBackendTest, RejectsWhatItCannotDo) {

@@ -50,6 +50,10 @@ TEST(CudnnParameterServerTest, MixedPrecisionKeepsFloat32MastersOnTheServers) {
 }
 
 // Both modes push the same gradients; only cuDNN's own run-to-run variation may separate them.
+// Each run searches its own convolution algorithms (cudnnFind), and two algorithms round
+// differently. In fp32 that stays far under 1e-4. In bf16 the activations and gradients keep 8
+// significant bits, so one rounding that flips reaches the weights at up to a fraction of a bf16
+// step (2^-8 = 3.9e-3): measured 3.6e-4 on an H200 (2026-11-28). The bound there is 1.5e-3.
 TEST(CudnnParameterServerTest, OverlapTrainsLikeSync) {
   if (compute::cudnn::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device in this process";
   const Graph g = TinyCnn();
@@ -60,7 +64,8 @@ TEST(CudnnParameterServerTest, OverlapTrainsLikeSync) {
     }
     SCOPED_TRACE(compute::PrecisionName(precision));
     const auto sync = Train(g, 2, 2, 2, 1, MakeCudnn, precision, PsStaging::kSync);
-    ExpectClose(g, Train(g, 2, 2, 2, 1, MakeCudnn, precision, PsStaging::kOverlap), sync, 1e-4);
+    const double bound = precision == Precision::kBf16 ? 1.5e-3 : 1e-4;
+    ExpectClose(g, Train(g, 2, 2, 2, 1, MakeCudnn, precision, PsStaging::kOverlap), sync, bound);
   }
 }
 

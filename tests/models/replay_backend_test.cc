@@ -61,6 +61,12 @@ TEST(ReplayProfileTest, RoundTripKeepsEveryField) {
   const Graph g = TinyCnn();
   Profile p = ProfileFor(g, 4, 0.125);
   p.layers[1].forward_ms = 1.0 / 3.0;
+  p.timing = "marks";
+  p.step_ms = 2.5;
+  for (auto& l : p.layers) {
+    l.forward_issue_ms = 0.0625;
+    l.backward_issue_ms = 0.03125;
+  }
   auto back = ProfileFromJson(ProfileToJson(p), "mem");
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(back->model, "tiny-cnn");
@@ -78,6 +84,18 @@ TEST(ReplayProfileTest, RoundTripKeepsEveryField) {
     EXPECT_EQ(back->layers[i].name, g.layers()[i].name);
   EXPECT_NEAR(back->layers[1].forward_ms, 1.0 / 3.0, 1e-6);
   EXPECT_DOUBLE_EQ(back->layers[2].backward_ms, 0.25);
+  EXPECT_EQ(back->timing, "marks");
+  EXPECT_DOUBLE_EQ(back->step_ms, 2.5);
+  EXPECT_DOUBLE_EQ(back->layers[2].forward_issue_ms, 0.0625);
+  EXPECT_DOUBLE_EQ(back->layers[2].backward_issue_ms, 0.03125);
+  // A profile written before time marks (no timing, step or issue times) reads as synchronised.
+  std::string old = ProfileToJson(ProfileFor(g, 4, 0.125));
+  old.erase(old.find("  \"timing\""), old.find("\"layers\"") - old.find("  \"timing\""));
+  auto legacy = ProfileFromJson(old, "old.json");
+  ASSERT_TRUE(legacy.ok()) << legacy.status().ToString() << "\n" << old;
+  EXPECT_EQ(legacy->timing, "synchronised");
+  EXPECT_EQ(legacy->step_ms, 0);
+  EXPECT_LT(legacy->layers[1].forward_issue_ms, 0);
   TempFile f("");
   ASSERT_TRUE(SaveProfile(p, f.path()).ok());
   auto loaded = LoadProfile(f.path());
@@ -110,6 +128,9 @@ TEST(ReplayProfileTest, MalformedFilesNameTheProblem) {
   s = good;
   s.replace(s.find("\"onednn\""), 8, "\"replay\"");
   expect_error(s, "timed backend");
+  s = good;
+  s.replace(s.find("\"synchronised\""), 14, "\"guessed\"");
+  expect_error(s, "'timing' is 'guessed': allowed are marks, synchronised");
   auto missing = LoadProfile("/nonexistent/dir/profile.json");
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("/nonexistent/dir/profile.json"), std::string::npos);

@@ -134,6 +134,30 @@ def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
     assert rows(saved) == rows(compare_profiles.compare(KOLO, TORCH))
 
 
+def test_marked_profiles_show_the_host_issue_time_and_the_step(tmp_path, capsys):
+    marked = KOLO | {
+        "timing": "marks",
+        "step_ms": 25.0,
+        "layers": [lay | {"forward_issue_ms": 0.0625, "backward_issue_ms": 0.125} for lay in KOLO["layers"]],
+    }
+    result = compare_profiles.compare(marked, TORCH)
+    issue = {r["kind"]: r["kolo_issue_ms"] for r in result["rows"]}
+    assert issue["conv_fwd"] == 0.125 and issue["conv_bwd"] == 0.25  # conv1 and layer1.0.conv1
+    assert result["kolo_issue_ms"] == pytest.approx(13 * 0.1875)
+    assert result["kolo_timing"] == "marks" and result["kolo_step_ms"] == 25.0
+    kolo = tmp_path / "kolo.json"
+    torch = tmp_path / "torch.json"
+    kolo.write_text(json.dumps(marked))
+    torch.write_text(json.dumps(TORCH))
+    assert compare_profiles.main([str(kolo), str(torch)]) == 0
+    text = capsys.readouterr().out
+    assert "device time between events" in text and "includes launch overhead" not in text
+    assert "| convolution forward | 3.000 | 2.500 | +0.500 | 0.125 |" in text
+    assert "kolo timed step (wall, median, while profiling): 25.000 ms." in text
+    # A profile without issue times has no such column.
+    assert "kolo_issue_ms" not in compare_profiles.compare(KOLO, TORCH)["rows"][0]
+
+
 def test_cli_refuses_a_file_of_the_wrong_format(tmp_path, capsys):
     kolo, torch = tmp_path / "kolo.json", tmp_path / "torch.json"
     kolo.write_text(json.dumps(KOLO))

@@ -127,11 +127,16 @@ EOF
 cat >"$WORK/records/torch-resnet101-b64-fp16.json" <<'EOF'
 {"images_per_sec": 1000.0}
 EOF
+# A precision that begins with "b" (bf16) is not read as a batch size.
+echo '{"status": "ok", "results": {"total_images_per_sec": 900.0}}' \
+  >"$WORK/records/kolo-resnet101-b64-bf16.json"
+echo '{"images_per_sec": 1000.0}' >"$WORK/records/torch-resnet101-b64-bf16.json"
 echo '{"truncated": ' >"$WORK/records/kolo-vgg16-b64-bf16.json"
 python3 "$ROOT/scripts/gpu/summarize.py" "$WORK/records" "$WORK/results.json" --gpu "NVIDIA H100" \
   >"$WORK/summary" 2>&1 || fail "summarize.py failed"
 cat "$WORK/summary"
 grep -q "| resnet101 | 64 | fp16 | 1200.0 | 1000.0 | 1.20x |" "$WORK/summary" || fail "summary row"
+grep -q "| resnet101 | 64 | bf16 | 900.0 | 1000.0 | 0.90x |" "$WORK/summary" || fail "bf16 row"
 grep -q "NVIDIA H100" "$WORK/summary" || fail "summary does not name the GPU"
 grep -q "unreadable record kolo-vgg16-b64-bf16.json" "$WORK/summary" || fail "unreadable record"
 

@@ -68,6 +68,12 @@ assert p["format"] == "kolo-replay-profile" and p["model"] == "tiny-cnn", p
 assert p["batch_size"] == 4 and p["compute"] == "onednn" and p["steps"] == 6, p
 assert p["layers"][0]["name"] == "input" and len(p["layers"]) > 5, p
 assert sum(l["forward_ms"] + l["backward_ms"] for l in p["layers"]) > 0, p
+# Time marks partition part of each step: the layers and the updates sum to no more than a step
+# (medians of each, so with a margin), and every layer has its host issue times.
+assert p["timing"] == "marks" and p["step_ms"] > 0, p
+total = sum(l["forward_ms"] + l["backward_ms"] for l in p["layers"]) + p["update_ms"]
+assert total <= 1.5 * p["step_ms"], (total, p["step_ms"])
+assert all(l["forward_issue_ms"] >= 0 and l["backward_issue_ms"] >= 0 for l in p["layers"]), p
 print("onednn record and profile: ok")
 EOF
 

@@ -104,6 +104,8 @@ class CudnnBackend final : public ComputeBackend {
   Status Update(int param, const SgdConfig& sgd, double grad_scale) override;
   Status Synchronize() override;
   double TakeKernelSeconds() override;
+  Status TimeMark() override;
+  StatusOr<std::vector<double>> TakeMarkTimesMs() override;
   std::string DeviceName() const override;
 
   // The loss-scaling state (scale 1 and nothing skipped unless fp16). Waits for the device.
@@ -223,6 +225,9 @@ class CudnnBackend final : public ComputeBackend {
   std::vector<PassEvents> passes_;  // a pool: the first used_passes_ are this interval's
   size_t used_passes_ = 0;
   bool pass_backward_ = true;  // the open pass ran a backward: the next forward opens a new one
+  // TimeMark's events on stream_ (a pool: the first used_marks_ are marks not yet taken).
+  std::vector<Event> marks_;
+  size_t used_marks_ = 0;
 };
 
 }  // namespace kolo::models::compute::cudnn

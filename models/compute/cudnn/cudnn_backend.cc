@@ -431,6 +431,32 @@ Status CudnnBackend::MarkBackwardEnd() {
   return Status::OK();
 }
 
+Status CudnnBackend::TimeMark() {
+  KOLO_RETURN_IF_ERROR(CheckReady("TimeMark"));
+  if (used_marks_ == marks_.size()) {
+    Event e;
+    KOLO_CUDA_CHECK(cudaEventCreate(e.out()));
+    marks_.push_back(std::move(e));
+  }
+  KOLO_CUDA_CHECK(cudaEventRecord(marks_[used_marks_++].get(), stream_.get()));
+  return Status::OK();
+}
+
+StatusOr<std::vector<double>> CudnnBackend::TakeMarkTimesMs() {
+  std::vector<double> ms;
+  const size_t n = used_marks_;
+  used_marks_ = 0;
+  if (n == 0) return ms;
+  KOLO_CUDA_CHECK(cudaEventSynchronize(marks_[n - 1].get()));
+  ms.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    float t = 0;
+    KOLO_CUDA_CHECK(cudaEventElapsedTime(&t, marks_[0].get(), marks_[i].get()));
+    ms.push_back(t);
+  }
+  return ms;
+}
+
 double CudnnBackend::TakeKernelSeconds() {
   double seconds = 0;
   for (size_t i = 0; i < used_passes_; ++i) {

@@ -58,11 +58,18 @@ std::string ProfileToJson(const Profile& p) {
                      p.batch_size, q(p.precision), q(p.compute));
   out += fmt::format("  \"device\": {},\n  \"kolo_commit\": {},\n  \"steps\": {},\n", q(p.device),
                      q(p.kolo_commit), p.steps);
-  out += fmt::format("  \"update_ms\": {:.6g},\n  \"layers\": [", p.update_ms);
+  out += fmt::format("  \"update_ms\": {:.6g},\n  \"timing\": {},\n", p.update_ms, q(p.timing));
+  if (p.step_ms > 0) out += fmt::format("  \"step_ms\": {:.6g},\n", p.step_ms);
+  out += "  \"layers\": [";
   for (size_t i = 0; i < p.layers.size(); ++i) {
     const LayerTiming& l = p.layers[i];
-    out += fmt::format("{}\n    {{\"name\": {}, \"forward_ms\": {:.6g}, \"backward_ms\": {:.6g}}}",
+    out += fmt::format("{}\n    {{\"name\": {}, \"forward_ms\": {:.6g}, \"backward_ms\": {:.6g}",
                        i == 0 ? "" : ",", q(l.name), l.forward_ms, l.backward_ms);
+    if (l.forward_issue_ms >= 0 && l.backward_issue_ms >= 0) {
+      out += fmt::format(", \"forward_issue_ms\": {:.6g}, \"backward_issue_ms\": {:.6g}",
+                         l.forward_issue_ms, l.backward_issue_ms);
+    }
+    out += "}";
   }
   out += "\n  ]\n}\n";
   return out;
@@ -96,6 +103,17 @@ StatusOr<Profile> ProfileFromJson(const std::string& text, const std::string& or
   KOLO_RETURN_IF_ERROR(Field(j, "steps", origin, "an integer", &p.steps));
   KOLO_RETURN_IF_ERROR(Field(j, "update_ms", origin, "a number", &p.update_ms));
   KOLO_RETURN_IF_ERROR(CheckTime(p.update_ms, origin, "update_ms"));
+  if (j.contains("timing")) {
+    KOLO_RETURN_IF_ERROR(Field(j, "timing", origin, "a string", &p.timing));
+    if (p.timing != "marks" && p.timing != "synchronised") {
+      return InvalidArgument("{}: 'timing' is '{}': allowed are marks, synchronised", origin,
+                             p.timing);
+    }
+  }
+  if (j.contains("step_ms")) {
+    KOLO_RETURN_IF_ERROR(Field(j, "step_ms", origin, "a number", &p.step_ms));
+    KOLO_RETURN_IF_ERROR(CheckTime(p.step_ms, origin, "step_ms"));
+  }
   if (p.batch_size <= 0) {
     return InvalidArgument("{}: 'batch_size' must be positive, got {}", origin, p.batch_size);
   }
@@ -117,6 +135,12 @@ StatusOr<Profile> ProfileFromJson(const std::string& text, const std::string& or
     KOLO_RETURN_IF_ERROR(Field(l, "backward_ms", where, "a number", &t.backward_ms));
     KOLO_RETURN_IF_ERROR(CheckTime(t.forward_ms, where, "forward_ms"));
     KOLO_RETURN_IF_ERROR(CheckTime(t.backward_ms, where, "backward_ms"));
+    if (l.contains("forward_issue_ms") || l.contains("backward_issue_ms")) {
+      KOLO_RETURN_IF_ERROR(Field(l, "forward_issue_ms", where, "a number", &t.forward_issue_ms));
+      KOLO_RETURN_IF_ERROR(Field(l, "backward_issue_ms", where, "a number", &t.backward_issue_ms));
+      KOLO_RETURN_IF_ERROR(CheckTime(t.forward_issue_ms, where, "forward_issue_ms"));
+      KOLO_RETURN_IF_ERROR(CheckTime(t.backward_issue_ms, where, "backward_issue_ms"));
+    }
     p.layers.push_back(std::move(t));
   }
   return p;

@@ -16,13 +16,24 @@
 //     "kolo_commit": "<git sha>",       // or "unknown"
 //     "steps": 5,                       // timed steps the medians are taken over
 //     "update_ms": 12.5,                // median time of all parameter updates of one step
+//     "timing": "marks",                // optional: how the layer times were taken (below)
+//     "step_ms": 80.0,                  // optional: median wall time of the timed steps
 //     "layers": [                       // every layer of the graph, in graph order
-//       {"name": "conv1", "forward_ms": 1.25, "backward_ms": 2.5}, ...
+//       {"name": "conv1", "forward_ms": 1.25, "backward_ms": 2.5,
+//        "forward_issue_ms": 0.02, "backward_issue_ms": 0.03}, ...  // issue times optional
 //     ]
 //   }
-// Times are medians over the timed steps, in milliseconds, measured on the host around each
-// layer's call with the device synchronised after it. The input layer is listed with the time of
-// its forward (copying the batch in) and a backward of zero.
+// Times are medians over the timed steps, in milliseconds. "marks" (what kolo-train writes):
+// the time between a mark after the previous layer's call and one after this layer's
+// (ComputeBackend::TimeMark: CUDA events on the compute stream on a GPU, so the device's queue
+// stays as full as in an unmarked step and the layers sum to about the step; the host clock
+// after a synchronise on a CPU). "synchronised" (profiles written before marks, and the default
+// when the field is absent): the host's time around each layer's call with the device
+// synchronised after it, which on a GPU adds a launch and a synchronise to every layer (the H100
+// profiles of 2026-11-27 sum to 1.3x ResNet-101's measured step). The issue times are the host's
+// time inside each call, without waiting for the device: where they exceed the marked time the
+// layer was launch-bound. The input layer is listed with the time of its forward (copying the
+// batch in) and a backward of zero.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +49,8 @@ struct LayerTiming {
   std::string name;
   double forward_ms = 0;
   double backward_ms = 0;
+  double forward_issue_ms = -1;  // -1: not recorded
+  double backward_issue_ms = -1;
 };
 
 struct Profile {
@@ -51,6 +64,8 @@ struct Profile {
   std::string kolo_commit = "unknown";
   int64_t steps = 0;
   double update_ms = 0;
+  std::string timing = "synchronised";  // "marks" or "synchronised" (see above)
+  double step_ms = 0;                   // 0: not recorded
   std::vector<LayerTiming> layers;
 };
 

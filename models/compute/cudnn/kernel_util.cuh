@@ -40,6 +40,32 @@ __device__ __forceinline__ void Store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void Store(__half* p, float v) { *p = __float2half_rn(v); }
 __device__ __forceinline__ void Store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
+// 16-byte vectors of activations: kVec<T> elements move in one load or store (4 floats, 8 halves),
+// as memory-bound kernels need on Hopper. A kernel takes its vector path only where every pointer
+// it touches is 16-byte aligned (Aligned16), and finishes the elements past the last whole vector
+// one at a time.
+template <typename T>
+inline constexpr int kVec = static_cast<int>(16 / sizeof(T));
+
+inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <typename T>
+__device__ __forceinline__ void LoadVec(const T* p, float (&out)[kVec<T>]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int k = 0; k < kVec<T>; ++k) out[k] = Load(e + k);
+}
+
+template <typename T>
+__device__ __forceinline__ void StoreVec(T* p, const float (&v)[kVec<T>]) {
+  uint4 raw;
+  T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+  for (int k = 0; k < kVec<T>; ++k) Store(e + k, v[k]);
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+
 // Block-wide reduction through shared memory; every thread gets the result. `identity` is op's
 // neutral element (it fills the lanes past the last warp).
 template <typename Op>

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cfloat>
 
 #include "models/compute/cudnn/kernel_util.cuh"
@@ -6,40 +7,94 @@
 namespace kolo::models::compute::cudnn {
 namespace {
 
+// The elementwise kernels below take `vec` (every pointer 16-byte aligned, from the launch): the
+// first n / kVec<T> vectors go a vector at a time, the rest one element at a time.
 template <typename T>
-__global__ void ReluForwardKernel(const T* x, T* y, int64_t n) {
-  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride())
+__global__ void ReluForwardKernel(const T* x, T* y, int64_t n, bool vec) {
+  constexpr int V = kVec<T>;
+  const int64_t nv = vec ? n / V : 0;
+  for (int64_t i = GlobalIndex(); i < nv; i += GlobalStride()) {
+    float a[V];
+    LoadVec(x + i * V, a);
+#pragma unroll
+    for (int k = 0; k < V; ++k) a[k] = fmaxf(a[k], 0.0f);
+    StoreVec(y + i * V, a);
+  }
+  for (int64_t i = nv * V + GlobalIndex(); i < n; i += GlobalStride())
     Store(y + i, fmaxf(Load(x + i), 0.0f));
 }
 
 template <typename T>
-__global__ void ReluBackwardKernel(const T* y, const T* dy, T* dx, int64_t n, bool accumulate) {
-  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride()) {
+__global__ void ReluBackwardKernel(const T* y, const T* dy, T* dx, int64_t n, bool accumulate,
+                                   bool vec) {
+  constexpr int V = kVec<T>;
+  const int64_t nv = vec ? n / V : 0;
+  for (int64_t i = GlobalIndex(); i < nv; i += GlobalStride()) {
+    float out[V];
+    float g[V];
+    LoadVec(y + i * V, out);
+    LoadVec(dy + i * V, g);
+    float acc[V] = {};
+    if (accumulate) LoadVec(dx + i * V, acc);
+#pragma unroll
+    for (int k = 0; k < V; ++k) acc[k] += out[k] > 0.0f ? g[k] : 0.0f;
+    StoreVec(dx + i * V, acc);
+  }
+  for (int64_t i = nv * V + GlobalIndex(); i < n; i += GlobalStride()) {
     const float g = Load(y + i) > 0.0f ? Load(dy + i) : 0.0f;
     Store(dx + i, accumulate ? Load(dx + i) + g : g);
   }
 }
 
 template <typename T>
-__global__ void AddKernel(const T* a, const T* b, T* y, int64_t n) {
-  for (int64_t i = GlobalIndex(); i < n; i += GlobalStride())
+__global__ void AddKernel(const T* a, const T* b, T* y, int64_t n, bool vec) {
+  constexpr int V = kVec<T>;
+  const int64_t nv = vec ? n / V : 0;
+  for (int64_t i = GlobalIndex(); i < nv; i += GlobalStride()) {
+    float u[V];
+    float w[V];
+    LoadVec(a + i * V, u);
+    LoadVec(b + i * V, w);
+#pragma unroll
+    for (int k = 0; k < V; ++k) u[k] += w[k];
+    StoreVec(y + i * V, u);
+  }
+  for (int64_t i = nv * V + GlobalIndex(); i < n; i += GlobalStride())
     Store(y + i, Load(a + i) + Load(b + i));
 }
 
+// Rows of `len` elements: grid y walks the rows, grid x the elements of a row (no division per
+// element). With `vec`, the row starts and `len` are whole vectors.
 template <typename T>
 __global__ void RowCopyKernel(const T* src, int64_t src_stride, int64_t src_offset, T* dst,
                               int64_t dst_stride, int64_t dst_offset, int64_t rows, int64_t len,
-                              bool accumulate) {
-  const int64_t total = rows * len;
-  for (int64_t i = GlobalIndex(); i < total; i += GlobalStride()) {
-    const int64_t r = i / len;
-    const int64_t j = i - r * len;
-    const T* s = src + r * src_stride + src_offset + j;
-    T* d = dst + r * dst_stride + dst_offset + j;
-    if (accumulate) {
-      Store(d, Load(d) + Load(s));
-    } else {
-      *d = *s;  // a copy is exact at any width
+                              bool accumulate, bool vec) {
+  constexpr int V = kVec<T>;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const T* s = src + r * src_stride + src_offset;
+    T* d = dst + r * dst_stride + dst_offset;
+    if (vec) {
+      for (int64_t i = GlobalIndex(); i < len / V; i += GlobalStride()) {
+        if (accumulate) {
+          float a[V];
+          float b[V];
+          LoadVec(d + i * V, a);
+          LoadVec(s + i * V, b);
+#pragma unroll
+          for (int k = 0; k < V; ++k) a[k] += b[k];
+          StoreVec(d + i * V, a);
+        } else {
+          reinterpret_cast<uint4*>(d)[i] = reinterpret_cast<const uint4*>(s)[i];
+        }
+      }
+      continue;
+    }
+    for (int64_t j = GlobalIndex(); j < len; j += GlobalStride()) {
+      if (accumulate) {
+        Store(d + j, Load(d + j) + Load(s + j));
+      } else {
+        d[j] = s[j];  // a copy is exact at any width
+      }
     }
   }
 }
@@ -142,28 +197,32 @@ __global__ void FillScaledKernel(T* p, int64_t n, float value, const float* scal
 }  // namespace
 
 cudaError_t LaunchReluForward(Elem e, const void* x, void* y, int64_t n, cudaStream_t stream) {
+  const bool vec = Aligned16(x) && Aligned16(y);
   return DispatchElem(e, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    ReluForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(static_cast<const T*>(x),
-                                                          static_cast<T*>(y), n);
+    ReluForwardKernel<<<Blocks(vec ? (n + kVec<T> - 1) / kVec<T> : n), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<T*>(y), n, vec);
   });
 }
 
 cudaError_t LaunchReluBackward(Elem e, const void* y, const void* dy, void* dx, int64_t n,
                                bool accumulate, cudaStream_t stream) {
+  const bool vec = Aligned16(y) && Aligned16(dy) && Aligned16(dx);
   return DispatchElem(e, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    ReluBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(
-        static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), n, accumulate);
+    ReluBackwardKernel<<<Blocks(vec ? (n + kVec<T> - 1) / kVec<T> : n), kThreads, 0, stream>>>(
+        static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), n, accumulate,
+        vec);
   });
 }
 
 cudaError_t LaunchAdd(Elem e, const void* a, const void* b, void* y, int64_t n,
                       cudaStream_t stream) {
+  const bool vec = Aligned16(a) && Aligned16(b) && Aligned16(y);
   return DispatchElem(e, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    AddKernel<<<Blocks(n), kThreads, 0, stream>>>(static_cast<const T*>(a),
-                                                  static_cast<const T*>(b), static_cast<T*>(y), n);
+    AddKernel<<<Blocks(vec ? (n + kVec<T> - 1) / kVec<T> : n), kThreads, 0, stream>>>(
+        static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), n, vec);
   });
 }
 
@@ -172,9 +231,22 @@ cudaError_t LaunchRowCopy(Elem e, const void* src, int64_t src_stride, int64_t s
                           int64_t len, bool accumulate, cudaStream_t stream) {
   return DispatchElem(e, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    RowCopyKernel<<<Blocks(rows * len), kThreads, 0, stream>>>(
-        static_cast<const T*>(src), src_stride, src_offset, static_cast<T*>(dst), dst_stride,
-        dst_offset, rows, len, accumulate);
+    // One contiguous run when the rows follow each other in both buffers.
+    if (rows > 1 && src_stride == len && dst_stride == len) {
+      len *= rows;
+      rows = 1;
+    }
+    const T* s = static_cast<const T*>(src) + src_offset;
+    T* d = static_cast<T*>(dst) + dst_offset;
+    constexpr int64_t V = kVec<T>;
+    const bool vec = Aligned16(s) && Aligned16(d) && len % V == 0 &&
+                     (rows == 1 || (src_stride % V == 0 && dst_stride % V == 0));
+    const int64_t per_row = vec ? len / V : len;
+    // Blocks for one row, then as many rows side by side as keep the grid within kMaxBlocks.
+    const unsigned x = Blocks(per_row);
+    const int64_t y = std::min<int64_t>({rows, std::max<int64_t>(1, kMaxBlocks / x), 65535});
+    RowCopyKernel<<<dim3(x, static_cast<unsigned>(y)), kThreads, 0, stream>>>(
+        s, src_stride, 0, d, dst_stride, 0, rows, len, accumulate, vec);
   });
 }
 

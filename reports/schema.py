@@ -37,6 +37,7 @@ SETTING_COLUMNS = (
     "backend",
     "transport",
     "allreduce",
+    "framework",
     "allreduce_algorithm",
     "compression",
     "tcp_streams",

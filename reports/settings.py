@@ -53,7 +53,7 @@ CLUSTER_SETTINGS = ("hosts", "ranks_per_host", "link", "delay_us", "flow_cap")
 # The settings of a prediction ([launcher] kind = "sim", kolo-sim): what it predicts with besides
 # the profile. A simulated network also takes ranks_per_host and link (hosts = ranks /
 # ranks_per_host, up to any size), and dilation for predicting an emulated cluster's points.
-SIM_SETTINGS = ("calibration", "gpu_rate", "step_jitter", "allreduce")
+SIM_SETTINGS = ("calibration", "gpu_rate", "step_jitter", "allreduce", "framework")
 SIM_NETWORK_SETTINGS = ("ranks_per_host", "link")
 # A link rate as scripts/cluster takes it: a number and kbit, mbit or gbit (per second), from
 # 1mbit to 100gbit.
@@ -325,6 +325,14 @@ SETTINGS: tuple[Setting, ...] = (
         help="kind = sim: one rank's step-time coefficient of variation; the step waits for the slowest rank",
     ),
     Setting("allreduce", "str", None, choices=("flat", "hierarchical"), help="kind = sim: ring layout"),
+    Setting(
+        "framework",
+        "str",
+        None,
+        choices=("kolo", "horovod-tf", "ddp"),
+        help="kind = sim: when updates run: kolo (each once its collective is done), horovod-tf (all "
+        "after the step's last allreduce), ddp (PyTorch DDP's 25 MiB buckets, the optimizer after)",
+    ),
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

@@ -92,6 +92,11 @@ int Predict(int argc, char** argv) {
       ->check(CLI::IsMember({"ring", "nccl", "mpi", "ps", "none"}));
   app.add_option("--allreduce", allreduce, "flat | hierarchical")
       ->check(CLI::IsMember({"flat", "hierarchical"}));
+  app.add_option("--framework", p.framework,
+                 "update semantics: kolo (each parameter once its collective is done) | horovod-tf "
+                 "(every update after the step's last allreduce) | ddp (PyTorch DDP's 25 MiB "
+                 "buckets, the optimizer after the last)")
+      ->check(CLI::IsMember({"kolo", "horovod-tf", "ddp"}));
   app.add_option("--allreduce-algorithm", p.allreduce_algorithm,
                  "ring backend: auto | ring | recursive-doubling | halving-doubling");
   app.add_option("--compression", p.compression,
@@ -207,7 +212,8 @@ int Predict(int argc, char** argv) {
                              {"ranks", p.ranks},
                              {"fusion_threshold_mb", p.fusion_threshold_mb},
                              {"cycle_time_ms", p.cycle_time_ms},
-                             {"backward_passes_per_step", p.backward_passes_per_step}};
+                             {"backward_passes_per_step", p.backward_passes_per_step},
+                             {"framework", p.framework}};
   if (!pred.ok()) {
     Say(pred.status().ToString());
     record["settings"] = settings;

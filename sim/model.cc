@@ -630,6 +630,16 @@ Status CheckPoint(const Point& point) {
     return InvalidArgument("ps_placement '{}' is not allowed; allowed: greedy, split",
                            point.ps_placement);
   }
+  if (std::find(std::begin(kFrameworks), std::end(kFrameworks), point.framework) ==
+      std::end(kFrameworks)) {
+    return InvalidArgument("framework '{}' is not allowed; allowed: kolo, horovod-tf, ddp",
+                           point.framework);
+  }
+  if (point.framework == "ddp" && point.backend == "ps") {
+    return InvalidArgument(
+        "framework 'ddp' has no parameter servers; allowed backends with it: ring, nccl, mpi, "
+        "none");
+  }
   return Status::OK();
 }
 
@@ -740,13 +750,30 @@ Costs CostsStage(const Point& point, const Calibration& cal, const StepCompute& 
 
 // ---- Finish ----
 
-// The step from the compute and each gradient's done_s: the optimizer updates each parameter in
-// backprop order once its collective is done. `comm_s`, `negotiation_s`, `bytes_sent`: the
-// communication stage's totals for the breakdown.
+// When the step ends, from the compute and each gradient's done_s, by the framework's update
+// semantics: kolo updates each parameter in backprop order once its collective is done (updates
+// overlap the collectives still running); horovod-tf and ddp apply every update after the last
+// collective of the step (TensorFlow's apply_gradients takes every allreduced gradient; DDP's
+// optimizer step follows the backward's wait for every bucket).
+double StepEnd(const Point& point, const StepCompute& compute) {
+  double t = compute.backward_end;
+  if (point.framework == "kolo") {
+    for (const Tensor& tensor : compute.tensors) t = std::max(t, tensor.done_s) + tensor.update_s;
+    return t;
+  }
+  double updates = 0;
+  for (const Tensor& tensor : compute.tensors) {
+    t = std::max(t, tensor.done_s);
+    updates += tensor.update_s;
+  }
+  return t + updates;
+}
+
+// The step's figures from StepEnd. `comm_s`, `negotiation_s`, `bytes_sent`: the communication
+// stage's totals for the breakdown.
 void FinishStep(const Point& point, const StepCompute& compute, double comm_s, double negotiation_s,
                 double bytes_sent, Prediction* out) {
-  double t = compute.backward_end;
-  for (const Tensor& tensor : compute.tensors) t = std::max(t, tensor.done_s) + tensor.update_s;
+  const double t = StepEnd(point, compute);
   out->step_ms = t * 1e3;
   out->update_ms = compute.profile.update_ms * compute.scale;
   out->exposed_comm_ms =
@@ -1077,11 +1104,63 @@ Status AllreduceStage(const Point& point, const Calibration& cal, const Costs& c
       out->cycle_hold_ms = cycles > 0 ? held / cycles * 1e3 : 0;
       out->coordinator_rounds = rounds;
     } else {
-      double t = compute.backward_end;
-      for (const Tensor& tensor : tensors) t = std::max(t, tensor.done_s) + tensor.update_s;
-      step_start += t;
+      step_start += StepEnd(point, compute);
     }
   }
+  return Status::OK();
+}
+
+// ---- DDP ----
+
+// PyTorch DistributedDataParallel's reducer: parameters go into buckets in the reverse of their
+// registration order (the first bucket capped at 1 MiB, the others at 25 MiB; a bucket closes
+// once it reaches its cap); a bucket's allreduce starts once every gradient in it is ready and
+// every earlier bucket has started, and runs after the one before it on the one communication
+// stream. No negotiation and no cycle: every rank registers the same parameters. Gradients are
+// copied into the bucket and back (DDP's default, gradient_as_bucket_view off) at the fusion copy
+// rate, on the host for host backends; on the GPU (nccl) taken as free, as the engine's fusion.
+Status DdpStage(const Point& point, const Costs& costs, StepCompute& compute, Prediction* out) {
+  std::vector<Tensor>& tensors = compute.tensors;
+  const int n = point.ranks;
+  std::map<std::string, size_t> by_name;
+  for (size_t i = 0; i < tensors.size(); ++i) by_name[tensors[i].name] = i;
+  const bool compressed = point.compression != "none";
+  const double wire_ratio = compressed ? 0.5 : 1.0;
+  const double reduce = point.backend == "nccl" ? 0.0 : costs.reduce_bytes_per_s * wire_ratio;
+  const double copy = point.backend == "nccl" ? 0.0 : costs.fusion_copy_bytes_per_s;
+  std::vector<std::vector<size_t>> buckets(1);
+  double filled = 0;
+  for (size_t v = compute.variables.size(); v-- > 0;) {
+    const size_t ti = by_name.at(compute.variables[v].name);
+    const double cap = buckets.size() == 1 ? kDdpFirstBucketBytes : kDdpBucketBytes;
+    buckets.back().push_back(ti);
+    filled += tensors[ti].bytes;
+    if (filled >= cap) {
+      buckets.emplace_back();
+      filled = 0;
+    }
+  }
+  if (buckets.back().empty()) buckets.pop_back();
+  double free_at = 0, comm = 0, bytes_sent = 0;
+  for (const auto& bucket : buckets) {
+    double ready = 0, bytes = 0;
+    for (size_t ti : bucket) {
+      ready = std::max(ready, tensors[ti].submit_s);
+      bytes += tensors[ti].bytes;
+    }
+    const double start = std::max(ready, free_at);
+    double dt = AllreduceTime(costs.net, bytes * wire_ratio, reduce, "ring", point.hierarchical);
+    if (copy > 0) dt += 2.0 * bytes / copy;
+    free_at = start + dt;
+    comm += dt;
+    bytes_sent += 2.0 * (n - 1) / n * bytes * wire_ratio;
+    for (size_t ti : bucket) tensors[ti].done_s = free_at;
+  }
+  FinishStep(point, compute, comm, 0, bytes_sent, out);
+  out->collectives_per_step = static_cast<double>(buckets.size());
+  out->cycles_per_step = 0;
+  out->cycle_hold_ms = 0;
+  out->coordinator_rounds = 0;
   return Status::OK();
 }
 
@@ -1098,6 +1177,8 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
   } else if (point.backend == "none" || point.ranks == 1) {
     for (Tensor& tensor : compute.tensors) tensor.done_s = tensor.submit_s;
     FinishStep(point, compute, 0, 0, 0, &out);
+  } else if (point.framework == "ddp") {
+    KOLO_RETURN_IF_ERROR(DdpStage(point, costs, compute, &out));
   } else {
     KOLO_RETURN_IF_ERROR(AllreduceStage(point, cal, costs, compute, &out));
   }

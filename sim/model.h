@@ -165,7 +165,19 @@ struct Point {
   int steps = 3;  // steps simulated; the last is reported (the first fills caches)
   // The calibration's step_jitter for this point (--step-jitter); < 0: the calibration's own.
   double step_jitter = -1;
+  // When the step's updates run (FrameworkStage in model.cc): kolo (each parameter once its own
+  // collective is done, in backprop order), horovod-tf (TensorFlow applies the step's updates
+  // after every allreduce of the step), ddp (PyTorch DDP: gradients in buckets of 25 MiB, the
+  // first 1 MiB, each allreduced once all its gradients are ready, in bucket order, with no
+  // negotiation; the optimizer after every bucket).
+  std::string framework = "kolo";
 };
+
+// The frameworks a prediction can take the update semantics of (Point::framework).
+inline constexpr const char* kFrameworks[] = {"kolo", "horovod-tf", "ddp"};
+// PyTorch DistributedDataParallel's bucket sizes (bucket_cap_mb = 25; the first bucket 1 MiB).
+inline constexpr double kDdpBucketBytes = 25.0 * (1 << 20);
+inline constexpr double kDdpFirstBucketBytes = 1.0 * (1 << 20);
 
 struct Prediction {
   double step_ms = 0;

@@ -73,6 +73,8 @@ class SimLauncher(base.Launcher):
             argv += ["--step-jitter", f"{point['step_jitter']:g}"]
         if "allreduce" in point:
             argv += ["--allreduce", point["allreduce"]]
+        if "framework" in point:
+            argv += ["--framework", point["framework"]]
         if "ps_hosts" in point:
             argv += ["--ps-hosts", point["ps_hosts"]]
         return argv + ["--json", job.json_path]

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "models/zoo/zoo.h"
 #include "sim/autotune.h"
 #include "sim/calibrate.h"
 #include "sim/model.h"
@@ -785,6 +786,87 @@ TEST(SimCalibrateTest, OneSizeIsNotEnough) {
   s.bytes = 1e6;
   s.seconds = 1e-3;
   EXPECT_FALSE(FitSamples({s, s}).ok());
+}
+
+}  // namespace
+}  // namespace kolo::sim
+
+namespace kolo::sim {
+namespace {
+
+// The frameworks' update semantics: at one rank they agree (nothing to wait for); with a network,
+// applying every update after the last allreduce (horovod-tf) never ends a step sooner than
+// updating each parameter as its own allreduce lands (kolo).
+TEST(SimFrameworkTest, UpdatesAfterTheLastAllreduceNeverEndSooner) {
+  Calibration cal;
+  Point one = PaperPoint("resnet101", "none", 1);
+  auto kolo = Predict(one, cal);
+  ASSERT_TRUE(kolo.ok()) << kolo.status().ToString();
+  for (const char* fw : {"horovod-tf", "ddp"}) {
+    one.framework = fw;
+    auto r = Predict(one, cal);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_NEAR(r->step_ms, kolo->step_ms, 1e-9 * kolo->step_ms) << fw;
+  }
+  cal.link_gbit = 1;  // communication-bound
+  Point p = PaperPoint("resnet101", "ring", 8);
+  auto a = Predict(p, cal);
+  p.framework = "horovod-tf";
+  auto b = Predict(p, cal);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_GT(b->step_ms, a->step_ms);
+  // By at most the whole optimizer: the allreduces are the same.
+  EXPECT_LE(b->step_ms, a->step_ms + a->update_ms + 1e-9);
+  EXPECT_DOUBLE_EQ(b->comm_bytes_per_step, a->comm_bytes_per_step);
+}
+
+// DDP: buckets in reverse registration order, the first closed at 1 MiB and the others at 25
+// MiB, one allreduce each, no negotiation or cycle, and the same bytes as the engine moves.
+TEST(SimFrameworkTest, DdpReducesItsBucketsWithoutNegotiation) {
+  Calibration cal;
+  Point p = PaperPoint("resnet101", "nccl", 16);
+  p.framework = "ddp";
+  auto r = Predict(p, cal);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  auto graph = models::zoo::BuildModel("resnet101");
+  ASSERT_TRUE(graph.ok());
+  int buckets = 1;
+  double filled = 0;
+  const auto& params = graph->params();
+  for (size_t i = params.size(); i-- > 0;) {
+    filled += 4.0 * static_cast<double>(params[i].numel);
+    if (filled >= (buckets == 1 ? kDdpFirstBucketBytes : kDdpBucketBytes) && i > 0) {
+      ++buckets;
+      filled = 0;
+    }
+  }
+  EXPECT_EQ(r->collectives_per_step, buckets);
+  EXPECT_GT(buckets, 5);
+  EXPECT_EQ(r->negotiation_ms, 0);
+  EXPECT_EQ(r->cycles_per_step, 0);
+  p.framework = "kolo";
+  auto engine = Predict(p, cal);
+  ASSERT_TRUE(engine.ok());
+  EXPECT_NEAR(r->comm_bytes_per_step, engine->comm_bytes_per_step,
+              1e-9 * engine->comm_bytes_per_step);
+}
+
+TEST(SimFrameworkTest, UnknownFrameworksAndDdpWithServersAreRefused) {
+  Point p = PaperPoint("vgg16", "ring", 8);
+  p.framework = "mxnet";
+  auto r = Predict(p, Calibration{});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("framework 'mxnet' is not allowed; allowed: kolo, "
+                                      "horovod-tf, ddp"),
+            std::string::npos)
+      << r.status().ToString();
+  p = PaperPoint("vgg16", "ps", 8);
+  p.framework = "ddp";
+  r = Predict(p, Calibration{});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("'ddp' has no parameter servers"), std::string::npos);
+  p.framework = "horovod-tf";
+  EXPECT_TRUE(Predict(p, Calibration{}).ok());
 }
 
 }  // namespace

@@ -15,8 +15,8 @@ named, never fatal: the summary is rewritten after every step of a run that may 
 import argparse
 import glob
 import json
-import re
 import os
+import re
 import sys
 
 
@@ -42,12 +42,16 @@ def train_table(recs, gpu):
     lines = [
         f"Training, one GPU ({gpu}), images/sec:",
         "",
-        "| model | batch | precision | kolo | PyTorch eager | kolo / PyTorch |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| model | batch | precision | kolo | PyTorch eager | kolo / PyTorch | kolo, conv plans | plans / PyTorch |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     rows = 0
     for name in sorted(recs):
-        if not name.startswith("kolo-") or "-np" in name or name.startswith("kolo-ps-"):
+        if (
+            not name.startswith("kolo-")
+            or "-np" in name
+            or name.startswith(("kolo-ps-", "kolo-plans-"))
+        ):
             continue
         key = name[len("kolo-") :]
         # <model>-b<batch>[-<precision>]: the precision may itself begin with "b" (bf16).
@@ -60,7 +64,13 @@ def train_table(recs, gpu):
         ks = f"{k:.1f}" if k else f"failed: {str(recs[name].get('error', ''))[:60]}"
         ts = f"{t:.1f}" if t else "n/a"
         ratio = f"{k / t:.2f}x" if k and t else "n/a"
-        lines.append(f"| {model} | {batch} | {prec or 'tf32'} | {ks} | {ts} | {ratio} |")
+        plans = recs.get("kolo-plans-" + key)
+        kp = kolo_rate(plans) if plans else None
+        ps = f"{kp:.1f}" if kp else ("n/a" if plans is None else "failed")
+        pratio = f"{kp / t:.2f}x" if kp and t else "n/a"
+        lines.append(
+            f"| {model} | {batch} | {prec or 'tf32'} | {ks} | {ts} | {ratio} | {ps} | {pratio} |"
+        )
         rows += 1
     return lines if rows else []
 
@@ -84,8 +94,10 @@ def bench_tables(recs, gpu):
         bw = "busbw_gbs" if doc.get("ranks", 1) > 1 else "algbw_gbs"
         out += [
             "",
-            f"{name}: kolo-allreduce-bench, {doc.get('ranks', '?')} rank(s), device buffers, "
-            f"{gpu}; {bw[:5]} GB/s (median time us), wrong elements marked:",
+            (
+                f"{name}: kolo-allreduce-bench, {doc.get('ranks', '?')} rank(s), device buffers, "
+                f"{gpu}; {bw[:5]} GB/s (median time us), wrong elements marked:"
+            ),
             "",
             "| bytes | " + " | ".join(labels) + " |",
             "| --- | " + " | ".join("---" for _ in labels) + " |",
@@ -112,13 +124,20 @@ def ps_table(recs, gpu):
             rates[staging] = (kolo_rate(rec), rec)
     if not rates:
         return []
-    lines = ["", f"Parameter servers with GPU gradients ({gpu}), 2 workers + 1 server sharing it:"]
+    lines = [
+        "",
+        f"Parameter servers with GPU gradients ({gpu}), 2 workers + 1 server sharing it:",
+    ]
     for staging in ("sync", "overlap"):
         if staging in rates:
             r, rec = rates[staging]
             lines.append(
                 f"- staging {staging}: "
-                + (f"{r:.1f} images/sec total" if r else f"failed: {str(rec.get('error', ''))[:80]}")
+                + (
+                    f"{r:.1f} images/sec total"
+                    if r
+                    else f"failed: {str(rec.get('error', ''))[:80]}"
+                )
             )
     s, o = rates.get("sync", (None,))[0], rates.get("overlap", (None,))[0]
     if s and o:

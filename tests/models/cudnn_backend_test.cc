@@ -28,6 +28,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
@@ -434,6 +435,76 @@ TEST(CudnnBackendTest, TimeMarksAreEventsReadOnce) {
     ASSERT_TRUE(again.ok());
     EXPECT_TRUE(again->empty()) << "taken twice";
   }
+}
+
+// KOLO_CUDNN_CONV_API for the scope of one test.
+class ScopedConvApi {
+ public:
+  explicit ScopedConvApi(const char* value) { setenv("KOLO_CUDNN_CONV_API", value, 1); }
+  ~ScopedConvApi() { unsetenv("KOLO_CUDNN_CONV_API"); }
+  ScopedConvApi(const ScopedConvApi&) = delete;
+  ScopedConvApi& operator=(const ScopedConvApi&) = delete;
+};
+
+// Convolutions through kept execution plans (KOLO_CUDNN_CONV_API=plans) compute what the legacy
+// calls compute: every convolution in every direction, the second of two passes accumulating
+// (the plans with an output scale of 1), in every precision; only the algorithms may differ.
+TEST(CudnnBackendTest, ConvPlansAgreeWithTheLegacyCalls) {
+  SKIP_WITHOUT_GPU();
+  auto cc = cudnn::ComputeCapability(0);
+  ASSERT_TRUE(cc.ok());
+  struct Case {
+    std::string model;
+    int64_t image_size, batch;
+  };
+  for (const Case& c :
+       {Case{"tiny-resnet", 8, 4}, Case{"tiny-inception", 8, 4}, Case{"resnet101", 112, 4}}) {
+    zoo::ModelConfig mc;
+    mc.image_size = c.image_size;
+    mc.num_classes = 10;
+    auto g = zoo::BuildModel(c.model, mc);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    for (Precision precision :
+         {Precision::kFp32, Precision::kTf32, Precision::kFp16, Precision::kBf16}) {
+      if (precision == Precision::kBf16 && *cc < 80) continue;
+      // ResNet-101 (about 300 plans to build and time per precision) in fp16 alone, the case the
+      // plans are for.
+      if (c.model == "resnet101" && precision != Precision::kFp16) continue;
+      SCOPED_TRACE(c.model + " " + PrecisionName(precision));
+      StatusOr<Result> legacy = InvalidArgument("not run"), plans = InvalidArgument("not run");
+      {
+        ScopedConvApi api("legacy");
+        legacy = RunPass("cudnn", *g, precision, c.batch, 5, 2);
+      }
+      {
+        ScopedConvApi api("plans");
+        plans = RunPass("cudnn", *g, precision, c.batch, 5, 2);
+      }
+      ASSERT_TRUE(legacy.ok()) << legacy.status().ToString();
+      ASSERT_TRUE(plans.ok()) << plans.status().ToString();
+      // Two algorithms round differently: far less than fp32's, tf32's and the half types' steps.
+      const double bound = precision == Precision::kFp32   ? 1e-4
+                           : precision == Precision::kTf32 ? 5e-3
+                           : precision == Precision::kFp16 ? 3e-2
+                                                           : 6e-2;
+      EXPECT_NEAR(plans->loss, legacy->loss, bound * (1 + std::fabs(legacy->loss)));
+      ASSERT_EQ(plans->grads.size(), legacy->grads.size());
+      for (size_t p = 0; p < plans->grads.size(); ++p) {
+        EXPECT_LE(RelativeError(plans->grads[p], legacy->grads[p]), bound) << g->params()[p].name;
+      }
+    }
+  }
+}
+
+TEST(CudnnBackendTest, AnUnknownConvApiIsRefusedBeforeTheDevice) {
+  ScopedConvApi api("fast");
+  auto b = CreateComputeBackend("cudnn");
+  ASSERT_TRUE(b.ok());
+  BackendConfig config;
+  config.batch = 2;
+  Status s = (*b)->Prepare(Tiny("tiny-cnn"), config);
+  EXPECT_THAT(s.message(), HasSubstr("KOLO_CUDNN_CONV_API 'fast' is not allowed; allowed: legacy, "
+                                     "plans"));
 }
 
 TEST(CudnnBackendTest, RejectsWhatItCannotDo) {

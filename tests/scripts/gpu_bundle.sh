@@ -72,6 +72,7 @@ for m in ("resnet101", "inception3", "vgg16"):
     for p in ("tf32", "fp16", "bf16"):
         assert f"kolo-{m}-b64-{p}" in steps and f"torch-{m}-b64-{p}" in steps, (m, p)
         assert f"profile-{m}-{p}" in steps and f"torch-profile-{m}-{p}" in steps, (m, p)
+        assert f"kolo-plans-{m}-b64-{p}" in steps, (m, p)
 assert "bench-np1-cuda" in steps and "bench-np2-nccl-refused" in steps
 assert "ps-sync-resnet101-b64" in steps and "ps-overlap-resnet101-b64" in steps
 text = open(sys.argv[1]).read()
@@ -127,6 +128,8 @@ EOF
 cat >"$WORK/records/torch-resnet101-b64-fp16.json" <<'EOF'
 {"images_per_sec": 1000.0}
 EOF
+echo '{"status": "ok", "results": {"total_images_per_sec": 1100.0}}' \
+  >"$WORK/records/kolo-plans-resnet101-b64-fp16.json"
 # A precision that begins with "b" (bf16) is not read as a batch size.
 echo '{"status": "ok", "results": {"total_images_per_sec": 900.0}}' \
   >"$WORK/records/kolo-resnet101-b64-bf16.json"
@@ -135,8 +138,9 @@ echo '{"truncated": ' >"$WORK/records/kolo-vgg16-b64-bf16.json"
 python3 "$ROOT/scripts/gpu/summarize.py" "$WORK/records" "$WORK/results.json" --gpu "NVIDIA H100" \
   >"$WORK/summary" 2>&1 || fail "summarize.py failed"
 cat "$WORK/summary"
-grep -q "| resnet101 | 64 | fp16 | 1200.0 | 1000.0 | 1.20x |" "$WORK/summary" || fail "summary row"
-grep -q "| resnet101 | 64 | bf16 | 900.0 | 1000.0 | 0.90x |" "$WORK/summary" || fail "bf16 row"
+grep -q "| resnet101 | 64 | fp16 | 1200.0 | 1000.0 | 1.20x | 1100.0 | 1.10x |" "$WORK/summary" || fail "summary row"
+grep -q "| resnet101 | 64 | bf16 | 900.0 | 1000.0 | 0.90x | n/a | n/a |" "$WORK/summary" || fail "bf16 row"
+grep -q "| plans-" "$WORK/summary" && fail "the plans record was read as a model of its own"
 grep -q "NVIDIA H100" "$WORK/summary" || fail "summary does not name the GPU"
 grep -q "unreadable record kolo-vgg16-b64-bf16.json" "$WORK/summary" || fail "unreadable record"
 

@@ -23,6 +23,7 @@
 
 #include "models/compute/backend.h"
 #include "models/compute/cudnn/conv_algos.h"
+#include "models/compute/cudnn/conv_plans.h"
 #include "models/compute/cudnn/descriptors.h"
 #include "models/compute/cudnn/kernels.h"
 #include "models/compute/cudnn/loss_scale.h"
@@ -151,6 +152,11 @@ class CudnnBackend final : public ComputeBackend {
   Status ForwardFullyConnectedMixed(const Layer& l, LayerState& s);
   Status BackwardFullyConnectedMixed(const Layer& l, LayerState& s, bool accumulate);
   Status BackwardConvMixed(const Layer& l, LayerState& s, bool accumulate);
+  // With KOLO_CUDNN_CONV_API=plans: convolution `dir` of `l` through its kept execution plan
+  // (conv_plans.h), the output added to with `accumulate`. The pointers are in the forward
+  // convolution's roles (x, w, y).
+  Status RunConvPlan(const Layer& l, ConvDirection dir, bool accumulate, const void* x,
+                     const void* w, const void* y);
   // The gradient buffer of `input` for a consumer's backward to write, and whether that write
   // must accumulate (another consumer wrote first in this pass); marks it written.
   void* InputGrad(int input, bool* accumulate);
@@ -177,6 +183,8 @@ class CudnnBackend final : public ComputeBackend {
   cudaDataType_t blas_type_ = CUDA_R_32F;
   bool mixed_ = false;
   ConvAlgoCache algo_cache_;
+  bool conv_plans_on_ = false;  // KOLO_CUDNN_CONV_API=plans
+  ConvPlanCache conv_plans_;
 
   std::vector<DevicePtr> allocations_;  // everything below points into these
   std::vector<LayerState> layers_;

@@ -3,8 +3,10 @@
 #include "models/compute/cudnn/cudnn_backend.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 #include <memory>
+#include <string>
 #include <variant>
 
 #include "models/compute/cudnn/backend_impl.h"
@@ -99,6 +101,21 @@ Status CudnnBackend::SetTensor4d(cudnnTensorDescriptor_t desc, int64_t n, const 
   return Status::OK();
 }
 
+namespace {
+
+// KOLO_CUDNN_CONV_API: how convolutions reach cuDNN. legacy (the default): cudnnConvolution*
+// with the algorithms cudnnFind chose; plans: its graph API with each plan built once
+// (conv_plans.h).
+StatusOr<bool> ConvPlansFromEnv() {
+  const char* v = std::getenv("KOLO_CUDNN_CONV_API");
+  const std::string api = v == nullptr ? "" : v;
+  if (api.empty() || api == "legacy") return false;
+  if (api == "plans") return true;
+  return InvalidArgument("KOLO_CUDNN_CONV_API '{}' is not allowed; allowed: legacy, plans", api);
+}
+
+}  // namespace
+
 Status CudnnBackend::Prepare(const Graph& graph, const BackendConfig& config) {
   if (graph_ != nullptr) return FailedPrecondition("cudnn backend: Prepare called twice");
   if (config.dilation != 1) {
@@ -110,6 +127,7 @@ Status CudnnBackend::Prepare(const Graph& graph, const BackendConfig& config) {
   if (config.batch <= 0) {
     return InvalidArgument("cudnn backend: batch size {} must be positive", config.batch);
   }
+  KOLO_ASSIGN_OR_RETURN(conv_plans_on_, ConvPlansFromEnv());
   const int devices = CudaDeviceCount();
   if (devices <= 0) return FailedPrecondition("cudnn backend: this process sees no CUDA device");
   BackendConfig resolved = config;
@@ -455,6 +473,33 @@ StatusOr<std::vector<double>> CudnnBackend::TakeMarkTimesMs() {
     ms.push_back(t);
   }
   return ms;
+}
+
+Status CudnnBackend::RunConvPlan(const Layer& l, ConvDirection dir, bool accumulate, const void* x,
+                                 const void* w, const void* y) {
+  const auto& p = std::get<ConvParams>(l.params);
+  ConvGeometry g;
+  g.n = config_.batch;
+  g.c = l.in.c;
+  g.h = l.in.h;
+  g.w = l.in.w;
+  g.k = p.out_channels;
+  g.r = p.kernel_h;
+  g.s = p.kernel_w;
+  g.groups = p.groups;
+  g.oh = l.out.h;
+  g.ow = l.out.w;
+  g.pad_h = p.pad_h;
+  g.pad_w = p.pad_w;
+  g.stride_h = p.stride_h;
+  g.stride_w = p.stride_w;
+  g.data_type = act_type_;
+  g.allow_tensor_cores = conv_math_ != CUDNN_FMA_MATH;
+  const int index = static_cast<int>(&l - graph_->layers().data());
+  return conv_plans_.Run(
+      cudnn_.get(), stream_.get(), index, dir, accumulate, g,
+      ConvPointers{const_cast<void*>(x), const_cast<void*>(w), const_cast<void*>(y)}, workspace_,
+      workspace_bytes_, l.name.c_str());
 }
 
 double CudnnBackend::TakeKernelSeconds() {

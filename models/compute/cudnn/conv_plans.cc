@@ -1,0 +1,336 @@
+#include "models/compute/cudnn/conv_plans.h"
+
+#include <algorithm>
+#include <array>
+#include <limits>
+
+#include "models/compute/cudnn/check.h"
+
+namespace kolo::models::compute::cudnn {
+namespace {
+
+// The tensors' unique ids in every graph: the forward convolution's x, w and y.
+constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;
+// Candidates timed per plan: the heuristics' first ones (cudnnFind times all it has).
+constexpr int64_t kCandidates = 8;
+constexpr int kTimedRuns = 3;
+
+// cuDNN 9 marks the handle attributes of a graph and a plan deprecated but still reads them; set
+// by number so that the deprecation does not stop a warnings-as-errors build, and a version that
+// refuses them is not an error (finalizing says whether one was needed).
+const auto kGraphHandle = static_cast<cudnnBackendAttributeName_t>(800);  // OPERATIONGRAPH_HANDLE
+const auto kPlanHandle = static_cast<cudnnBackendAttributeName_t>(400);   // EXECUTION_PLAN_HANDLE
+
+StatusOr<BackendDesc> Create(cudnnBackendDescriptorType_t type) {
+  BackendDesc d;
+  KOLO_CUDNN_CHECK(cudnnBackendCreateDescriptor(type, d.out()));
+  return d;
+}
+
+Status Set(const BackendDesc& d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
+           int64_t count, const void* values) {
+  KOLO_CUDNN_CHECK(cudnnBackendSetAttribute(d.get(), name, type, count, values));
+  return Status::OK();
+}
+
+Status SetDesc(const BackendDesc& d, cudnnBackendAttributeName_t name, const BackendDesc& value) {
+  cudnnBackendDescriptor_t v = value.get();
+  return Set(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v);
+}
+
+size_t ElemBytes(cudnnDataType_t t) { return t == CUDNN_DATA_FLOAT ? 4 : 2; }
+
+// The largest power of two up to 16 that divides every pointer.
+int64_t Alignment(std::initializer_list<const void*> ptrs) {
+  int64_t a = 16;
+  for (const void* p : ptrs) {
+    while (a > 1 && reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(a) != 0) a /= 2;
+  }
+  return a;
+}
+
+StatusOr<BackendDesc> Tensor(int64_t uid, cudnnDataType_t type, const std::array<int64_t, 4>& dims,
+                             int64_t alignment) {
+  KOLO_ASSIGN_OR_RETURN(BackendDesc t, Create(CUDNN_BACKEND_TENSOR_DESCRIPTOR));
+  const std::array<int64_t, 4> strides{dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1};
+  KOLO_RETURN_IF_ERROR(Set(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type));
+  KOLO_RETURN_IF_ERROR(Set(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data()));
+  KOLO_RETURN_IF_ERROR(Set(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data()));
+  KOLO_RETURN_IF_ERROR(Set(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid));
+  KOLO_RETURN_IF_ERROR(Set(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment));
+  KOLO_CUDNN_CHECK(cudnnBackendFinalize(t.get()));
+  return t;
+}
+
+StatusOr<BackendDesc> Pack(const ConvPointers& p, void* workspace) {
+  KOLO_ASSIGN_OR_RETURN(BackendDesc pack, Create(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR));
+  const std::array<int64_t, 3> uids{kUidX, kUidW, kUidY};
+  std::array<void*, 3> ptrs{p.x, p.w, p.y};
+  KOLO_RETURN_IF_ERROR(
+      Set(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids.data()));
+  KOLO_RETURN_IF_ERROR(
+      Set(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs.data()));
+  KOLO_RETURN_IF_ERROR(
+      Set(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace));
+  KOLO_CUDNN_CHECK(cudnnBackendFinalize(pack.get()));
+  return pack;
+}
+
+const char* DirectionName(ConvDirection dir) {
+  switch (dir) {
+    case ConvDirection::kForward:
+      return "forward";
+    case ConvDirection::kBackwardData:
+      return "backward-data";
+    case ConvDirection::kBackwardFilter:
+      return "backward-filter";
+  }
+  return "?";
+}
+
+}  // namespace
+
+Status ConvPlanCache::Grow(size_t bytes) {
+  if (bytes <= scratch_bytes_) return Status::OK();
+  scratch_.Reset();
+  scratch_bytes_ = 0;
+  KOLO_CUDA_CHECK(cudaMalloc(scratch_.out(), bytes));
+  scratch_bytes_ = bytes;
+  return Status::OK();
+}
+
+StatusOr<ConvPlanCache::Entry> ConvPlanCache::Build(cudnnHandle_t handle, cudaStream_t stream,
+                                                    ConvDirection dir, bool accumulate,
+                                                    const ConvGeometry& g, const ConvPointers& p,
+                                                    void* workspace, size_t workspace_bytes,
+                                                    const char* name) {
+  Entry e;
+  // The timing runs write the output into scratch, whose alignment (cudaMalloc's) is at least 16.
+  e.alignment = Alignment({p.x, p.w, p.y, workspace});
+  const std::array<int64_t, 4> xd{g.n, g.c, g.h, g.w};
+  const std::array<int64_t, 4> wd{g.k, g.c / g.groups, g.r, g.s};
+  const std::array<int64_t, 4> yd{g.n, g.k, g.oh, g.ow};
+  KOLO_ASSIGN_OR_RETURN(BackendDesc x, Tensor(kUidX, g.data_type, xd, e.alignment));
+  KOLO_ASSIGN_OR_RETURN(BackendDesc w, Tensor(kUidW, g.data_type, wd, e.alignment));
+  KOLO_ASSIGN_OR_RETURN(BackendDesc y, Tensor(kUidY, g.data_type, yd, e.alignment));
+
+  KOLO_ASSIGN_OR_RETURN(BackendDesc conv, Create(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR));
+  {
+    const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
+    const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+    const int64_t dims = 2;
+    const std::array<int64_t, 2> pad{g.pad_h, g.pad_w}, stride{g.stride_h, g.stride_w},
+        dilation{1, 1};
+    KOLO_RETURN_IF_ERROR(
+        Set(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute));
+    KOLO_RETURN_IF_ERROR(
+        Set(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode));
+    KOLO_RETURN_IF_ERROR(
+        Set(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &dims));
+    KOLO_RETURN_IF_ERROR(
+        Set(conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dilation.data()));
+    KOLO_RETURN_IF_ERROR(
+        Set(conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride.data()));
+    KOLO_RETURN_IF_ERROR(
+        Set(conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad.data()));
+    KOLO_RETURN_IF_ERROR(
+        Set(conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad.data()));
+    KOLO_CUDNN_CHECK(cudnnBackendFinalize(conv.get()));
+  }
+
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  BackendDesc op;
+  switch (dir) {
+    case ConvDirection::kForward: {
+      KOLO_ASSIGN_OR_RETURN(op, Create(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR));
+      KOLO_RETURN_IF_ERROR(SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x));
+      KOLO_RETURN_IF_ERROR(SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w));
+      KOLO_RETURN_IF_ERROR(SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, y));
+      KOLO_RETURN_IF_ERROR(SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv));
+      KOLO_RETURN_IF_ERROR(
+          Set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha));
+      KOLO_RETURN_IF_ERROR(
+          Set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta));
+      break;
+    }
+    case ConvDirection::kBackwardData: {
+      KOLO_ASSIGN_OR_RETURN(op,
+                            Create(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR));
+      KOLO_RETURN_IF_ERROR(SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, x));
+      KOLO_RETURN_IF_ERROR(SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, w));
+      KOLO_RETURN_IF_ERROR(SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, y));
+      KOLO_RETURN_IF_ERROR(SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, conv));
+      KOLO_RETURN_IF_ERROR(
+          Set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha));
+      KOLO_RETURN_IF_ERROR(
+          Set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &beta));
+      break;
+    }
+    case ConvDirection::kBackwardFilter: {
+      KOLO_ASSIGN_OR_RETURN(op,
+                            Create(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR));
+      KOLO_RETURN_IF_ERROR(SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, x));
+      KOLO_RETURN_IF_ERROR(SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, w));
+      KOLO_RETURN_IF_ERROR(SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, y));
+      KOLO_RETURN_IF_ERROR(
+          SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, conv));
+      KOLO_RETURN_IF_ERROR(
+          Set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha));
+      KOLO_RETURN_IF_ERROR(
+          Set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, 1, &beta));
+      break;
+    }
+  }
+  KOLO_CUDNN_CHECK(cudnnBackendFinalize(op.get()));
+
+  KOLO_ASSIGN_OR_RETURN(BackendDesc graph, Create(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR));
+  {
+    cudnnBackendDescriptor_t ops = op.get();
+    KOLO_RETURN_IF_ERROR(
+        Set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &ops));
+    (void)cudnnBackendSetAttribute(graph.get(), kGraphHandle, CUDNN_TYPE_HANDLE, 1, &handle);
+    KOLO_CUDNN_CHECK(cudnnBackendFinalize(graph.get()));
+  }
+
+  KOLO_ASSIGN_OR_RETURN(BackendDesc heur, Create(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR));
+  {
+    const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+    KOLO_RETURN_IF_ERROR(SetDesc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph));
+    KOLO_RETURN_IF_ERROR(Set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode));
+    KOLO_CUDNN_CHECK(cudnnBackendFinalize(heur.get()));
+  }
+  int64_t available = 0;
+  KOLO_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &available, nullptr));
+  const int64_t want = std::min(available, kCandidates);
+  std::vector<BackendDesc> cfgs(static_cast<size_t>(want));
+  std::vector<cudnnBackendDescriptor_t> raw(static_cast<size_t>(want));
+  for (int64_t i = 0; i < want; ++i) {
+    KOLO_ASSIGN_OR_RETURN(cfgs[static_cast<size_t>(i)], Create(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
+    raw[static_cast<size_t>(i)] = cfgs[static_cast<size_t>(i)].get();
+  }
+  int64_t got = 0;
+  if (want > 0) {
+    KOLO_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, want, &got,
+                                              raw.data()));
+  }
+
+  // The output the timing runs write: y (forward), x (backward data) or w (backward filter).
+  const std::array<int64_t, 4>& out_dims = dir == ConvDirection::kForward        ? yd
+                                           : dir == ConvDirection::kBackwardData ? xd
+                                                                                 : wd;
+  const size_t out_bytes =
+      static_cast<size_t>(out_dims[0] * out_dims[1] * out_dims[2] * out_dims[3]) *
+      ElemBytes(g.data_type);
+  KOLO_RETURN_IF_ERROR(Grow(out_bytes));
+  ConvPointers timing = p;
+  (dir == ConvDirection::kForward        ? timing.y
+   : dir == ConvDirection::kBackwardData ? timing.x
+                                         : timing.w) = scratch_.get();
+  KOLO_ASSIGN_OR_RETURN(BackendDesc timing_pack, Pack(timing, workspace));
+  Event start, stop;
+  KOLO_CUDA_CHECK(cudaEventCreate(start.out()));
+  KOLO_CUDA_CHECK(cudaEventCreate(stop.out()));
+
+  float best_ms = std::numeric_limits<float>::infinity();
+  int64_t best = -1;
+  std::vector<BackendDesc> plans(static_cast<size_t>(got));
+  for (int64_t i = 0; i < got; ++i) {
+    const BackendDesc& cfg = cfgs[static_cast<size_t>(i)];
+    if (!g.allow_tensor_cores && g.data_type == CUDNN_DATA_FLOAT) {
+      KOLO_ASSIGN_OR_RETURN(BackendDesc engine, Create(CUDNN_BACKEND_ENGINE_DESCRIPTOR));
+      cudnnBackendDescriptor_t engine_raw = engine.get();
+      int64_t n = 0;
+      KOLO_CUDNN_CHECK(cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE,
+                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine_raw));
+      std::array<cudnnBackendNumericalNote_t, 16> notes{};
+      int64_t count = 0;
+      if (cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+                                   CUDNN_TYPE_NUMERICAL_NOTE, static_cast<int64_t>(notes.size()),
+                                   &count, notes.data()) != CUDNN_STATUS_SUCCESS) {
+        continue;
+      }
+      const auto end = notes.begin() + std::min<int64_t>(count, notes.size());
+      if (std::find(notes.begin(), end, CUDNN_NUMERICAL_NOTE_TENSOR_CORE) != end ||
+          std::find(notes.begin(), end, CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) != end) {
+        continue;
+      }
+    }
+    auto plan = Create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+    if (!plan.ok()) return plan.status();
+    (void)cudnnBackendSetAttribute(plan->get(), kPlanHandle, CUDNN_TYPE_HANDLE, 1, &handle);
+    if (!SetDesc(*plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg).ok() ||
+        cudnnBackendFinalize(plan->get()) != CUDNN_STATUS_SUCCESS) {
+      continue;  // an engine that cannot run this convolution
+    }
+    int64_t need = 0, n = 0;
+    KOLO_CUDNN_CHECK(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                              CUDNN_TYPE_INT64, 1, &n, &need));
+    if (need < 0 || static_cast<size_t>(need) > workspace_bytes) continue;
+    // One untimed run, then the fastest of kTimedRuns.
+    if (cudnnBackendExecute(handle, plan->get(), timing_pack.get()) != CUDNN_STATUS_SUCCESS) {
+      continue;
+    }
+    float ms = std::numeric_limits<float>::infinity();
+    for (int r = 0; r < kTimedRuns; ++r) {
+      KOLO_CUDA_CHECK(cudaEventRecord(start.get(), stream));
+      KOLO_CUDNN_CHECK(cudnnBackendExecute(handle, plan->get(), timing_pack.get()));
+      KOLO_CUDA_CHECK(cudaEventRecord(stop.get(), stream));
+      KOLO_CUDA_CHECK(cudaEventSynchronize(stop.get()));
+      float t = 0;
+      KOLO_CUDA_CHECK(cudaEventElapsedTime(&t, start.get(), stop.get()));
+      ms = std::min(ms, t);
+    }
+    if (ms < best_ms) {
+      best_ms = ms;
+      best = i;
+    }
+    plans[static_cast<size_t>(i)] = std::move(plan).value();
+  }
+  if (best < 0) {
+    return Internal(
+        "conv layer '{}': no cuDNN engine runs its {} convolution ({} candidates, {} "
+        "bytes of workspace)",
+        name, DirectionName(dir), got, workspace_bytes);
+  }
+  e.plan = std::move(plans[static_cast<size_t>(best)]);
+  KOLO_ASSIGN_OR_RETURN(e.pack, Pack(p, workspace));
+  e.ptrs = p;
+  e.workspace = workspace;
+  for (BackendDesc* d : {&x, &w, &y, &conv, &op, &graph, &heur}) e.keep.push_back(std::move(*d));
+  for (auto& cfg : cfgs) e.keep.push_back(std::move(cfg));
+  return e;
+}
+
+Status ConvPlanCache::Run(cudnnHandle_t handle, cudaStream_t stream, int layer, ConvDirection dir,
+                          bool accumulate, const ConvGeometry& g, const ConvPointers& p,
+                          void* workspace, size_t workspace_bytes, const char* name) {
+  const auto key = std::make_tuple(layer, static_cast<int>(dir), accumulate ? 1 : 0);
+  auto it = entries_.find(key);
+  if (it != entries_.end() && !(it->second.ptrs == p && it->second.workspace == workspace)) {
+    // Other buffers: a new variant pack, or a new plan where they are less aligned.
+    if (Alignment({p.x, p.w, p.y, workspace}) < it->second.alignment) {
+      entries_.erase(it);
+      it = entries_.end();
+    } else {
+      KOLO_ASSIGN_OR_RETURN(it->second.pack, Pack(p, workspace));
+      it->second.ptrs = p;
+      it->second.workspace = workspace;
+    }
+  }
+  if (it == entries_.end()) {
+    KOLO_ASSIGN_OR_RETURN(
+        Entry e, Build(handle, stream, dir, accumulate, g, p, workspace, workspace_bytes, name));
+    it = entries_.emplace(key, std::move(e)).first;
+  }
+  const cudnnStatus_t st =
+      cudnnBackendExecute(handle, it->second.plan.get(), it->second.pack.get());
+  if (st != CUDNN_STATUS_SUCCESS) {
+    return Internal("conv layer '{}': cudnnBackendExecute of its {} plan failed: {} (code {})",
+                    name, DirectionName(dir), cudnnGetErrorString(st), static_cast<int>(st));
+  }
+  return Status::OK();
+}
+
+}  // namespace kolo::models::compute::cudnn

@@ -251,6 +251,7 @@ int Predict(int argc, char** argv) {
       {"forward_ms", r.forward_ms},
       {"backward_ms", r.backward_ms},
       {"exposed_comm_ms", r.exposed_comm_ms},
+      {"interference_ms", r.interference_ms},
       {"update_ms", r.update_ms},
       {"comm_ms", r.comm_ms},
       {"hidden_comm_ms", std::max(0.0, r.comm_ms - r.exposed_comm_ms)},

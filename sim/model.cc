@@ -167,17 +167,18 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text, const std::st
   KOLO_RETURN_IF_ERROR(ReadCosts(j, "tcp", &c.tcp, origin));
   KOLO_RETURN_IF_ERROR(ReadCosts(j, "rdma", &c.rdma, origin));
   KOLO_RETURN_IF_ERROR(ReadCosts(j, "shm", &c.shm, origin));
-  for (auto [field, target] : {std::pair{"link_gbit", &c.link_gbit},
-                               std::pair{"intra_gbytes_per_s", &c.intra_gbytes_per_s},
-                               std::pair{"intra_latency_us", &c.intra_latency_us},
-                               std::pair{"intra_large_bytes", &c.intra_large_bytes},
-                               std::pair{"intra_large_gbytes_per_s", &c.intra_large_gbytes_per_s},
-                               std::pair{"reduce_gbytes_per_s", &c.reduce_gbytes_per_s},
-                               std::pair{"fusion_copy_gbytes_per_s", &c.fusion_copy_gbytes_per_s},
-                               std::pair{"host_cores", &c.host_cores},
-                               std::pair{"engine_overhead_us", &c.engine_overhead_us},
-                               std::pair{"engine_collective_us", &c.engine_collective_us},
-                               std::pair{"step_jitter", &c.step_jitter}}) {
+  for (auto [field, target] :
+       {std::pair{"link_gbit", &c.link_gbit},
+        std::pair{"intra_gbytes_per_s", &c.intra_gbytes_per_s},
+        std::pair{"intra_latency_us", &c.intra_latency_us},
+        std::pair{"intra_large_bytes", &c.intra_large_bytes},
+        std::pair{"intra_large_gbytes_per_s", &c.intra_large_gbytes_per_s},
+        std::pair{"reduce_gbytes_per_s", &c.reduce_gbytes_per_s},
+        std::pair{"fusion_copy_gbytes_per_s", &c.fusion_copy_gbytes_per_s},
+        std::pair{"host_cores", &c.host_cores},
+        std::pair{"engine_overhead_us", &c.engine_overhead_us},
+        std::pair{"engine_collective_us", &c.engine_collective_us},
+        std::pair{"step_jitter", &c.step_jitter}, std::pair{"interference", &c.interference}}) {
     if (!j.contains(field)) continue;
     if (!j.at(field).is_number() || j.at(field).get<double>() < 0) {
       return InvalidArgument("{}: \"{}\" must be a number >= 0", origin, field);
@@ -190,6 +191,10 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text, const std::st
   if (c.step_jitter > kMaxStepJitter) {
     return InvalidArgument("{}: \"step_jitter\" {} is not allowed; allowed: 0 to {}", origin,
                            c.step_jitter, kMaxStepJitter);
+  }
+  if (c.interference > kMaxInterference) {
+    return InvalidArgument("{}: \"interference\" {} is not allowed; allowed: 0 to {}", origin,
+                           c.interference, kMaxInterference);
   }
   if (j.contains("ps_stream_spread")) {
     const Json& m = j.at("ps_stream_spread");
@@ -270,6 +275,7 @@ std::string CalibrationToJson(const Calibration& c) {
             {"engine_overhead_us", c.engine_overhead_us},
             {"engine_collective_us", c.engine_collective_us}};
   if (c.step_jitter > 0) j["step_jitter"] = c.step_jitter;
+  if (c.interference > 0) j["interference"] = c.interference;
   if (c.intra_large_bytes > 0) {
     j["intra_large_bytes"] = c.intra_large_bytes;
     j["intra_large_gbytes_per_s"] = c.intra_large_gbytes_per_s;
@@ -653,10 +659,15 @@ struct StepCompute {
   double scale = 1;                        // profile times to the requested GPU's
   int micro = 1;                           // backward passes per step
   double backward_end = 0;                 // s into the step, when the last backward pass ends
+  double backward_start = 0;               // s into the step, when the last backward pass starts
   std::vector<Tensor> tensors;
+  // Set by the communication stage for the reported step: when something was in flight, s into
+  // the step (the Interference stage measures their overlap with backward).
+  std::vector<std::pair<double, double>> comm_spans;
 };
 
-StatusOr<StepCompute> ComputeStage(const Point& point, const Calibration& cal, Prediction* out) {
+StatusOr<StepCompute> ComputeStage(const Point& point, const Calibration& cal, Prediction* out,
+                                   double backward_stretch = 1.0) {
   StepCompute c;
   KOLO_ASSIGN_OR_RETURN(c.profile, models::compute::replay::LoadProfile(point.profile));
   const auto& profile = c.profile;
@@ -704,15 +715,17 @@ StatusOr<StepCompute> ComputeStage(const Point& point, const Calibration& cal, P
   const double slowest_scale = c.scale * (1 + jitter * ExpectedMaxOfNormals(point.ranks));
 
   out->single_gpu_images_per_sec = profile_rate / c.scale;
-  const double fwd_s = fwd / 1e3 * slowest_scale, bwd_s = bwd / 1e3 * slowest_scale;
+  const double fwd_s = fwd / 1e3 * slowest_scale;
+  const double bwd_s = bwd / 1e3 * slowest_scale * backward_stretch;
   const double update_s = profile.update_ms / 1e3 * slowest_scale;
 
   // Gradients in the order backward produces them, with the time each is submitted.
   const double total_elems = static_cast<double>(graph.NumParameterElements());
   double t = micro * fwd_s + (micro - 1) * bwd_s;
   std::vector<double> layer_end(graph.layers().size(), 0);
+  c.backward_start = t;
   for (size_t i = graph.layers().size(); i-- > 0;) {
-    t += profile.layers[i].backward_ms / 1e3 * slowest_scale;
+    t += profile.layers[i].backward_ms / 1e3 * slowest_scale * backward_stretch;
     layer_end[i] = t;
   }
   for (int id : graph.BackpropOrder()) {
@@ -727,7 +740,8 @@ StatusOr<StepCompute> ComputeStage(const Point& point, const Calibration& cal, P
   }
   c.backward_end = micro * (fwd_s + bwd_s);
   out->forward_ms = micro * fwd * c.scale;
-  out->backward_ms = micro * bwd * c.scale;
+  out->backward_ms = micro * bwd * c.scale * backward_stretch;
+  out->interference_ms = micro * bwd * c.scale * (backward_stretch - 1);
   out->hosts = std::max(1, point.ranks / point.ranks_per_host);
   return c;
 }
@@ -982,6 +996,7 @@ Status ParameterServerStage(const Point& point, const Calibration& cal, const Co
     bytes += t.bytes * push_ratio;  // what the worker sends: its pushes
     t.update_s = t.bytes / costs.fusion_copy_bytes_per_s;
   }
+  compute.comm_spans = spans;
   FinishStep(point, compute, busy, 0, bytes, out);
   double copy_total = 0;
   for (const Tensor& t : tensors) copy_total += t.update_s;
@@ -1092,6 +1107,7 @@ Status AllreduceStage(const Point& point, const Calibration& cal, const Costs& c
       }
       comm += t - start;
       free_at = t;
+      if (report && t > start) compute.comm_spans.push_back({start - step_start, t - step_start});
       if (next >= tensors.size() && controller.pending() == 0 && done < tensors.size()) {
         return Internal("every tensor was submitted but {} were never agreed",
                         tensors.size() - done);
@@ -1112,26 +1128,24 @@ Status AllreduceStage(const Point& point, const Calibration& cal, const Costs& c
 
 // ---- DDP ----
 
-// PyTorch DistributedDataParallel's reducer: parameters go into buckets in the reverse of their
-// registration order (the first bucket capped at 1 MiB, the others at 25 MiB; a bucket closes
-// once it reaches its cap); a bucket's allreduce starts once every gradient in it is ready and
-// every earlier bucket has started, and runs after the one before it on the one communication
-// stream. No negotiation and no cycle: every rank registers the same parameters. Gradients are
-// copied into the bucket and back (DDP's default, gradient_as_bucket_view off) at the fusion copy
-// rate, on the host for host backends; on the GPU (nccl) taken as free, as the engine's fusion.
+// PyTorch DistributedDataParallel's reducer: gradients go into buckets in the order backward
+// makes them (DDP rebuilds its buckets in that order after the first iteration; the first bucket
+// is capped at 1 MiB, the others at 25 MiB, and a bucket closes once it reaches its cap); a
+// bucket's allreduce starts once every gradient in it is ready and every earlier bucket has
+// started, and runs after the one before it on the one communication stream. No negotiation and no
+// cycle: every rank registers the same parameters. Gradients are copied into the bucket and back
+// (DDP's default, gradient_as_bucket_view off) at the fusion copy rate, on the host for host
+// backends; on the GPU (nccl) taken as free, as the engine's fusion.
 Status DdpStage(const Point& point, const Costs& costs, StepCompute& compute, Prediction* out) {
   std::vector<Tensor>& tensors = compute.tensors;
   const int n = point.ranks;
-  std::map<std::string, size_t> by_name;
-  for (size_t i = 0; i < tensors.size(); ++i) by_name[tensors[i].name] = i;
   const bool compressed = point.compression != "none";
   const double wire_ratio = compressed ? 0.5 : 1.0;
   const double reduce = point.backend == "nccl" ? 0.0 : costs.reduce_bytes_per_s * wire_ratio;
   const double copy = point.backend == "nccl" ? 0.0 : costs.fusion_copy_bytes_per_s;
   std::vector<std::vector<size_t>> buckets(1);
   double filled = 0;
-  for (size_t v = compute.variables.size(); v-- > 0;) {
-    const size_t ti = by_name.at(compute.variables[v].name);
+  for (size_t ti = 0; ti < tensors.size(); ++ti) {  // backprop order
     const double cap = buckets.size() == 1 ? kDdpFirstBucketBytes : kDdpBucketBytes;
     buckets.back().push_back(ti);
     filled += tensors[ti].bytes;
@@ -1153,6 +1167,7 @@ Status DdpStage(const Point& point, const Costs& costs, StepCompute& compute, Pr
     if (copy > 0) dt += 2.0 * bytes / copy;
     free_at = start + dt;
     comm += dt;
+    compute.comm_spans.push_back({start, free_at});
     bytes_sent += 2.0 * (n - 1) / n * bytes * wire_ratio;
     for (size_t ti : bucket) tensors[ti].done_s = free_at;
   }
@@ -1164,12 +1179,38 @@ Status DdpStage(const Point& point, const Costs& costs, StepCompute& compute, Pr
   return Status::OK();
 }
 
-}  // namespace
+// ---- Interference ----
 
-StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
-  KOLO_RETURN_IF_ERROR(CheckPoint(point));
+// The share of the last backward pass that communication overlapped: the union of the comm
+// spans within [backward_start, backward_end], over the pass's length.
+double OverlappedShare(const StepCompute& c) {
+  std::vector<std::pair<double, double>> spans;
+  for (auto [a, b] : c.comm_spans) {
+    a = std::max(a, c.backward_start);
+    b = std::min(b, c.backward_end);
+    if (b > a) spans.emplace_back(a, b);
+  }
+  std::sort(spans.begin(), spans.end());
+  double covered = 0, from = 0, until = -1;
+  for (const auto& [a, b] : spans) {
+    if (a > until) {
+      if (until > from) covered += until - from;
+      from = a;
+      until = b;
+    } else {
+      until = std::max(until, b);
+    }
+  }
+  if (until > from) covered += until - from;
+  const double length = c.backward_end - c.backward_start;
+  return length > 0 ? std::min(1.0, covered / length) : 0.0;
+}
+
+// One prediction with the backward pass stretched by `stretch`.
+StatusOr<Prediction> PredictOnce(const Point& point, const Calibration& cal, double stretch,
+                                 double* overlapped) {
   Prediction out;
-  KOLO_ASSIGN_OR_RETURN(StepCompute compute, ComputeStage(point, cal, &out));
+  KOLO_ASSIGN_OR_RETURN(StepCompute compute, ComputeStage(point, cal, &out, stretch));
   const Costs costs = CostsStage(point, cal, compute);
   if (point.backend == "ps") {
     // Even one worker sends everything to its server(s).
@@ -1181,6 +1222,25 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
     KOLO_RETURN_IF_ERROR(DdpStage(point, costs, compute, &out));
   } else {
     KOLO_RETURN_IF_ERROR(AllreduceStage(point, cal, costs, compute, &out));
+  }
+  *overlapped = OverlappedShare(compute);
+  return out;
+}
+
+}  // namespace
+
+StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
+  KOLO_RETURN_IF_ERROR(CheckPoint(point));
+  double overlapped = 0;
+  KOLO_ASSIGN_OR_RETURN(Prediction out, PredictOnce(point, cal, 1.0, &overlapped));
+  // Interference: backward slows by interference x the share communication overlaps, which in
+  // turn moves when the gradients are ready: a few rounds to the fixed point (the share changes
+  // by less than 1e-3 after three on the points tested).
+  if (cal.interference > 0) {
+    for (int round = 0; round < 4; ++round) {
+      const double stretch = 1.0 + cal.interference * overlapped;
+      KOLO_ASSIGN_OR_RETURN(out, PredictOnce(point, cal, stretch, &overlapped));
+    }
   }
   return out;
 }

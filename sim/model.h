@@ -116,7 +116,15 @@ struct Calibration {
   // the expected slowest of N, compute x (1 + step_jitter x ExpectedMaxOfNormals(N)) (0.56 x
   // step_jitter more at 2 ranks, 2.59 x at 128). 0: every rank's steps alike.
   double step_jitter = 0;
+  // Interference: how much slower compute runs while communication runs beside it (on a GPU,
+  // NCCL's kernels take SMs and memory bandwidth, host staging shares PCIe; on a CPU, the copies
+  // share cores), as a fraction: the backward pass is stretched by interference times the share
+  // of it that communication overlaps (Predict's Interference stage). 0: none.
+  double interference = 0;
 };
+
+// The largest interference a calibration may give.
+inline constexpr double kMaxInterference = 1.0;
 
 // The most kolo-sim reads of any one file it is given (calibrations, kolo-allreduce-bench
 // documents, run records, incast summaries; the replay profile's bound too): every one is read
@@ -168,8 +176,8 @@ struct Point {
   // When the step's updates run (FrameworkStage in model.cc): kolo (each parameter once its own
   // collective is done, in backprop order), horovod-tf (TensorFlow applies the step's updates
   // after every allreduce of the step), ddp (PyTorch DDP: gradients in buckets of 25 MiB, the
-  // first 1 MiB, each allreduced once all its gradients are ready, in bucket order, with no
-  // negotiation; the optimizer after every bucket).
+  // first 1 MiB, in the order backward makes them, each allreduced once all its gradients are
+  // ready, in bucket order, with no negotiation; the optimizer after every bucket).
   std::string framework = "kolo";
 };
 
@@ -184,6 +192,8 @@ struct Prediction {
   double total_images_per_sec = 0;
   double images_per_sec_per_rank = 0;
   double forward_ms = 0, backward_ms = 0, exposed_comm_ms = 0, update_ms = 0;
+  // What interference added to backward_ms (0 without it): the reported backward is stretched.
+  double interference_ms = 0;
   double comm_ms = 0, negotiation_ms = 0;
   double comm_bytes_per_step = 0;
   double collectives_per_step = 0, cycles_per_step = 0, cycle_hold_ms = 0;

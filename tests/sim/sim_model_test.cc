@@ -820,8 +820,8 @@ TEST(SimFrameworkTest, UpdatesAfterTheLastAllreduceNeverEndSooner) {
   EXPECT_DOUBLE_EQ(b->comm_bytes_per_step, a->comm_bytes_per_step);
 }
 
-// DDP: buckets in reverse registration order, the first closed at 1 MiB and the others at 25
-// MiB, one allreduce each, no negotiation or cycle, and the same bytes as the engine moves.
+// DDP: buckets in backprop order, the first closed at 1 MiB and the others at 25 MiB, one
+// allreduce each, no negotiation or cycle, and the same bytes as the engine moves.
 TEST(SimFrameworkTest, DdpReducesItsBucketsWithoutNegotiation) {
   Calibration cal;
   Point p = PaperPoint("resnet101", "nccl", 16);
@@ -833,9 +833,10 @@ TEST(SimFrameworkTest, DdpReducesItsBucketsWithoutNegotiation) {
   int buckets = 1;
   double filled = 0;
   const auto& params = graph->params();
-  for (size_t i = params.size(); i-- > 0;) {
-    filled += 4.0 * static_cast<double>(params[i].numel);
-    if (filled >= (buckets == 1 ? kDdpFirstBucketBytes : kDdpBucketBytes) && i > 0) {
+  const std::vector<int> order = graph->BackpropOrder();
+  for (size_t i = 0; i < order.size(); ++i) {
+    filled += 4.0 * static_cast<double>(params[static_cast<size_t>(order[i])].numel);
+    if (filled >= (buckets == 1 ? kDdpFirstBucketBytes : kDdpBucketBytes) && i + 1 < order.size()) {
       ++buckets;
       filled = 0;
     }
@@ -867,6 +868,53 @@ TEST(SimFrameworkTest, UnknownFrameworksAndDdpWithServersAreRefused) {
   EXPECT_NE(r.status().message().find("'ddp' has no parameter servers"), std::string::npos);
   p.framework = "horovod-tf";
   EXPECT_TRUE(Predict(p, Calibration{}).ok());
+}
+
+}  // namespace
+}  // namespace kolo::sim
+
+namespace kolo::sim {
+namespace {
+
+// Interference: backward stretched by the calibration's fraction times the share communication
+// overlaps; nothing to overlap at one rank; never more than the whole fraction.
+TEST(SimInterferenceTest, BackwardSlowsByTheOverlappedShare) {
+  Calibration plain;
+  plain.link_gbit = 10;
+  Calibration slowed = plain;
+  slowed.interference = 0.2;
+  Point one = PaperPoint("resnet101", "none", 1);
+  auto alone = Predict(one, slowed);
+  ASSERT_TRUE(alone.ok()) << alone.status().ToString();
+  EXPECT_EQ(alone->interference_ms, 0);
+  for (const char* backend : {"ring", "nccl", "ps"}) {
+    SCOPED_TRACE(backend);
+    Point p = PaperPoint("resnet101", backend, 16);
+    auto a = Predict(p, plain);
+    auto b = Predict(p, slowed);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->interference_ms, 0);
+    EXPECT_GT(b->interference_ms, 0);
+    EXPECT_NEAR(b->backward_ms, a->backward_ms + b->interference_ms, 1e-9 * a->backward_ms);
+    EXPECT_LE(b->interference_ms, 0.2 * a->backward_ms + 1e-9);
+    EXPECT_GE(b->step_ms, a->step_ms);
+  }
+}
+
+TEST(SimInterferenceTest, TheCalibrationReadsAndWritesIt) {
+  Calibration c;
+  c.interference = 0.189;
+  auto back = CalibrationFromJson(CalibrationToJson(c), "mem");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_DOUBLE_EQ(back->interference, 0.189);
+  auto bad = CalibrationFromJson(R"({"format": "kolo-sim-calibration", "name": "x", )"
+                                 R"("interference": 1.5})",
+                                 "bad.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("\"interference\" 1.5 is not allowed; allowed: 0 to 1"),
+            std::string::npos)
+      << bad.status().ToString();
+  EXPECT_EQ(CalibrationToJson(Calibration{}).find("interference"), std::string::npos);
 }
 
 }  // namespace

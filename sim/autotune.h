@@ -2,10 +2,10 @@
 // model (docs/autotune.md).
 #pragma once
 
-#include <string>
 #include <vector>
 
 #include "engine/common/status.h"
+#include "models/trainer/run_record.h"
 #include "sim/model.h"
 
 namespace kolo::sim {
@@ -15,13 +15,8 @@ namespace kolo::sim {
 // allreduce algorithm auto or ring), from `point`'s settings, keeping a value only when its
 // prediction is faster. Returns the point with the choice; `trials` gets every predicted trial
 // (the point's settings and images/sec), in order.
-struct AutotuneTrialPrediction {
-  double fusion_threshold_mb = 0;
-  double cycle_time_ms = 0;
-  std::string allreduce_algorithm;
-  double images_per_sec = 0;
-  bool kept = false;
-};
+// A trial as kolo-train's run record keeps it; images_per_sec is the prediction's.
+using AutotuneTrialPrediction = models::trainer::AutotuneTrial;
 StatusOr<Point> AutotuneChoice(const Point& point, const Calibration& cal,
                                std::vector<AutotuneTrialPrediction>* trials);
 

@@ -23,11 +23,6 @@
 namespace kolo::models::compute::cudnn {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                        \
-  do {                                                                            \
-    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device in this process"; \
-  } while (0)
-
 const char* ElemName(Elem e) {
   switch (e) {
     case Elem::kFloat32:
@@ -128,7 +123,7 @@ void ExpectEqualTo(Elem e, const std::vector<float>& got, const std::vector<floa
 }
 
 TEST(CudnnKernelsTest, ReluForwardBackwardAndAdd) {
-  SKIP_WITHOUT_GPU();
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device in this process";
   std::mt19937 rng(7);
   for (Elem e : kElems) {
     for (size_t n : kLengths) {
@@ -174,7 +169,7 @@ TEST(CudnnKernelsTest, ReluForwardBackwardAndAdd) {
 // Concatenation's layout: `rows` rows of `len` elements copied into a wider destination row at an
 // offset (and back, accumulating), and one contiguous run.
 TEST(CudnnKernelsTest, RowCopyIntoOffsetsAndAccumulating) {
-  SKIP_WITHOUT_GPU();
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device in this process";
   std::mt19937 rng(11);
   struct Case {
     int64_t rows, len, dst_stride, dst_offset;

@@ -63,8 +63,6 @@ class ConvPlanCache {
                            bool accumulate, const ConvGeometry& g, const ConvPointers& p,
                            void* workspace, size_t workspace_bytes, const char* name);
 
-  size_t plans() const { return entries_.size(); }
-
  private:
   struct Entry {
     std::vector<BackendDesc> keep;  // the graph, engine and configuration the plan refers to

@@ -49,6 +49,12 @@ inline constexpr int kVec = static_cast<int>(16 / sizeof(T));
 
 inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The blocks for n elements taken a vector at a time (`vec`) or one at a time.
+template <typename T>
+inline unsigned VecBlocks(int64_t n, bool vec) {
+  return Blocks(vec ? (n + kVec<T> - 1) / kVec<T> : n);
+}
+
 template <typename T>
 __device__ __forceinline__ void LoadVec(const T* p, float (&out)[kVec<T>]) {
   const uint4 raw = *reinterpret_cast<const uint4*>(p);

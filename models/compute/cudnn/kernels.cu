@@ -66,13 +66,12 @@ __global__ void AddKernel(const T* a, const T* b, T* y, int64_t n, bool vec) {
 // Rows of `len` elements: grid y walks the rows, grid x the elements of a row (no division per
 // element). With `vec`, the row starts and `len` are whole vectors.
 template <typename T>
-__global__ void RowCopyKernel(const T* src, int64_t src_stride, int64_t src_offset, T* dst,
-                              int64_t dst_stride, int64_t dst_offset, int64_t rows, int64_t len,
-                              bool accumulate, bool vec) {
+__global__ void RowCopyKernel(const T* src, int64_t src_stride, T* dst, int64_t dst_stride,
+                              int64_t rows, int64_t len, bool accumulate, bool vec) {
   constexpr int V = kVec<T>;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    const T* s = src + r * src_stride + src_offset;
-    T* d = dst + r * dst_stride + dst_offset;
+    const T* s = src + r * src_stride;
+    T* d = dst + r * dst_stride;
     if (vec) {
       for (int64_t i = GlobalIndex(); i < len / V; i += GlobalStride()) {
         if (accumulate) {
@@ -200,8 +199,8 @@ cudaError_t LaunchReluForward(Elem e, const void* x, void* y, int64_t n, cudaStr
   const bool vec = Aligned16(x) && Aligned16(y);
   return DispatchElem(e, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    ReluForwardKernel<<<Blocks(vec ? (n + kVec<T> - 1) / kVec<T> : n), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<T*>(y), n, vec);
+    ReluForwardKernel<<<VecBlocks<T>(n, vec), kThreads, 0, stream>>>(static_cast<const T*>(x),
+                                                                     static_cast<T*>(y), n, vec);
   });
 }
 
@@ -210,7 +209,7 @@ cudaError_t LaunchReluBackward(Elem e, const void* y, const void* dy, void* dx, 
   const bool vec = Aligned16(y) && Aligned16(dy) && Aligned16(dx);
   return DispatchElem(e, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    ReluBackwardKernel<<<Blocks(vec ? (n + kVec<T> - 1) / kVec<T> : n), kThreads, 0, stream>>>(
+    ReluBackwardKernel<<<VecBlocks<T>(n, vec), kThreads, 0, stream>>>(
         static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), n, accumulate,
         vec);
   });
@@ -221,7 +220,7 @@ cudaError_t LaunchAdd(Elem e, const void* a, const void* b, void* y, int64_t n,
   const bool vec = Aligned16(a) && Aligned16(b) && Aligned16(y);
   return DispatchElem(e, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    AddKernel<<<Blocks(vec ? (n + kVec<T> - 1) / kVec<T> : n), kThreads, 0, stream>>>(
+    AddKernel<<<VecBlocks<T>(n, vec), kThreads, 0, stream>>>(
         static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), n, vec);
   });
 }
@@ -246,7 +245,7 @@ cudaError_t LaunchRowCopy(Elem e, const void* src, int64_t src_stride, int64_t s
     const unsigned x = Blocks(per_row);
     const int64_t y = std::min<int64_t>({rows, std::max<int64_t>(1, kMaxBlocks / x), 65535});
     RowCopyKernel<<<dim3(x, static_cast<unsigned>(y)), kThreads, 0, stream>>>(
-        s, src_stride, 0, d, dst_stride, 0, rows, len, accumulate, vec);
+        s, src_stride, d, dst_stride, rows, len, accumulate, vec);
   });
 }
 

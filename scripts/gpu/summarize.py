@@ -42,8 +42,11 @@ def train_table(recs, gpu):
     lines = [
         f"Training, one GPU ({gpu}), images/sec:",
         "",
-        "| model | batch | precision | kolo | PyTorch eager | kolo / PyTorch | kolo, conv plans | plans / PyTorch |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        (
+            "| model | batch | precision | kolo | PyTorch eager | kolo / PyTorch | kolo, conv plans "
+            "| plans / PyTorch | final loss: kolo / plans |"
+        ),
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     rows = 0
     for name in sorted(recs):
@@ -68,8 +71,19 @@ def train_table(recs, gpu):
         kp = kolo_rate(plans) if plans else None
         ps = f"{kp:.1f}" if kp else ("n/a" if plans is None else "failed")
         pratio = f"{kp / t:.2f}x" if kp and t else "n/a"
+        # The same synthetic batches and initial weights: the plans must train as the legacy
+        # calls do, so a final loss far from kolo's says a convolution differs. (PyTorch starts
+        # from weights of its own: its loss is not comparable.)
+        losses = " / ".join(
+            f"{v:.2f}" if isinstance(v, (int, float)) else "n/a"
+            for v in (
+                recs[name].get("results", {}).get("final_loss"),
+                (plans or {}).get("results", {}).get("final_loss"),
+            )
+        )
         lines.append(
-            f"| {model} | {batch} | {prec or 'tf32'} | {ks} | {ts} | {ratio} | {ps} | {pratio} |"
+            f"| {model} | {batch} | {prec or 'tf32'} | {ks} | {ts} | {ratio} | {ps} | {pratio} "
+            f"| {losses} |"
         )
         rows += 1
     return lines if rows else []

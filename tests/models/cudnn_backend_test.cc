@@ -26,12 +26,16 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
+#include <tuple>
+#include <variant>
 #include <vector>
 
 #include "models/compute/backend.h"
@@ -446,54 +450,112 @@ class ScopedConvApi {
   ScopedConvApi& operator=(const ScopedConvApi&) = delete;
 };
 
+// Two algorithms round differently: far less than fp32's, tf32's and the half types' steps.
+double PlansBound(Precision precision) {
+  return precision == Precision::kFp32   ? 1e-4
+         : precision == Precision::kTf32 ? 5e-3
+         : precision == Precision::kFp16 ? 3e-2
+                                         : 6e-2;
+}
+
+// One graph's two passes (the second accumulating) through the legacy calls and through the
+// plans: the loss and every gradient agree within PlansBound.
+void ExpectPlansAgree(const Graph& g, Precision precision, int64_t batch) {
+  StatusOr<Result> legacy = InvalidArgument("not run"), plans = InvalidArgument("not run");
+  {
+    ScopedConvApi api("legacy");
+    legacy = RunPass("cudnn", g, precision, batch, 5, 2);
+  }
+  {
+    ScopedConvApi api("plans");
+    plans = RunPass("cudnn", g, precision, batch, 5, 2);
+  }
+  ASSERT_TRUE(legacy.ok()) << legacy.status().ToString();
+  ASSERT_TRUE(plans.ok()) << plans.status().ToString();
+  const double bound = PlansBound(precision);
+  EXPECT_NEAR(plans->loss, legacy->loss, bound * (1 + std::fabs(legacy->loss)));
+  ASSERT_EQ(plans->grads.size(), legacy->grads.size());
+  for (size_t p = 0; p < plans->grads.size(); ++p) {
+    const auto finite = [](const std::vector<float>& v) {
+      return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+    };
+    ASSERT_TRUE(finite(legacy->grads[p])) << "legacy " << g.params()[p].name;
+    ASSERT_TRUE(finite(plans->grads[p])) << "plans " << g.params()[p].name;
+    EXPECT_LE(RelativeError(plans->grads[p], legacy->grads[p]), bound) << g.params()[p].name;
+  }
+}
+
 // Convolutions through kept execution plans (KOLO_CUDNN_CONV_API=plans) compute what the legacy
 // calls compute: every convolution in every direction, the second of two passes accumulating
 // (the plans with an output scale of 1), in every precision; only the algorithms may differ.
+// Whole models only where they are shallow: through ResNet-101's hundred layers at batch 4, two
+// algorithms' roundings grow chaotically in fp16 (an H200 measured gradients 50-100% apart at
+// the stem while the loss agreed) and its weight gradients overflow fp16 at the default loss
+// scale, so no bound says anything there. Its convolutions are checked one by one instead.
 TEST(CudnnBackendTest, ConvPlansAgreeWithTheLegacyCalls) {
   SKIP_WITHOUT_GPU();
   auto cc = cudnn::ComputeCapability(0);
   ASSERT_TRUE(cc.ok());
-  struct Case {
-    std::string model;
-    int64_t image_size, batch;
-  };
-  for (const Case& c :
-       {Case{"tiny-resnet", 8, 4}, Case{"tiny-inception", 8, 4}, Case{"resnet101", 112, 4}}) {
+  for (const char* model : {"tiny-resnet", "tiny-inception"}) {
     zoo::ModelConfig mc;
-    mc.image_size = c.image_size;
+    mc.image_size = 8;
     mc.num_classes = 10;
-    auto g = zoo::BuildModel(c.model, mc);
+    auto g = zoo::BuildModel(model, mc);
     ASSERT_TRUE(g.ok()) << g.status().ToString();
     for (Precision precision :
          {Precision::kFp32, Precision::kTf32, Precision::kFp16, Precision::kBf16}) {
       if (precision == Precision::kBf16 && *cc < 80) continue;
-      // ResNet-101 (about 300 plans to build and time per precision) in fp16 alone, the case the
-      // plans are for.
-      if (c.model == "resnet101" && precision != Precision::kFp16) continue;
-      SCOPED_TRACE(c.model + " " + PrecisionName(precision));
-      StatusOr<Result> legacy = InvalidArgument("not run"), plans = InvalidArgument("not run");
-      {
-        ScopedConvApi api("legacy");
-        legacy = RunPass("cudnn", *g, precision, c.batch, 5, 2);
-      }
-      {
-        ScopedConvApi api("plans");
-        plans = RunPass("cudnn", *g, precision, c.batch, 5, 2);
-      }
-      ASSERT_TRUE(legacy.ok()) << legacy.status().ToString();
-      ASSERT_TRUE(plans.ok()) << plans.status().ToString();
-      // Two algorithms round differently: far less than fp32's, tf32's and the half types' steps.
-      const double bound = precision == Precision::kFp32   ? 1e-4
-                           : precision == Precision::kTf32 ? 5e-3
-                           : precision == Precision::kFp16 ? 3e-2
-                                                           : 6e-2;
-      EXPECT_NEAR(plans->loss, legacy->loss, bound * (1 + std::fabs(legacy->loss)));
-      ASSERT_EQ(plans->grads.size(), legacy->grads.size());
-      for (size_t p = 0; p < plans->grads.size(); ++p) {
-        EXPECT_LE(RelativeError(plans->grads[p], legacy->grads[p]), bound) << g->params()[p].name;
-      }
+      SCOPED_TRACE(std::string(model) + " " + PrecisionName(precision));
+      ExpectPlansAgree(*g, precision, 4);
     }
   }
+}
+
+// Every distinct convolution of ResNet-101 and VGG-16 (at 112 pixels, batch 4) in tf32 and the
+// half types, the cases the plans are for, each alone: input -> 1x1 stem (so that the
+// convolution's data gradient is needed) -> the convolution -> fully connected -> loss. (On an
+// H200, VGG-16 trained with the plans ended its 25 steps at a loss of 6.1 (fp16) and 6.7 (tf32)
+// against 4.2-4.4 with the legacy calls in four runs: this finds the convolution, if one differs.)
+TEST(CudnnBackendTest, ConvPlansAgreeOnEveryConvolutionOfTheModels) {
+  SKIP_WITHOUT_GPU();
+  auto cc = cudnn::ComputeCapability(0);
+  ASSERT_TRUE(cc.ok());
+  int checked = 0;
+  for (const char* name : {"vgg16", "resnet101"}) {
+    zoo::ModelConfig mc;
+    mc.image_size = 112;
+    mc.num_classes = 10;
+    auto model = zoo::BuildModel(name, mc);
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    std::set<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>>
+        seen;
+    for (const Layer& l : model->layers()) {
+      const auto* p = std::get_if<ConvParams>(&l.params);
+      if (p == nullptr) continue;
+      if (!seen.insert({l.in.c, l.in.h, l.in.w, p->out_channels, p->kernel_h, p->kernel_w,
+                        p->stride_h, p->pad_h})
+               .second) {
+        continue;
+      }
+      Graph g(std::string(name) + "-" + l.name);
+      const int x = g.Input("data", l.in);
+      ConvParams stem;
+      stem.out_channels = l.in.c;
+      const int s = g.Conv("stem", x, stem);
+      const int t = g.Conv("t", s, *p);
+      const int fc = g.FullyConnected("fc", t, {10, true});
+      g.SoftmaxCrossEntropy("loss", fc, {10, 1.0});
+      ASSERT_TRUE(g.Finish().ok()) << l.name;
+      for (Precision precision : {Precision::kTf32, Precision::kFp16, Precision::kBf16}) {
+        if (precision == Precision::kBf16 && *cc < 80) continue;
+        SCOPED_TRACE(std::string(name) + " " + l.name + " " + PrecisionName(precision));
+        ExpectPlansAgree(g, precision, 4);
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 20) << "distinct convolutions of VGG-16 and ResNet-101";
+  std::printf("[ info ] %d distinct convolutions checked\n", checked);
 }
 
 TEST(CudnnBackendTest, AnUnknownConvApiIsRefusedBeforeTheDevice) {

@@ -254,9 +254,12 @@ TEST_P(CudnnMixedTest, AccumulateAddsSecondPass) {
     for (float& v : t) v *= 2;
   }
   const GradErrors e = CompareGradients(*twice, doubled);
+  // Convolution algorithms may sum in a different order from one pass to the next, and the weight
+  // gradients pass through the half type before they are accumulated: the bound is two units in
+  // its last place (fp16 2 x 2^-11, bf16 2 x 2^-8). An H200 measured 1.9e-3 in bf16, once.
+  const double bound = GetParam() == Precision::kFp16 ? 2.0 / 2048 : 2.0 / 256;
   for (size_t p = 0; p < e.per_tensor.size(); ++p) {
-    // Convolution algorithms may sum in a different order from one pass to the next.
-    EXPECT_LE(e.per_tensor[p], 1e-3) << g.params()[p].name;
+    EXPECT_LE(e.per_tensor[p], bound) << g.params()[p].name;
   }
 }
 

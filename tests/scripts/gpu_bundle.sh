@@ -123,12 +123,12 @@ expect_error over_limit "over --max-mib 1" "$ROOT/scripts/gpu/pack-deps" --bin -
 # The summary of a run cut short: records that exist are tabled, an unreadable one is named.
 mkdir -p "$WORK/records"
 cat >"$WORK/records/kolo-resnet101-b64-fp16.json" <<'EOF'
-{"status": "ok", "results": {"total_images_per_sec": 1200.0}}
+{"status": "ok", "results": {"total_images_per_sec": 1200.0, "final_loss": 2.32}}
 EOF
 cat >"$WORK/records/torch-resnet101-b64-fp16.json" <<'EOF'
 {"images_per_sec": 1000.0}
 EOF
-echo '{"status": "ok", "results": {"total_images_per_sec": 1100.0}}' \
+echo '{"status": "ok", "results": {"total_images_per_sec": 1100.0, "final_loss": 6.061}}' \
   >"$WORK/records/kolo-plans-resnet101-b64-fp16.json"
 # A precision that begins with "b" (bf16) is not read as a batch size.
 echo '{"status": "ok", "results": {"total_images_per_sec": 900.0}}' \
@@ -138,8 +138,10 @@ echo '{"truncated": ' >"$WORK/records/kolo-vgg16-b64-bf16.json"
 python3 "$ROOT/scripts/gpu/summarize.py" "$WORK/records" "$WORK/results.json" --gpu "NVIDIA H100" \
   >"$WORK/summary" 2>&1 || fail "summarize.py failed"
 cat "$WORK/summary"
-grep -q "| resnet101 | 64 | fp16 | 1200.0 | 1000.0 | 1.20x | 1100.0 | 1.10x |" "$WORK/summary" || fail "summary row"
-grep -q "| resnet101 | 64 | bf16 | 900.0 | 1000.0 | 0.90x | n/a | n/a |" "$WORK/summary" || fail "bf16 row"
+grep -q "| resnet101 | 64 | fp16 | 1200.0 | 1000.0 | 1.20x | 1100.0 | 1.10x | 2.32 / 6.06 |" \
+  "$WORK/summary" || fail "summary row"
+grep -q "| resnet101 | 64 | bf16 | 900.0 | 1000.0 | 0.90x | n/a | n/a | n/a / n/a |" "$WORK/summary" ||
+  fail "bf16 row"
 grep -q "| plans-" "$WORK/summary" && fail "the plans record was read as a model of its own"
 grep -q "NVIDIA H100" "$WORK/summary" || fail "summary does not name the GPU"
 grep -q "unreadable record kolo-vgg16-b64-bf16.json" "$WORK/summary" || fail "unreadable record"

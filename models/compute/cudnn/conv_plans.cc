@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "models/compute/cudnn/check.h"
+#include "models/compute/cudnn/conv_algos.h"
 
 namespace kolo::models::compute::cudnn {
 namespace {
@@ -99,14 +100,24 @@ Status ConvPlanCache::Grow(size_t bytes) {
   return Status::OK();
 }
 
+Status ConvPlanCache::GrowWorkspace(size_t bytes) {
+  if (bytes <= workspace_bytes_) return Status::OK();
+  // The calls already queued may still read the old workspace: cudaFree waits for the device.
+  workspace_.Reset();
+  workspace_bytes_ = 0;
+  KOLO_CUDA_CHECK(cudaMalloc(workspace_.out(), bytes));
+  workspace_bytes_ = bytes;
+  return Status::OK();
+}
+
 StatusOr<ConvPlanCache::Entry> ConvPlanCache::Build(cudnnHandle_t handle, cudaStream_t stream,
                                                     ConvDirection dir, bool accumulate,
                                                     const ConvGeometry& g, const ConvPointers& p,
-                                                    void* workspace, size_t workspace_bytes,
                                                     const char* name) {
   Entry e;
-  // The timing runs write the output into scratch, whose alignment (cudaMalloc's) is at least 16.
-  e.alignment = Alignment({p.x, p.w, p.y, workspace});
+  // The timing runs write the output into scratch and use the workspace, whose alignment
+  // (cudaMalloc's) is at least 16.
+  e.alignment = Alignment({p.x, p.w, p.y});
   const std::array<int64_t, 4> xd{g.n, g.c, g.h, g.w};
   const std::array<int64_t, 4> wd{g.k, g.c / g.groups, g.r, g.s};
   const std::array<int64_t, 4> yd{g.n, g.k, g.oh, g.ow};
@@ -228,7 +239,7 @@ StatusOr<ConvPlanCache::Entry> ConvPlanCache::Build(cudnnHandle_t handle, cudaSt
   (dir == ConvDirection::kForward        ? timing.y
    : dir == ConvDirection::kBackwardData ? timing.x
                                          : timing.w) = scratch_.get();
-  KOLO_ASSIGN_OR_RETURN(BackendDesc timing_pack, Pack(timing, workspace));
+  KOLO_ASSIGN_OR_RETURN(BackendDesc timing_pack, Pack(timing, workspace_.get()));
   Event start, stop;
   KOLO_CUDA_CHECK(cudaEventCreate(start.out()));
   KOLO_CUDA_CHECK(cudaEventCreate(stop.out()));
@@ -267,7 +278,11 @@ StatusOr<ConvPlanCache::Entry> ConvPlanCache::Build(cudnnHandle_t handle, cudaSt
     int64_t need = 0, n = 0;
     KOLO_CUDNN_CHECK(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                               CUDNN_TYPE_INT64, 1, &n, &need));
-    if (need < 0 || static_cast<size_t>(need) > workspace_bytes) continue;
+    if (need < 0 || static_cast<size_t>(need) > kMaxWorkspaceBytes) continue;
+    if (static_cast<size_t>(need) > workspace_bytes_) {
+      KOLO_RETURN_IF_ERROR(GrowWorkspace(static_cast<size_t>(need)));
+      KOLO_ASSIGN_OR_RETURN(timing_pack, Pack(timing, workspace_.get()));
+    }
     // One untimed run, then the fastest of kTimedRuns.
     if (cudnnBackendExecute(handle, plan->get(), timing_pack.get()) != CUDNN_STATUS_SUCCESS) {
       continue;
@@ -290,14 +305,14 @@ StatusOr<ConvPlanCache::Entry> ConvPlanCache::Build(cudnnHandle_t handle, cudaSt
   }
   if (best < 0) {
     return Internal(
-        "conv layer '{}': no cuDNN engine runs its {} convolution ({} candidates, {} "
-        "bytes of workspace)",
-        name, DirectionName(dir), got, workspace_bytes);
+        "conv layer '{}': no cuDNN engine runs its {} convolution ({} candidates, at most {} MiB "
+        "of workspace)",
+        name, DirectionName(dir), got, kMaxWorkspaceBytes >> 20);
   }
   e.plan = std::move(plans[static_cast<size_t>(best)]);
-  KOLO_ASSIGN_OR_RETURN(e.pack, Pack(p, workspace));
+  KOLO_ASSIGN_OR_RETURN(e.pack, Pack(p, workspace_.get()));
   e.ptrs = p;
-  e.workspace = workspace;
+  e.workspace = workspace_.get();
   for (BackendDesc* d : {&x, &w, &y, &conv, &op, &graph, &heur}) e.keep.push_back(std::move(*d));
   for (auto& cfg : cfgs) e.keep.push_back(std::move(cfg));
   return e;
@@ -305,23 +320,23 @@ StatusOr<ConvPlanCache::Entry> ConvPlanCache::Build(cudnnHandle_t handle, cudaSt
 
 Status ConvPlanCache::Run(cudnnHandle_t handle, cudaStream_t stream, int layer, ConvDirection dir,
                           bool accumulate, const ConvGeometry& g, const ConvPointers& p,
-                          void* workspace, size_t workspace_bytes, const char* name) {
+                          const char* name) {
   const auto key = std::make_tuple(layer, static_cast<int>(dir), accumulate ? 1 : 0);
   auto it = entries_.find(key);
-  if (it != entries_.end() && !(it->second.ptrs == p && it->second.workspace == workspace)) {
-    // Other buffers: a new variant pack, or a new plan where they are less aligned.
-    if (Alignment({p.x, p.w, p.y, workspace}) < it->second.alignment) {
+  if (it != entries_.end() && !(it->second.ptrs == p && it->second.workspace == workspace_.get())) {
+    // Other buffers, or a workspace grown since: a new variant pack, or a new plan where the
+    // buffers are less aligned.
+    if (Alignment({p.x, p.w, p.y}) < it->second.alignment) {
       entries_.erase(it);
       it = entries_.end();
     } else {
-      KOLO_ASSIGN_OR_RETURN(it->second.pack, Pack(p, workspace));
+      KOLO_ASSIGN_OR_RETURN(it->second.pack, Pack(p, workspace_.get()));
       it->second.ptrs = p;
-      it->second.workspace = workspace;
+      it->second.workspace = workspace_.get();
     }
   }
   if (it == entries_.end()) {
-    KOLO_ASSIGN_OR_RETURN(
-        Entry e, Build(handle, stream, dir, accumulate, g, p, workspace, workspace_bytes, name));
+    KOLO_ASSIGN_OR_RETURN(Entry e, Build(handle, stream, dir, accumulate, g, p, name));
     it = entries_.emplace(key, std::move(e)).first;
   }
   const cudnnStatus_t st =

@@ -56,12 +56,14 @@ struct ConvPointers {
 class ConvPlanCache {
  public:
   // Runs convolution `dir` of layer `layer` (geometry `g`) on `p`, the output scaled by 0 or, with
-  // `accumulate`, added to (beta 1), with `workspace` of `workspace_bytes` on the handle's stream.
+  // `accumulate`, added to (beta 1), on the handle's stream. The workspace is the cache's own,
+  // grown to what the fastest candidate needs (up to kMaxWorkspaceBytes): the backend's is sized
+  // for the legacy calls' algorithms, which may need none where every plan needs some.
   // The first call for a layer, direction and scale builds and times its plan; a later call with
   // other pointers rebuilds only the variant pack. Errors name `name` and the cuDNN call.
   [[nodiscard]] Status Run(cudnnHandle_t handle, cudaStream_t stream, int layer, ConvDirection dir,
                            bool accumulate, const ConvGeometry& g, const ConvPointers& p,
-                           void* workspace, size_t workspace_bytes, const char* name);
+                           const char* name);
 
  private:
   struct Entry {
@@ -74,12 +76,15 @@ class ConvPlanCache {
   };
   StatusOr<Entry> Build(cudnnHandle_t handle, cudaStream_t stream, ConvDirection dir,
                         bool accumulate, const ConvGeometry& g, const ConvPointers& p,
-                        void* workspace, size_t workspace_bytes, const char* name);
-  Status Grow(size_t bytes);
+                        const char* name);
+  Status Grow(size_t bytes);           // the scratch output
+  Status GrowWorkspace(size_t bytes);  // the workspace; moves it, so packs are rebuilt
 
   std::map<std::tuple<int, int, int>, Entry> entries_;
   DevicePtr scratch_;  // the timing runs' output
   size_t scratch_bytes_ = 0;
+  DevicePtr workspace_;
+  size_t workspace_bytes_ = 0;
 };
 
 }  // namespace kolo::models::compute::cudnn

@@ -498,8 +498,8 @@ Status CudnnBackend::RunConvPlan(const Layer& l, ConvDirection dir, bool accumul
   const int index = static_cast<int>(&l - graph_->layers().data());
   return conv_plans_.Run(
       cudnn_.get(), stream_.get(), index, dir, accumulate, g,
-      ConvPointers{const_cast<void*>(x), const_cast<void*>(w), const_cast<void*>(y)}, workspace_,
-      workspace_bytes_, l.name.c_str());
+      ConvPointers{const_cast<void*>(x), const_cast<void*>(w), const_cast<void*>(y)},
+      l.name.c_str());
 }
 
 double CudnnBackend::TakeKernelSeconds() {

@@ -13,7 +13,8 @@ namespace {
 // The tensors' unique ids in every graph: the forward convolution's x, w and y.
 constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;
 // Candidates timed per plan: the heuristics' first ones (cudnnFind times all it has).
-constexpr int64_t kCandidates = 8;
+constexpr int64_t kCandidates = 8;   // timed, of those that pass the numerical notes
+constexpr int64_t kHeuristics = 32;  // asked of the heuristics, in their order
 constexpr int kTimedRuns = 3;
 
 // cuDNN 9 marks the handle attributes of a graph and a plan deprecated but still reads them; set
@@ -213,7 +214,7 @@ StatusOr<ConvPlanCache::Entry> ConvPlanCache::Build(cudnnHandle_t handle, cudaSt
   int64_t available = 0;
   KOLO_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &available, nullptr));
-  const int64_t want = std::min(available, kCandidates);
+  const int64_t want = std::min(available, kHeuristics);
   std::vector<BackendDesc> cfgs(static_cast<size_t>(want));
   std::vector<cudnnBackendDescriptor_t> raw(static_cast<size_t>(want));
   for (int64_t i = 0; i < want; ++i) {
@@ -247,9 +248,14 @@ StatusOr<ConvPlanCache::Entry> ConvPlanCache::Build(cudnnHandle_t handle, cudaSt
   float best_ms = std::numeric_limits<float>::infinity();
   int64_t best = -1;
   std::vector<BackendDesc> plans(static_cast<size_t>(got));
-  for (int64_t i = 0; i < got; ++i) {
+  int64_t timed = 0;
+  for (int64_t i = 0; i < got && timed < kCandidates; ++i) {
     const BackendDesc& cfg = cfgs[static_cast<size_t>(i)];
-    if (!g.allow_tensor_cores && g.data_type == CUDNN_DATA_FLOAT) {
+    // The legacy calls' numerics and no less: no engine that converts its inputs down to a half
+    // type or reduces in less than float32 (the compute type), and, for float data without
+    // tensor cores, none that uses them. (A tf32 engine's note is TENSOR_CORE; DOWN_CONVERT means
+    // float32 inputs cast to fp16, whose range VGG-16's unnormalised activations exceed.)
+    {
       KOLO_ASSIGN_OR_RETURN(BackendDesc engine, Create(CUDNN_BACKEND_ENGINE_DESCRIPTOR));
       cudnnBackendDescriptor_t engine_raw = engine.get();
       int64_t n = 0;
@@ -263,8 +269,15 @@ StatusOr<ConvPlanCache::Entry> ConvPlanCache::Build(cudnnHandle_t handle, cudaSt
         continue;
       }
       const auto end = notes.begin() + std::min<int64_t>(count, notes.size());
-      if (std::find(notes.begin(), end, CUDNN_NUMERICAL_NOTE_TENSOR_CORE) != end ||
-          std::find(notes.begin(), end, CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) != end) {
+      const auto has = [&](cudnnBackendNumericalNote_t note) {
+        return std::find(notes.begin(), end, note) != end;
+      };
+      if (has(CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) ||
+          has(CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION)) {
+        continue;
+      }
+      if (!g.allow_tensor_cores && g.data_type == CUDNN_DATA_FLOAT &&
+          has(CUDNN_NUMERICAL_NOTE_TENSOR_CORE)) {
         continue;
       }
     }
@@ -302,6 +315,7 @@ StatusOr<ConvPlanCache::Entry> ConvPlanCache::Build(cudnnHandle_t handle, cudaSt
       best = i;
     }
     plans[static_cast<size_t>(i)] = std::move(plan).value();
+    ++timed;
   }
   if (best < 0) {
     return Internal(

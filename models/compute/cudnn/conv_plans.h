@@ -4,7 +4,9 @@
 // about 130 us per forward and 165 us per backward call, 48 ms of a ResNet-101 step against the
 // convolutions' 40 ms on the device (reports/gpu/2026-11-28-h200/). Here each convolution,
 // direction and output scale gets its plan once, chosen by timing the heuristics' first
-// candidates as cudnnFind does (into a scratch output, so that no live buffer is written), and
+// candidates as cudnnFind does (into a scratch output, so that no live buffer is written; only
+// engines that keep the legacy calls' numerics: no down-conversion of the inputs, no reduction
+// below float32), and
 // its variant pack (the data pointers and the workspace) is kept too: kolo's buffers do not move
 // between steps, so a call is one cudnnBackendExecute.
 //

@@ -79,6 +79,11 @@ RESULTS = (
     "collectives_per_step",
     "cycles_per_step",
     "cycle_hold_ms",
+    # kolo-sim's split of exposed_comm_ms by cause (empty for measured runs; docs/kolo-sim.md).
+    "exposed_coordination_ms",
+    "exposed_latency_ms",
+    "exposed_host_ms",
+    "exposed_wire_ms",
     "final_loss",
     "kernel_share",
     "scaling_efficiency",
@@ -157,6 +162,10 @@ _RESULT_FIELDS = (
     "images_per_sec_stddev",
     "step_time_ms_median",
     *BREAKDOWN,
+    "exposed_coordination_ms",
+    "exposed_latency_ms",
+    "exposed_host_ms",
+    "exposed_wire_ms",
     "final_loss",
     "kernel_share",
 )

@@ -193,6 +193,7 @@ int Predict(int argc, char** argv) {
     auto chosen = kolo::sim::AutotuneChoice(p, cal, &trials);
     if (chosen.ok()) p = *chosen;
   }
+  p.exposed_by_cause = true;  // the record's exposed_*_ms columns
   auto pred = kolo::sim::Predict(p, cal);
   nlohmann::json record;
   record["kolo_commit"] = "unknown";
@@ -261,15 +262,21 @@ int Predict(int argc, char** argv) {
       {"collectives_per_step", r.collectives_per_step},
       {"cycles_per_step", r.cycles_per_step},
       {"cycle_hold_ms", r.cycle_hold_ms},
+      {"exposed_coordination_ms", r.exposed_coordination_ms},
+      {"exposed_latency_ms", r.exposed_latency_ms},
+      {"exposed_host_ms", r.exposed_host_ms},
+      {"exposed_wire_ms", r.exposed_wire_ms},
       {"final_loss", nullptr},
       {"kernel_share", 0.0}};
   record["status"] = "ok";
   std::printf(
       "kolo-sim: %s %d GPUs (%d hosts x %d) backend %s%s %s: %.1f images/sec (%.1f per GPU, "
-      "single GPU %.1f), step %.2f ms, exposed comm %.2f ms, calibration %s\n",
+      "single GPU %.1f), step %.2f ms, exposed comm %.2f ms (coordination %.2f, latency %.2f, "
+      "host %.2f, wire %.2f), calibration %s\n",
       p.model.c_str(), p.ranks, r.hosts, p.ranks_per_host, p.backend.c_str(),
       p.hierarchical ? " hierarchical" : "", p.transport.c_str(), r.total_images_per_sec,
       r.images_per_sec_per_rank, r.single_gpu_images_per_sec, r.step_ms, r.exposed_comm_ms,
+      r.exposed_coordination_ms, r.exposed_latency_ms, r.exposed_host_ms, r.exposed_wire_ms,
       cal.name.c_str());
   if (!json_path.empty()) {
     std::ofstream out(json_path);

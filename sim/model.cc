@@ -551,7 +551,18 @@ struct Costs {
   Network net;
   double reduce_bytes_per_s = 0;
   double fusion_copy_bytes_per_s = 0;
+  bool no_coordination = false;  // Ablation::coordination
 };
+
+// The costs taken away to split exposed communication by cause (Prediction::exposed_*_ms).
+struct Ablation {
+  bool coordination = false;
+  bool latency = false;
+  bool host = false;
+};
+
+// A per-byte rate that makes the host's work free: bytes / rate is 0 to the model's precision.
+constexpr double kFreeBytesPerS = 1e30;
 
 // The time of one negotiation: the bit exchange and, when the controller held one, a coordinator
 // round (every rank's requests gathered at rank 0, its responses broadcast).
@@ -764,7 +775,8 @@ StatusOr<StepCompute> ComputeStage(const Point& point, const Calibration& cal,
 
 // ---- Costs ----
 
-Costs CostsStage(const Point& point, const Calibration& cal, const StepCompute& compute) {
+Costs CostsStage(const Point& point, const Calibration& cal, const StepCompute& compute,
+                 const Ablation& ablation) {
   Costs costs;
   // A step cycles through every gradient, each buffer used once: where they add up to a large
   // buffer (the calibration's intra_large_bytes), every collective's bytes within a host come from
@@ -775,6 +787,12 @@ Costs CostsStage(const Point& point, const Calibration& cal, const StepCompute& 
   const double k = point.dilation > 0 ? point.dilation : 1;
   costs.reduce_bytes_per_s = cal.reduce_gbytes_per_s * kGiga * k / HostShare(point, cal);
   costs.fusion_copy_bytes_per_s = cal.fusion_copy_gbytes_per_s * kGiga * k / HostShare(point, cal);
+  costs.no_coordination = ablation.coordination;
+  if (ablation.latency) costs.net.nic_latency_s = costs.net.intra_latency_s = 0;
+  if (ablation.host) {
+    costs.reduce_bytes_per_s = costs.fusion_copy_bytes_per_s = kFreeBytesPerS;
+    costs.net.nic_copy_bytes_per_s = costs.net.intra_copy_bytes_per_s = 0;  // 0: no host cost
+  }
   return costs;
 }
 
@@ -1065,9 +1083,12 @@ Status AllreduceStage(const Point& point, const Calibration& cal, const Costs& c
   auto allreduce = [&](double bytes) {
     return AllreduceTime(costs.net, bytes, reduce, algorithm, point.hierarchical);
   };
+  const bool coordinate = !costs.no_coordination;
   const double cycle = point.cycle_time_ms / 1e3;
-  const double per_cycle = cal.engine_overhead_us * 1e-6 / k * HostShare(point, cal);
-  const double per_collective = cal.engine_collective_us * 1e-6 / k * HostShare(point, cal);
+  const double per_cycle =
+      coordinate ? cal.engine_overhead_us * 1e-6 / k * HostShare(point, cal) : 0.0;
+  const double per_collective =
+      coordinate ? cal.engine_collective_us * 1e-6 / k * HostShare(point, cal) : 0.0;
   const size_t threshold = static_cast<size_t>(point.fusion_threshold_mb * (1 << 20));
   SimClock clock;
   SymmetricPeers peers(n);
@@ -1091,8 +1112,8 @@ Status AllreduceStage(const Point& point, const Calibration& cal, const Costs& c
       double news = controller.pending() > 0
                         ? free_at
                         : std::max(free_at, step_start + tensors[next].submit_s);
-      double tick_s;
-      {
+      double tick_s = news;  // without coordination: no cycle grid to wait for
+      if (coordinate) {
         const double ticks = std::max(1.0, std::ceil((news - last_start) / cycle - 1e-12));
         tick_s = last_start + ticks * cycle;
       }
@@ -1115,7 +1136,7 @@ Status AllreduceStage(const Point& point, const Calibration& cal, const Costs& c
       bool stop = false;
       coordinator::NegotiationStats stats;
       KOLO_RETURN_IF_ERROR(controller.Negotiate(false, &responses, &stop, &stats));
-      const double neg = NegotiationTime(costs.net, peers);
+      const double neg = coordinate ? NegotiationTime(costs.net, peers) : 0.0;
       negotiation += neg;
       rounds += peers.rounds;
       // The engine's own work in a cycle that executes something (waking, handing over).
@@ -1243,10 +1264,11 @@ double OverlappedShare(const StepCompute& c) {
 // One prediction with the backward pass stretched by `stretch`; `overlapped` gets the share of
 // backward that communication overlapped.
 StatusOr<Prediction> PredictOnce(const Point& point, const Calibration& cal,
-                                 const LoadedModel& model, double stretch, double* overlapped) {
+                                 const LoadedModel& model, double stretch, double* overlapped,
+                                 const Ablation& ablation = {}) {
   Prediction out;
   KOLO_ASSIGN_OR_RETURN(StepCompute compute, ComputeStage(point, cal, model, stretch, &out));
-  const Costs costs = CostsStage(point, cal, compute);
+  const Costs costs = CostsStage(point, cal, compute, ablation);
   if (point.backend == "ps") {
     // Even one worker sends everything to its server(s).
     KOLO_RETURN_IF_ERROR(ParameterServerStage(point, cal, costs, compute, &out));
@@ -1267,7 +1289,7 @@ StatusOr<Prediction> PredictOnce(const Point& point, const Calibration& cal,
 StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
   KOLO_RETURN_IF_ERROR(CheckPoint(point));
   KOLO_ASSIGN_OR_RETURN(const LoadedModel model, LoadStage(point));
-  double overlapped = 0;
+  double overlapped = 0, stretch = 1.0;
   KOLO_ASSIGN_OR_RETURN(Prediction out, PredictOnce(point, cal, model, 1.0, &overlapped));
   // Interference: backward slows by interference x the share communication overlaps, which in
   // turn moves when the gradients are ready: four rounds toward the fixed point. On the sim-paper
@@ -1275,9 +1297,24 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
   // backward at interference 0.189.
   if (cal.interference > 0) {
     for (int round = 0; round < 4; ++round) {
-      const double stretch = 1.0 + cal.interference * overlapped;
+      stretch = 1.0 + cal.interference * overlapped;
       KOLO_ASSIGN_OR_RETURN(out, PredictOnce(point, cal, model, stretch, &overlapped));
     }
+  }
+  if (point.exposed_by_cause) {
+    // The same compute (backward as interference stretched it), each cost taken away in turn.
+    Ablation ablation;
+    double unused = 0, before = out.exposed_comm_ms;
+    double* causes[] = {&out.exposed_coordination_ms, &out.exposed_latency_ms,
+                        &out.exposed_host_ms};
+    for (int i = 0; i < 3; ++i) {
+      (i == 0 ? ablation.coordination : i == 1 ? ablation.latency : ablation.host) = true;
+      KOLO_ASSIGN_OR_RETURN(const Prediction without,
+                            PredictOnce(point, cal, model, stretch, &unused, ablation));
+      *causes[i] = before - without.exposed_comm_ms;
+      before = without.exposed_comm_ms;
+    }
+    out.exposed_wire_ms = before;
   }
   return out;
 }

@@ -179,6 +179,9 @@ struct Point {
   // first 1 MiB, in the order backward makes them, each allreduced once all its gradients are
   // ready, in bucket order, with no negotiation; the optimizer after every bucket).
   std::string framework = "kolo";
+  // Split the exposed communication by cause (Prediction::exposed_*_ms): three more runs of the
+  // communication stage, each with one more cost taken away.
+  bool exposed_by_cause = false;
 };
 
 // The frameworks a prediction can take the update semantics of (Point::framework).
@@ -200,6 +203,18 @@ struct Prediction {
   double coordinator_rounds = 0;         // in the reported step
   double single_gpu_images_per_sec = 0;  // compute alone, batch / (forward + backward + update)
   int hosts = 1;
+  // Point::exposed_by_cause: exposed_comm_ms split by what it would lose were each cost taken
+  // away in turn (each removal kept for the next; they add up to exposed_comm_ms):
+  //   coordination: the negotiation, the cycle grid's hold and the engine's own work per cycle
+  //                 and per collective (allreduce backends through the engine only);
+  //   latency:      every hop's latency (NIC and within the host);
+  //   host:         the host's per-byte work: reductions, fusion copies and casts, the
+  //                 transports' copies, a parameter-server worker's copy of what it pulls;
+  //   wire:         what is left: bytes over the links' bandwidth.
+  // A removal can let the engine group gradients otherwise, so a cause can come out slightly
+  // negative. Negative (-1) where not asked for.
+  double exposed_coordination_ms = -1, exposed_latency_ms = -1, exposed_host_ms = -1,
+         exposed_wire_ms = -1;
 };
 
 // ---- The network model, exposed for tests. ----

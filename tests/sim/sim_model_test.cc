@@ -919,3 +919,67 @@ TEST(SimInterferenceTest, TheCalibrationReadsAndWritesIt) {
 
 }  // namespace
 }  // namespace kolo::sim
+
+namespace kolo::sim {
+namespace {
+
+// Exposed communication by cause: the four parts add up to exposed_comm_ms and each follows the
+// cost it stands for; not asked for, they are -1.
+TEST(SimExposedByCauseTest, ThePartsAddUpAndFollowTheirCosts) {
+  Calibration cal;
+  cal.link_gbit = 10;
+  cal.engine_overhead_us = 50;
+  Point p = PaperPoint("resnet101", "ring", 64);
+  auto plain = Predict(p, cal);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ(plain->exposed_wire_ms, -1);
+  p.exposed_by_cause = true;
+  auto split = [&](const Point& point, const Calibration& c) {
+    auto r = Predict(point, c);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_NEAR(r->exposed_coordination_ms + r->exposed_latency_ms + r->exposed_host_ms +
+                    r->exposed_wire_ms,
+                r->exposed_comm_ms, 1e-6 * (1 + r->exposed_comm_ms));
+    return *r;
+  };
+  // The split leaves the prediction itself alone.
+  const Prediction base = split(p, cal);
+  EXPECT_EQ(base.step_ms, plain->step_ms);
+  EXPECT_GT(base.exposed_comm_ms, 0);
+  // Fusion off on a fast link: 300-odd collectives of 2 (N - 1) ring steps each, latency-bound.
+  Point unfused = p;
+  unfused.fusion_threshold_mb = 0;
+  Calibration fast = cal;
+  fast.link_gbit = 100;
+  const Prediction many = split(unfused, fast);
+  std::printf(
+      "[ info ] unfused: exposed %.2f ms = coordination %.2f + latency %.2f + host %.2f + "
+      "wire %.2f\n",
+      many.exposed_comm_ms, many.exposed_coordination_ms, many.exposed_latency_ms,
+      many.exposed_host_ms, many.exposed_wire_ms);
+  EXPECT_GT(many.exposed_latency_ms, 0.5 * many.exposed_comm_ms);
+  // A slower link: more wire.
+  Calibration slow = cal;
+  slow.link_gbit = 1;
+  const Prediction wire = split(p, slow);
+  EXPECT_GT(wire.exposed_wire_ms, base.exposed_wire_ms);
+  EXPECT_GT(wire.exposed_wire_ms, 0.5 * wire.exposed_comm_ms);
+  // A long cycle grid: more coordination.
+  Point held = unfused;
+  held.cycle_time_ms = 20;
+  const Prediction grid = split(held, fast);
+  EXPECT_GT(grid.exposed_coordination_ms, many.exposed_coordination_ms);
+  // A slow host: more host work.
+  Calibration slow_host = cal;
+  slow_host.reduce_gbytes_per_s = slow_host.fusion_copy_gbytes_per_s = 0.2;
+  const Prediction host = split(p, slow_host);
+  EXPECT_GT(host.exposed_host_ms, base.exposed_host_ms);
+  // Parameter servers coordinate nothing through the engine.
+  Point ps_point = PaperPoint("resnet101", "ps", 16);
+  ps_point.exposed_by_cause = true;
+  const Prediction servers = split(ps_point, cal);
+  EXPECT_EQ(servers.exposed_coordination_ms, 0);
+}
+
+}  // namespace
+}  // namespace kolo::sim

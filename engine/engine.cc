@@ -143,10 +143,23 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
   negotiation.cache_capacity = options.cache_capacity;
   negotiation.stall_warning_s = options.stall_warning_s;
   negotiation.stall_shutdown_s = options.stall_shutdown_s;
+  // Riding saves one exchange of messages per small allreduce: where messages cross sockets or
+  // NICs. Between ranks of one host over shared memory, where a message costs little and the
+  // direct exchange sends N - 1 of them, it measured slower (docs/measured.md).
+  const bool all_shm =
+      e.hosts.num_hosts() == 1 && (options.transport == "auto" || options.transport == "shm");
   KOLO_ASSIGN_OR_RETURN(e.peers, collectives::NegotiationPeers::Create(
-                                     &e.comm, coordinator::Controller::ExchangeWords(negotiation)));
+                                     &e.comm, coordinator::Controller::ExchangeWords(negotiation),
+                                     all_shm ? 0 : static_cast<size_t>(options.riding_max_bytes)));
   e.controller =
       std::make_unique<coordinator::Controller>(negotiation, *e.peers, coordinator::SystemClock());
+  e.riding_allowed = options.allreduce_algorithm == "auto";
+  if (e.peers->RidingMaxBytes() > 0) {
+    e.controller->SetRiding([&e](const std::vector<const coordinator::Request*>& hits,
+                                 size_t max_bytes, coordinator::RidingPayload* payload) {
+      return e.executor->PrepareRiding(hits, max_bytes, e.riding_allowed, e.ops, payload);
+    });
+  }
   KOLO_LOG(kInfo, "engine up: rank {}/{} backend {} fusion {} bytes cycle {} ms cache {}",
            options.rank, options.size, options.backend, options.fusion_threshold_bytes,
            options.cycle_time_ms, options.cache_capacity);

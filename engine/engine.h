@@ -176,6 +176,8 @@ class Engine {
     int64_t negotiations = 0;  // cycles that went through the coordinator
     int64_t cache_hits = 0;    // tensors agreed through the response cache
     int64_t collectives = 0;   // backend calls (one per fused buffer)
+    // Of those, allreduces that rode the negotiation's bit exchange (KOLO_RIDING_MAX_BYTES).
+    int64_t riding_collectives = 0;
     int64_t tensors = 0;       // completed operations
     int64_t fused_bytes = 0;   // bytes of tensors reduced in fused groups
     int64_t packed_bytes = 0;  // of those, bytes copied through the fusion buffer

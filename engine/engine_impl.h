@@ -68,9 +68,14 @@ struct Engine::Impl final {
   // kLoneHoldsToStop on, news starts an exchange at once until news comes while a cycle runs.
   int64_t drained_total = 0;
   int lone_holds = 0;
+  // Small allreduces may ride the negotiation (Controller::SetRiding): not where the allreduce
+  // algorithm was chosen by hand, which riding would replace. Background thread only.
+  bool riding_allowed = true;
   static constexpr int kLoneHoldsToStop = 2;
   // The controller's agreement for this cycle, with the engine's statistics updated.
-  Status Negotiate(std::vector<coordinator::Response>* responses, bool* stop) KOLO_EXCLUDES(mu);
+  // Sets *riding when the responses' allreduce rode the exchange (NegotiationStats::riding).
+  Status Negotiate(std::vector<coordinator::Response>* responses, bool* stop, bool* riding)
+      KOLO_EXCLUDES(mu);
   // After a cycle ran `responses`: applies the tunables whose switch collective was among them.
   Status ApplyRetunes(const std::vector<coordinator::Response>& responses) KOLO_EXCLUDES(mu);
   // The statistics the executor adds (through the table).

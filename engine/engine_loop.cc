@@ -183,7 +183,8 @@ void Engine::Impl::DrainQueue() {
 Status Engine::Impl::RunCycle(bool* stop) {
   DrainQueue();
   std::vector<Response> responses;
-  KOLO_RETURN_IF_ERROR(Negotiate(&responses, stop));
+  bool riding = false;
+  KOLO_RETURN_IF_ERROR(Negotiate(&responses, stop, &riding));
   if (timeline) {
     // The negotiation DrainQueue began ends for every agreed tensor this rank has.
     for (const Response& r : responses) {
@@ -192,7 +193,11 @@ Status Engine::Impl::RunCycle(bool* stop) {
       }
     }
   }
-  KOLO_RETURN_IF_ERROR(executor->Execute(responses, ops));
+  if (riding) {
+    KOLO_RETURN_IF_ERROR(executor->CompleteRiding(responses, ops));
+  } else {
+    KOLO_RETURN_IF_ERROR(executor->Execute(responses, ops));
+  }
   KOLO_RETURN_IF_ERROR(ApplyRetunes(responses));
   MutexLock lock(mu);
   ++stats.cycles;
@@ -222,6 +227,7 @@ Status Engine::Impl::ApplyRetunes(const std::vector<Response>& responses) {
         KOLO_RETURN_IF_ERROR(b->SetAllreduceAlgorithm(algorithm));
     }
     executor->set_fusion_threshold_bytes(t.fusion_threshold_bytes);
+    riding_allowed = t.allreduce_algorithm == "auto";
     cycle_time_ms.store(t.cycle_time_ms, std::memory_order_relaxed);
     KOLO_LOG(kInfo, "retuned: fusion threshold {} bytes, cycle time {} ms, allreduce algorithm {}",
              t.fusion_threshold_bytes, t.cycle_time_ms, t.allreduce_algorithm);
@@ -231,11 +237,12 @@ Status Engine::Impl::ApplyRetunes(const std::vector<Response>& responses) {
   return Status::OK();
 }
 
-Status Engine::Impl::Negotiate(std::vector<Response>* responses, bool* stop) {
+Status Engine::Impl::Negotiate(std::vector<Response>* responses, bool* stop, bool* riding) {
   const auto start = SteadyClock::now();
   const bool shutdown = ops.shutdown_requested();
   coordinator::NegotiationStats agreed;
   KOLO_RETURN_IF_ERROR(controller->Negotiate(shutdown, responses, stop, &agreed));
+  *riding = agreed.riding;
   const double us = std::chrono::duration<double, std::micro>(SteadyClock::now() - start).count();
   MutexLock lock(mu);
   stats.cache_hits += agreed.cache_hits;
@@ -249,6 +256,7 @@ Status Engine::Impl::Negotiate(std::vector<Response>* responses, bool* stop) {
 void Engine::Impl::Count(const execution::ExecutionStats& delta) {
   MutexLock lock(mu);
   stats.collectives += delta.collectives;
+  stats.riding_collectives += delta.riding;
   stats.fused_bytes += delta.fused_bytes;
   stats.packed_bytes += delta.packed_bytes;
   stats.allreduce_bytes += delta.allreduce_bytes;

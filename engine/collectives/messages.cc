@@ -375,6 +375,89 @@ Status Barrier(Comm& comm) {
   return Status::OK();
 }
 
+Status BitwiseAllreduceRiding(Comm& comm, transport::Region& buf, size_t and_words, size_t or_words,
+                              size_t payload_bytes, size_t max_payload_bytes, DataType dtype,
+                              uint8_t* sum, bool* summed, Scratch& scratch) {
+  KOLO_RETURN_IF_ERROR(CheckComm(comm));
+  *summed = false;
+  const int n = comm.size();
+  const int rank = comm.rank();
+  if (n > comm.bitwise_direct_max_ranks) {
+    return InvalidArgument("a payload rides only the direct exchange (up to {} ranks), not {}",
+                           comm.bitwise_direct_max_ranks, n);
+  }
+  const size_t word_bytes = (and_words + or_words) * sizeof(uint64_t);
+  if (payload_bytes > max_payload_bytes || buf.size() < word_bytes + payload_bytes) {
+    return InvalidArgument(
+        "bitwise allreduce: a payload of {} bytes (at most {}) after {} word bytes does not fit "
+        "the {}-byte buffer",
+        payload_bytes, max_payload_bytes, word_bytes, buf.size());
+  }
+  const size_t elem = DataTypeSize(dtype);
+  if (payload_bytes % elem != 0) {
+    return InvalidArgument("bitwise allreduce: a payload of {} bytes is not whole {} elements",
+                           payload_bytes, DataTypeName(dtype));
+  }
+  const uint32_t sequence = comm.sequence++;
+  if (n == 1) {
+    if (payload_bytes > 0) std::memcpy(sum, buf.data() + word_bytes, payload_bytes);
+    *summed = payload_bytes > 0;
+    return Status::OK();
+  }
+  auto posted = [&](Status st) {
+    return st.ok() ? st : st.WithContext(fmt::format("rank {}: bitwise allreduce", rank));
+  };
+  // Every receive takes the most any rank may send; a message says how much it carries.
+  const size_t slot = word_bytes + max_payload_bytes;
+  const size_t peers = static_cast<size_t>(n - 1);
+  KOLO_ASSIGN_OR_RETURN(Region * incoming, scratch.Get(*comm.device, slot * peers));
+  const uint64_t tag = CollectiveTag(OpCode::kBitwise, sequence, 0);
+  for (int k = 1; k < n; ++k) {
+    KOLO_RETURN_IF_ERROR(
+        posted(comm.device->pair((rank + k) % n)
+                   .Recv(*incoming, static_cast<size_t>(k - 1) * slot, slot, tag)));
+  }
+  for (int k = 1; k < n; ++k) {
+    KOLO_RETURN_IF_ERROR(
+        posted(comm.device->pair((rank + k) % n).Send(buf, 0, word_bytes + payload_bytes, tag)));
+  }
+  std::vector<Completion> done;
+  done.reserve(2 * peers);
+  Status st = transport::WaitFor(*comm.device, 2 * peers, &done, comm.timeout);
+  if (!st.ok()) return st.WithContext(fmt::format("rank {}: bitwise allreduce", rank));
+  // What each peer's message carried, by its position after this rank.
+  std::vector<size_t> carried(peers, 0);
+  bool all_carried = payload_bytes > 0;
+  for (const Completion& c : done) {
+    if (c.kind != transport::OpKind::kRecv) continue;
+    if (c.nbytes < word_bytes) {
+      return ProtocolError(
+          "rank {}: bitwise allreduce: rank {} sent {} bytes, expected at least {}", rank, c.peer,
+          c.nbytes, word_bytes);
+    }
+    const size_t k = static_cast<size_t>((c.peer - rank + n) % n);
+    carried[k - 1] = c.nbytes - word_bytes;
+    if (c.nbytes - word_bytes != payload_bytes) all_carried = false;
+  }
+  auto* words = reinterpret_cast<uint64_t*>(buf.data());
+  for (size_t k = 0; k < peers; ++k) {
+    const auto* theirs = reinterpret_cast<const uint64_t*>(incoming->data() + k * slot);
+    kernels::BitAnd(words, theirs, and_words);
+    kernels::BitOr(words + and_words, theirs + and_words, or_words);
+  }
+  if (!all_carried) return Status::OK();
+  // Summed in rank order on every rank, so that every rank ends with the same bits.
+  auto from = [&](int r) -> const uint8_t* {
+    if (r == rank) return buf.data() + word_bytes;
+    const size_t k = static_cast<size_t>((r - rank + n) % n);
+    return incoming->data() + (k - 1) * slot + word_bytes;
+  };
+  std::memcpy(sum, from(0), payload_bytes);
+  for (int r = 1; r < n; ++r) kernels::ReduceSum(dtype, sum, from(r), payload_bytes / elem);
+  *summed = true;
+  return Status::OK();
+}
+
 Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, size_t or_words,
                         Scratch& scratch) {
   KOLO_RETURN_IF_ERROR(CheckComm(comm));

@@ -1,22 +1,53 @@
 #include "engine/collectives/negotiation_peers.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace kolo::collectives {
 
-StatusOr<std::unique_ptr<NegotiationPeers>> NegotiationPeers::Create(Comm* comm, size_t words) {
+size_t NegotiationPeers::RidingMaxBytes(size_t riding_max_bytes, int size, int direct_max_ranks) {
+  if (size <= 1 || size > direct_max_ranks) return 0;
+  const size_t cap =
+      std::min(riding_max_bytes, kRidingReceiveBytes / static_cast<size_t>(size - 1));
+  return cap / 64 * 64;
+}
+
+StatusOr<std::unique_ptr<NegotiationPeers>> NegotiationPeers::Create(Comm* comm, size_t words,
+                                                                     size_t riding_max_bytes) {
   std::unique_ptr<NegotiationPeers> peers(new NegotiationPeers(comm));
-  peers->bits_.assign(words, 0);
-  KOLO_ASSIGN_OR_RETURN(peers->bits_region_,
-                        comm->device->Register(peers->bits_.data(), words * sizeof(uint64_t)));
+  peers->words_ = words;
+  peers->riding_max_ =
+      RidingMaxBytes(riding_max_bytes, comm->size(), comm->bitwise_direct_max_ranks);
+  peers->bits_.assign(words + peers->riding_max_ / sizeof(uint64_t), 0);
+  KOLO_ASSIGN_OR_RETURN(
+      peers->bits_region_,
+      comm->device->Register(peers->bits_.data(), peers->bits_.size() * sizeof(uint64_t)));
   return peers;
+}
+
+Status NegotiationPeers::BitwiseAllreduceRiding(uint64_t* words, size_t and_words, size_t or_words,
+                                                coordinator::RidingPayload* payload) {
+  payload->summed = false;
+  const size_t n = and_words + or_words;
+  if (n > words_ || payload->bytes > riding_max_) {
+    return InvalidArgument(
+        "bit exchange of {} words and {} payload bytes; the registered buffer holds {} and {}", n,
+        payload->bytes, words_, riding_max_);
+  }
+  auto* at = reinterpret_cast<uint8_t*>(bits_.data());
+  std::memcpy(at, words, n * sizeof(uint64_t));
+  if (payload->bytes > 0) std::memcpy(at + n * sizeof(uint64_t), payload->data, payload->bytes);
+  KOLO_RETURN_IF_ERROR(collectives::BitwiseAllreduceRiding(
+      *comm_, *bits_region_, and_words, or_words, payload->bytes, riding_max_, payload->dtype,
+      payload->sum, &payload->summed, scratch_));
+  std::memcpy(words, bits_.data(), n * sizeof(uint64_t));
+  return Status::OK();
 }
 
 Status NegotiationPeers::BitwiseAllreduce(uint64_t* words, size_t and_words, size_t or_words) {
   const size_t n = and_words + or_words;
-  if (n > bits_.size()) {
-    return InvalidArgument("bit exchange of {} words; the registered buffer holds {}", n,
-                           bits_.size());
+  if (n > words_) {
+    return InvalidArgument("bit exchange of {} words; the registered buffer holds {}", n, words_);
   }
   std::memcpy(bits_.data(), words, n * sizeof(uint64_t));
   KOLO_RETURN_IF_ERROR(

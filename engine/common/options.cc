@@ -73,15 +73,15 @@ const char* const kKnownVariables[] = {
     "KOLO_RANK", "KOLO_SIZE", "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE", "KOLO_STORE_ADDR",
     "KOLO_STORE_PORT", "KOLO_JOB_SECRET", "KOLO_IFACE", "KOLO_HOST_NAME",
     "KOLO_HIERARCHICAL_ALLREDUCE", "KOLO_ALLREDUCE_ALGORITHM", "KOLO_BACKEND", "KOLO_TRANSPORT",
-    "KOLO_TIMELINE", "KOLO_LOG_LEVEL", "KOLO_BUSY_POLL", "KOLO_POLL_SPIN_US", "KOLO_ENGINE_SCHED",
-    "KOLO_SOCKET_BUFFER_BYTES", "KOLO_SHM_RING_BYTES", "KOLO_RING_CHUNK_BYTES",
-    "KOLO_FUSION_THRESHOLD_BYTES", "KOLO_CACHE_CAPACITY", "KOLO_CYCLE_TIME_MS",
-    "KOLO_PEER_TIMEOUT_SECONDS", "KOLO_START_TIMEOUT_SECONDS", "KOLO_FAULT_INJECT",
-    "KOLO_STALL_CHECK_SECONDS", "KOLO_STALL_SHUTDOWN_SECONDS", "KOLO_MPI_IDLE_PROGRESS",
-    "KOLO_SKIP_BOOTSTRAP", "KOLO_PS_SERVERS", "KOLO_PS_SERVER_RANKS", "KOLO_PS_PLACEMENT",
-    "KOLO_PS_PACING", "KOLO_COMPRESSION", "KOLO_TCP_STREAMS", "KOLO_TCP_STRIPE_MIN_BYTES",
-    "KOLO_EMULATED_FLOW_CAP", "KOLO_IB_DEVICE", "KOLO_IB_PORT", "KOLO_IB_GID_INDEX",
-    "KOLO_IB_VERBS",
+    "KOLO_TIMELINE", "KOLO_LOG_LEVEL", "KOLO_BUSY_POLL", "KOLO_POLL_SPIN_US",
+    "KOLO_RIDING_MAX_BYTES", "KOLO_ENGINE_SCHED", "KOLO_SOCKET_BUFFER_BYTES", "KOLO_SHM_RING_BYTES",
+    "KOLO_RING_CHUNK_BYTES", "KOLO_FUSION_THRESHOLD_BYTES", "KOLO_CACHE_CAPACITY",
+    "KOLO_CYCLE_TIME_MS", "KOLO_PEER_TIMEOUT_SECONDS", "KOLO_START_TIMEOUT_SECONDS",
+    "KOLO_FAULT_INJECT", "KOLO_STALL_CHECK_SECONDS", "KOLO_STALL_SHUTDOWN_SECONDS",
+    "KOLO_MPI_IDLE_PROGRESS", "KOLO_SKIP_BOOTSTRAP", "KOLO_PS_SERVERS", "KOLO_PS_SERVER_RANKS",
+    "KOLO_PS_PLACEMENT", "KOLO_PS_PACING", "KOLO_COMPRESSION", "KOLO_TCP_STREAMS",
+    "KOLO_TCP_STRIPE_MIN_BYTES", "KOLO_EMULATED_FLOW_CAP", "KOLO_IB_DEVICE", "KOLO_IB_PORT",
+    "KOLO_IB_GID_INDEX", "KOLO_IB_VERBS",
     // Read by scripts/ (and exported to the ranks they start).
     "KOLO_ROOT", "KOLO_VENV", "KOLO_OUT", "KOLO_BIN_DIR", "KOLO_SKIP_BUILD", "KOLO_RECONFIGURE",
     "KOLO_MPIRUN_ARGS", "KOLO_MAIN_TIMEOUT"};
@@ -502,6 +502,7 @@ std::vector<MatchedSetting> MustMatch(const Options& o) {
       {"tcp_streams", TcpStreamsName(o.tcp_streams)},
       {"tcp_stripe_min_bytes", fmt::format("{}", o.tcp_stripe_min_bytes)},
       {"ring_chunk_bytes", fmt::format("{}", o.ring_chunk_bytes)},
+      {"riding_max_bytes", fmt::format("{}", o.riding_max_bytes)},
   };
   if (o.backend == "ps") {
     out.push_back({"ps_servers", fmt::format("{}", o.ps_servers)});
@@ -552,6 +553,7 @@ StatusOr<Options> OptionsFromEnvironment(const std::map<std::string, std::string
   }
   if (const std::string* v = Find(env, "KOLO_ENGINE_SCHED")) o.engine_sched = *v;
   KOLO_RETURN_IF_ERROR(ReadInt(env, "KOLO_POLL_SPIN_US", 0, 1000000, &o.poll_spin_us));
+  KOLO_RETURN_IF_ERROR(ReadInt(env, "KOLO_RIDING_MAX_BYTES", 0, 1 << 20, &o.riding_max_bytes));
   if (const std::string* v = Find(env, "KOLO_MPI_IDLE_PROGRESS")) {
     KOLO_ASSIGN_OR_RETURN(o.mpi_idle_progress, ParseBool("KOLO_MPI_IDLE_PROGRESS", *v));
   }

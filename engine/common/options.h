@@ -100,6 +100,14 @@ struct Options {
   // at once. Measured on loopback (kolo-allreduce-bench --algorithms, docs/measured.md): a 4 KB
   // allreduce of 4 ranks on 2 cores over shm went from 3x to 1x Open MPI's time at 20 us.
   int64_t poll_spin_us = 20;
+  // KOLO_RIDING_MAX_BYTES: where every rank's news is the same response-cache hits and they are
+  // host allreduces of at most this many bytes together (sum or average, one dtype, no
+  // compression, the ring backend at allreduce algorithm auto), their data rides the negotiation's
+  // bit exchange and is summed on arrival: one exchange instead of an exchange and a collective.
+  // Only up to 16 ranks (the bit exchange's direct form), no more than 192 KiB / (ranks - 1), and
+  // not where every rank shares one host over shared memory (transport auto or shm), where it
+  // measured slower. 0 turns it off. Every rank must agree.
+  int64_t riding_max_bytes = 32 << 10;
   // The RDMA transport (--transport rdma). KOLO_IB_DEVICE / --ib-device: the device by name (as
   // ibv_devices lists it); empty: the first device whose port ib_port is ACTIVE. KOLO_IB_PORT /
   // --ib-port: the port number. KOLO_IB_GID_INDEX / --ib-gid-index: the GID table entry to route

@@ -218,7 +218,31 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
   for (size_t i = 0; i < Layout::kCheckWords; ++i) {
     bits_[at.and_check() + i] = bits_[at.or_check() + i] = check[i];
   }
-  KOLO_RETURN_IF_ERROR(peers_.BitwiseAllreduce(bits_.data(), at.and_words(), at.or_words()));
+  // Riding: this rank's news is only hits; their data goes with the words.
+  RidingPayload payload;
+  std::vector<uint64_t> offered;
+  const size_t riding_max = riding_ ? peers_.RidingMaxBytes() : 0;
+  if (riding_max > 0 && !reporting && !rank0_round && !handed_back && !shutdown &&
+      !pending_.empty()) {
+    std::vector<const Request*> hits;
+    for (size_t w = 0; w < words; ++w) {
+      for (uint64_t m = bits_[w]; m != 0; m &= m - 1) {
+        const int bit = static_cast<int>(w * 64 + static_cast<size_t>(__builtin_ctzll(m)));
+        hits.push_back(&cache_.Get(bit).request);
+      }
+    }
+    if (!hits.empty() && riding_(hits, riding_max, &payload)) {
+      offered.assign(bits_.begin(), bits_.begin() + static_cast<ptrdiff_t>(words));
+    } else {
+      payload = RidingPayload{};
+    }
+  }
+  if (riding_max > 0) {
+    KOLO_RETURN_IF_ERROR(
+        peers_.BitwiseAllreduceRiding(bits_.data(), at.and_words(), at.or_words(), &payload));
+  } else {
+    KOLO_RETURN_IF_ERROR(peers_.BitwiseAllreduce(bits_.data(), at.and_words(), at.or_words()));
+  }
   ++exchanges_;
   for (size_t i = 0; i < Layout::kCheckWords; ++i) {
     if (bits_[at.and_check() + i] != bits_[at.or_check() + i]) return OutOfStep(check);
@@ -230,6 +254,16 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
                         : kSeveralRanks;
   }
   const bool uncached = (bits_[at.flags()] & kFlagUncached) != 0;
+  // The payload is the agreed responses' sum when every rank offered exactly these hits (AND and
+  // OR of the offers equal to this rank's) and nothing else happens in this exchange.
+  if (payload.summed && !offered.empty() && !uncached && !*stop) {
+    bool same = true;
+    for (size_t w = 0; w < words && same; ++w) {
+      same = bits_[w] == offered[w] && bits_[at.or_hits() + w] == offered[w] &&
+             bits_[at.invalid() + w] == 0;
+    }
+    stats->riding = same;
+  }
   // Offered somewhere, agreed nowhere, not invalidated: a rank that submits one of these next
   // completes (or comes closer to completing) a collective its peers already wait for, and starts
   // the next exchange at once instead of on its cycle grid. Likewise a rank with a request to

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -43,12 +44,33 @@ Clock& SystemClock();
 
 // The controller's link to the other ranks' controllers. Every rank calls the same operation in
 // the same order; each returns an error naming the failed peer, within the transport's timeout.
+// A small allreduce's data riding along one bit exchange (Controller::SetRiding): this rank's
+// bytes, and every rank's summed in rank order (the same bits on every rank) where every rank sent
+// as many.
+struct RidingPayload {
+  const uint8_t* data = nullptr;  // this rank's bytes
+  size_t bytes = 0;               // 0: nothing rides
+  DataType dtype = DataType::kFloat32;
+  uint8_t* sum = nullptr;  // `bytes` bytes: the sum, where summed
+  bool summed = false;     // set by the exchange
+};
+
 class Peers {
  public:
   virtual ~Peers() = default;
   // In place on words[0, and_words + or_words): the first and_words ANDed over every rank, the
   // rest ORed.
   virtual Status BitwiseAllreduce(uint64_t* words, size_t and_words, size_t or_words) = 0;
+  // The most payload bytes one exchange can carry, the same on every rank; 0: none.
+  virtual size_t RidingMaxBytes() const { return 0; }
+  // BitwiseAllreduce with `payload` riding along (at most RidingMaxBytes(); its bytes may be 0,
+  // and may differ between ranks): sets payload->summed, and the sum, where every rank sent as
+  // many bytes.
+  virtual Status BitwiseAllreduceRiding(uint64_t* words, size_t and_words, size_t or_words,
+                                        RidingPayload* payload) {
+    payload->summed = false;
+    return BitwiseAllreduce(words, and_words, or_words);
+  }
   // Rank 0 receives every rank's message in rank order (its own included); other ranks get none.
   virtual StatusOr<std::vector<std::vector<uint8_t>>> GatherAtRoot(
       const std::vector<uint8_t>& mine) = 0;
@@ -70,7 +92,16 @@ struct ControllerSettings {
 struct NegotiationStats {
   int64_t cache_hits = 0;  // tensors agreed through the response cache
   int64_t rounds = 0;      // coordinator rounds (0 or 1)
+  // The responses are exactly the cache hits every rank offered, and the payload that rode the
+  // exchange (SetRiding) holds their allreduce, summed: they need no collective of their own.
+  bool riding = false;
 };
+
+// What the engine puts on an exchange (Controller::SetRiding): given the cache hits this rank
+// offers, in bit order (the order their responses would have), fills `payload` with their data
+// (at most max_bytes) and returns true, or returns false to send none.
+using RidingPrepare = std::function<bool(const std::vector<const Request*>& hits, size_t max_bytes,
+                                         RidingPayload* payload)>;
 
 class Controller {
  public:
@@ -122,6 +153,13 @@ class Controller {
   // Forgets every pending tensor (after a fatal error, the engine fails them itself).
   void Clear();
 
+  // Small allreduces ride the bit exchange. Where this rank's news is only cache hits and Peers
+  // can carry a payload, `prepare` may put their data on the exchange; when every rank offered
+  // exactly the same hits and nothing else (no request to report, no invalidation, no shutdown),
+  // Negotiate sets NegotiationStats::riding and the payload's sum is their result: one exchange
+  // instead of an exchange and then a collective. Every rank must set the same (or none).
+  void SetRiding(RidingPrepare prepare) { riding_ = std::move(prepare); }
+
   const ResponseCache& cache() const { return cache_; }
 
  private:
@@ -154,6 +192,7 @@ class Controller {
   // shorter or the only one set. Zero when stall inspection is off.
   const SteadyClock::duration hit_stall_after_;
 
+  RidingPrepare riding_;
   ResponseCache cache_;
   std::optional<MessageTable> table_;  // rank 0
   PendingMap pending_;

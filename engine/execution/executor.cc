@@ -100,6 +100,88 @@ Status Executor::Execute(const std::vector<Response>& responses, Operations& ops
   return Status::OK();
 }
 
+bool Executor::PrepareRiding(const std::vector<const Request*>& hits, size_t max_bytes,
+                             bool allowed, Operations& ops, coordinator::RidingPayload* payload) {
+  if (!allowed || hits.empty()) return false;
+  const DataType dtype = hits[0]->dtype;
+  const uint8_t op = hits[0]->reduce_op;
+  if (op != static_cast<uint8_t>(ReduceOp::kSum) &&
+      op != static_cast<uint8_t>(ReduceOp::kAverage)) {
+    return false;
+  }
+  if (dtype == DataType::kFloat32 && settings_.compression != DataType::kFloat32) return false;
+  size_t bytes = 0;
+  for (const Request* r : hits) {
+    if (r->type != CollectiveType::kAllreduce || r->on_device || r->dtype != dtype ||
+        r->reduce_op != op || std::string(BackendFor(*r).name()) != "ring") {
+      return false;
+    }
+    bytes += static_cast<size_t>(NumElements(r->shape)) * DataTypeSize(dtype);
+    if (bytes > max_bytes) return false;
+  }
+  if (bytes == 0) return false;
+  riding_in_.resize(bytes);
+  riding_sum_.resize(bytes);
+  size_t at = 0;
+  for (const Request* r : hits) {
+    const Operation* e = ops.Find(r->name);
+    if (e == nullptr) return false;
+    const size_t n = static_cast<size_t>(NumElements(r->shape)) * DataTypeSize(dtype);
+    if (n > 0) std::memcpy(riding_in_.data() + at, e->in, n);
+    at += n;
+  }
+  payload->data = riding_in_.data();
+  payload->bytes = bytes;
+  payload->dtype = dtype;
+  payload->sum = riding_sum_.data();
+  return true;
+}
+
+Status Executor::CompleteRiding(const std::vector<Response>& responses, Operations& ops) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<Operation*> members;
+  for (const Response& r : responses) {
+    Operation* e = ops.Find(r.request.name);
+    if (e == nullptr) {
+      return Internal("response for '{}', which rank {} has not submitted", r.request.name,
+                      settings_.rank);
+    }
+    members.push_back(e);
+  }
+  if (members.empty()) return Status::OK();
+  const DataType dtype = members[0]->request.dtype;
+  const double scale = members[0]->request.reduce_op == static_cast<uint8_t>(ReduceOp::kAverage)
+                           ? 1.0 / settings_.size
+                           : 1.0;
+  std::vector<fusion::CopyEntry> out;
+  size_t at = 0;
+  for (Operation* e : members) {
+    const size_t n = static_cast<size_t>(NumElements(e->request.shape)) * DataTypeSize(dtype);
+    out.push_back({riding_sum_.data() + at, e->out, n});
+    at += n;
+  }
+  if (at != riding_sum_.size()) {
+    return Internal("the riding payload holds {} bytes; its responses {}", riding_sum_.size(), at);
+  }
+  const std::string args =
+      fmt::format("{{\"bytes\":{},\"tensors\":{},\"dtype\":\"{}\",\"riding\":true}}", at,
+                  members.size(), DataTypeName(dtype));
+  for (Operation* e : members) {
+    Begin(e->request.name, "ALLREDUCE", args);
+    Begin(e->request.name, "RIDING_UNPACK");
+  }
+  fusion::UnpackEntries(out.data(), out.size(), dtype, scale);
+  for (Operation* e : members) {
+    End(e->request.name, "RIDING_UNPACK");
+    End(e->request.name, "ALLREDUCE");
+  }
+  const bool fused = members.size() > 1;
+  ops.Count({1, fused ? static_cast<int64_t>(at) : 0, fused ? static_cast<int64_t>(at) : 0,
+             static_cast<int64_t>(at), MicrosSince(start), static_cast<int64_t>(at), 1});
+  for (Operation* e : members) ops.Complete(e, Status::OK(), nullptr);
+  return Status::OK();
+}
+
 backends::Backend& Executor::BackendFor(const Request& request) {
   for (const auto& b : *backends_) {
     if (b->Enabled(request.type, request.dtype)) return *b;

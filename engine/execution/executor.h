@@ -21,6 +21,7 @@
 #include "engine/common/options.h"
 #include "engine/common/status.h"
 #include "engine/common/tensor.h"
+#include "engine/coordinator/controller.h"
 #include "engine/coordinator/message.h"
 #include "engine/cuda/device_context.h"
 #include "engine/fusion/fusion_buffer.h"
@@ -47,6 +48,7 @@ struct ExecutionStats {
   double execute_us = 0;        // time executing collectives, fusion copies included
   // Of allreduce_bytes, the bytes as they were reduced: half for compressed float32 tensors.
   int64_t allreduce_wire_bytes = 0;
+  int64_t riding = 0;  // of collectives, those that rode the negotiation
 };
 
 // The engine's side: the operations this rank submitted, and where finished ones go
@@ -101,6 +103,18 @@ class Executor {
   // Engine::Retune: the fusion threshold of the cycles from the next on. Background thread only.
   void set_fusion_threshold_bytes(int64_t bytes) { settings_.fusion_threshold_bytes = bytes; }
 
+  // Small allreduces riding the negotiation (coordinator::Controller::SetRiding). PrepareRiding:
+  // when every one of `hits` is a host allreduce this rank submitted, sum or average, of one
+  // dtype, not compressed, on the ring backend, and together at most max_bytes, copies their
+  // inputs, in order, into a buffer of the executor's and points `payload` at it (and at the
+  // buffer the sum goes to); returns false otherwise. `allowed` is false where the allreduce
+  // algorithm was chosen by hand (riding would replace it).
+  bool PrepareRiding(const std::vector<const coordinator::Request*>& hits, size_t max_bytes,
+                     bool allowed, Operations& ops, coordinator::RidingPayload* payload);
+  // After a Negotiate that set NegotiationStats::riding: completes `responses` from the
+  // payload's sum (scaled for an average), with their timeline activities and statistics.
+  Status CompleteRiding(const std::vector<coordinator::Response>& responses, Operations& ops);
+
  private:
   // A group's operations, in the group's order, and what they share.
   struct GroupOps {
@@ -134,6 +148,7 @@ class Executor {
   void End(const std::string& name, const std::string& activity);
 
   ExecutorSettings settings_;
+  std::vector<uint8_t> riding_in_, riding_sum_;  // PrepareRiding's payload and its sum
   collectives::Comm* comm_;
   const std::vector<std::unique_ptr<backends::Backend>>* backends_;
   timeline::Timeline* timeline_;

@@ -495,6 +495,96 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, BitwiseAllreduceTest, ::testing::Bool(),
                            return info.param ? "direct" : "recursive_doubling";
                          });
 
+// A payload riding the direct bit exchange: summed in rank order, the same bits on every rank,
+// where every rank sent as many bytes; otherwise not summed, the words combined all the same.
+TEST(BitwiseAllreduceRiding, SumsInRankOrderWhereEveryRankSentAsMany) {
+  constexpr size_t kAnd = 2, kOr = 1, kFloats = 300, kMax = 2048;
+  for (int n = 1; n <= 6; ++n) {
+    for (const bool one_short : {false, true}) {
+      if (one_short && n == 1) continue;
+      SCOPED_TRACE(fmt::format("{} ranks{}", n, one_short ? ", the last sends no payload" : ""));
+      Job job(n);
+      ASSERT_TRUE(job.ok());
+      std::vector<std::vector<uint64_t>> bufs(static_cast<size_t>(n));
+      std::vector<std::vector<float>> sums(static_cast<size_t>(n), std::vector<float>(kFloats, -1));
+      std::vector<uint8_t> summed(static_cast<size_t>(n), 2);
+      std::vector<float> want(kFloats, 0);
+      std::mt19937 rng(static_cast<uint32_t>(n));
+      std::uniform_real_distribution<float> u(-1, 1);
+      for (int r = 0; r < n; ++r) {
+        auto& b = bufs[static_cast<size_t>(r)];
+        b.assign(kAnd + kOr + kMax / 8, 0);
+        b[0] = ~uint64_t{0} ^ (uint64_t{1} << r);
+        b[1] = ~uint64_t{0};
+        b[2] = uint64_t{1} << r;
+        auto* f = reinterpret_cast<float*>(b.data() + kAnd + kOr);
+        for (size_t i = 0; i < kFloats; ++i) {
+          f[i] = u(rng);
+          want[i] = r == 0 ? f[i] : want[i] + f[i];  // rank order
+        }
+      }
+      auto statuses = job.Run([&](int r) -> Status {
+        auto& b = bufs[static_cast<size_t>(r)];
+        KOLO_ASSIGN_OR_RETURN(auto region, job.device(r).Register(b.data(), 8 * b.size()));
+        const size_t bytes = one_short && r == n - 1 ? 0 : kFloats * sizeof(float);
+        bool ok = false;
+        KOLO_RETURN_IF_ERROR(BitwiseAllreduceRiding(
+            job.comm(r), *region, kAnd, kOr, bytes, kMax, DataType::kFloat32,
+            reinterpret_cast<uint8_t*>(sums[static_cast<size_t>(r)].data()), &ok, job.scratch(r)));
+        summed[static_cast<size_t>(r)] = ok ? 1 : 0;
+        return Status::OK();
+      });
+      ExpectAllOk(statuses);
+      const uint64_t all = n == 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1;
+      for (int r = 0; r < n; ++r) {
+        const auto& b = bufs[static_cast<size_t>(r)];
+        EXPECT_EQ(b[0], ~uint64_t{0} & ~all) << "rank " << r;
+        EXPECT_EQ(b[1], ~uint64_t{0}) << "rank " << r;
+        EXPECT_EQ(b[2], all) << "rank " << r;
+        EXPECT_EQ(summed[static_cast<size_t>(r)], one_short ? 0 : 1) << "rank " << r;
+        if (!one_short) {
+          // Bit for bit: every rank adds in rank order.
+          EXPECT_EQ(std::memcmp(sums[static_cast<size_t>(r)].data(), want.data(),
+                                kFloats * sizeof(float)),
+                    0)
+              << "rank " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(BitwiseAllreduceRiding, RefusesWhatItCannotCarry) {
+  Job job(3);
+  ASSERT_TRUE(job.ok());
+  std::vector<uint64_t> b(64, 0);
+  std::vector<uint8_t> sum(512);
+  auto statuses = job.Run([&](int r) -> Status {
+    std::vector<uint64_t> mine = b;
+    KOLO_ASSIGN_OR_RETURN(auto region, job.device(r).Register(mine.data(), 8 * mine.size()));
+    bool ok = false;
+    job.comm(r).bitwise_direct_max_ranks = 2;  // beyond the direct exchange
+    Status beyond = BitwiseAllreduceRiding(job.comm(r), *region, 1, 1, 64, 128, DataType::kFloat32,
+                                           sum.data(), &ok, job.scratch(r));
+    if (beyond.ok() || beyond.message().find("direct exchange") == std::string::npos) {
+      return Internal("beyond the direct exchange: {}", beyond.ToString());
+    }
+    job.comm(r).bitwise_direct_max_ranks = 16;
+    Status big = BitwiseAllreduceRiding(job.comm(r), *region, 1, 1, 256, 128, DataType::kFloat32,
+                                        sum.data(), &ok, job.scratch(r));
+    if (big.ok() || big.message().find("at most 128") == std::string::npos) {
+      return Internal("over the most: {}", big.ToString());
+    }
+    Status ragged = BitwiseAllreduceRiding(job.comm(r), *region, 1, 1, 6, 128, DataType::kFloat32,
+                                           sum.data(), &ok, job.scratch(r));
+    if (ragged.ok() || ragged.message().find("whole float32") == std::string::npos) {
+      return Internal("not whole elements: {}", ragged.ToString());
+    }
+    return Status::OK();
+  });
+  ExpectAllOk(statuses);
+}
+
 TEST(Messages, GatherAndBroadcastFromEveryRoot) {
   for (int n : {1, 2, 3, 5}) {
     Job job(n);

@@ -157,6 +157,62 @@ TEST(Engine, AverageDividesBySize) {
   });
 }
 
+// Small allreduces ride the negotiation's bit exchange where every rank offers the same cached
+// tensors: the results are those of the collectives they replace. KOLO_RIDING_MAX_BYTES=0, an
+// allreduce algorithm chosen by hand, or ranks all on one host over shared memory turn it off.
+TEST(Engine, SmallAllreducesRideTheNegotiation) {
+  struct Case {
+    const char* transport;
+    int64_t max_bytes;
+    const char* algorithm;
+    bool rides;
+  };
+  for (const Case& c : {Case{"tcp", 32 << 10, "auto", true}, Case{"tcp", 0, "auto", false},
+                        Case{"tcp", 32 << 10, "recursive-doubling", false},
+                        Case{"auto", 32 << 10, "auto", false}}) {
+    SCOPED_TRACE(fmt::format("transport {}, riding up to {} bytes, algorithm {}", c.transport,
+                             c.max_bytes, c.algorithm));
+    std::vector<int64_t> riding(4, -1);
+    RunRanks(
+        4,
+        [&](int r) {
+          Options o = RankOptions(r, 4);
+          o.transport = c.transport;
+          o.riding_max_bytes = c.max_bytes;
+          o.allreduce_algorithm = c.algorithm;
+          return o;
+        },
+        [&](int rank, Engine& engine) {
+          for (int step = 0; step < 30; ++step) {
+            std::vector<float> in(256), out(256, -1);
+            for (size_t i = 0; i < in.size(); ++i) in[i] = rank + 0.25f * static_cast<float>(i);
+            std::vector<double> din(10, rank + step), dout(10, -1);
+            auto h1 = engine.AllreduceAsync("ride", in.data(), out.data(), DataType::kFloat32,
+                                            {256}, ReduceOp::kAverage);
+            ASSERT_TRUE(h1.ok());
+            ASSERT_TRUE(engine.Wait(*h1).ok());
+            auto h2 = engine.AllreduceAsync("ride64", din.data(), dout.data(), DataType::kFloat64,
+                                            {10}, ReduceOp::kSum);
+            ASSERT_TRUE(h2.ok());
+            ASSERT_TRUE(engine.Wait(*h2).ok());
+            for (size_t i = 0; i < out.size(); ++i) {
+              ASSERT_FLOAT_EQ(out[i], 1.5f + 0.25f * static_cast<float>(i)) << i;
+            }
+            for (double v : dout) ASSERT_DOUBLE_EQ(v, 6.0 + 4.0 * step);
+          }
+          riding[static_cast<size_t>(rank)] = engine.stats().riding_collectives;
+        });
+    for (int r = 0; r < 4; ++r) {
+      if (c.rides) {
+        // Every allreduce after the first of each name (a cache miss) rides.
+        EXPECT_GE(riding[static_cast<size_t>(r)], 50) << "rank " << r;
+      } else {
+        EXPECT_EQ(riding[static_cast<size_t>(r)], 0) << "rank " << r;
+      }
+    }
+  }
+}
+
 TEST(Engine, DifferentSubmissionOrdersComplete) {
   RunRanks(3, [](int rank, Engine& engine) {
     const int n = 40;

@@ -80,6 +80,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{{{"KOLO_CACHE_CAPACITY", "lots"}}, "KOLO_CACHE_CAPACITY"},
                       BadCase{{{"KOLO_BACKEND", "nccl2"}}, "nccl2"},
                       BadCase{{{"KOLO_BUSY_POLL", "maybe"}}, "maybe"},
+                      BadCase{{{"KOLO_RIDING_MAX_BYTES", "2000000"}}, "KOLO_RIDING_MAX_BYTES"},
+                      BadCase{{{"KOLO_RIDING_MAX_BYTES", "-1"}}, "-1"},
                       BadCase{{{"KOLO_ENGINE_SCHED", "fifo"}}, "fifo"},
                       BadCase{{{"KOLO_LOG_LEVEL", "loud"}}, "loud"},
                       BadCase{{{"KOLO_SIZE", "2"}, {"KOLO_RANK", "2"}}, "rank=2"},
@@ -107,6 +109,7 @@ TEST(Options, MustMatchListsEngineThenApplicationSettings) {
   EXPECT_EQ(ring.front(), "size");
   EXPECT_EQ(ring.back(), "model");
   EXPECT_EQ(std::count(ring.begin(), ring.end(), "fusion_threshold_bytes"), 1);
+  EXPECT_EQ(std::count(ring.begin(), ring.end(), "riding_max_bytes"), 1);
   EXPECT_EQ(std::count(ring.begin(), ring.end(), "ps_servers"), 0);
   EXPECT_EQ(std::count(ring.begin(), ring.end(), "timeline_path"), 0);
   o.backend = "ps";

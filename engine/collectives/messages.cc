@@ -461,7 +461,6 @@ Status BitwiseAllreduceRiding(Comm& comm, transport::Region& buf, size_t and_wor
 Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, size_t or_words,
                         Scratch& scratch) {
   KOLO_RETURN_IF_ERROR(CheckComm(comm));
-  const uint32_t sequence = comm.sequence++;
   const size_t bytes = (and_words + or_words) * sizeof(uint64_t);
   if (buf.size() < bytes) {
     return InvalidArgument("BitwiseAllreduce: {} + {} words need {} bytes; the buffer has {}",
@@ -469,6 +468,15 @@ Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, si
   }
   const int n = comm.size();
   const int rank = comm.rank();
+  if (n > 1 && bytes > 0 && n <= comm.bitwise_direct_max_ranks) {
+    // Direct exchange: receives from every peer posted, then this rank's words sent to each. A
+    // rank idling in WaitForArrival is woken by the first peer to enter. The sends read buf, so
+    // everything completes before combining. (The riding form without a payload.)
+    bool unused = false;
+    return BitwiseAllreduceRiding(comm, buf, and_words, or_words, 0, 0, DataType::kUInt8, nullptr,
+                                  &unused, scratch);
+  }
+  const uint32_t sequence = comm.sequence++;
   if (n == 1 || bytes == 0) return Status::OK();
   auto* words = reinterpret_cast<uint64_t*>(buf.data());
   // Posting may already fail (a peer's message of the wrong size is waiting): name the call.
@@ -480,25 +488,6 @@ Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, si
     kernels::BitAnd(words, theirs, and_words);
     kernels::BitOr(words + and_words, theirs + and_words, or_words);
   };
-  if (n <= comm.bitwise_direct_max_ranks) {
-    // Direct exchange: receives from every peer posted, then this rank's words sent to each. A
-    // rank idling in WaitForArrival is woken by the first peer to enter. The sends read buf, so
-    // everything completes before combining.
-    const size_t peers = static_cast<size_t>(n - 1);
-    KOLO_ASSIGN_OR_RETURN(Region * incoming, scratch.Get(*comm.device, bytes * peers));
-    const uint64_t tag = CollectiveTag(OpCode::kBitwise, sequence, 0);
-    for (int k = 1; k < n; ++k) {
-      KOLO_RETURN_IF_ERROR(
-          posted(comm.device->pair((rank + k) % n)
-                     .Recv(*incoming, static_cast<size_t>(k - 1) * bytes, bytes, tag)));
-    }
-    for (int k = 1; k < n; ++k) {
-      KOLO_RETURN_IF_ERROR(posted(comm.device->pair((rank + k) % n).Send(buf, 0, bytes, tag)));
-    }
-    KOLO_RETURN_IF_ERROR(Await(comm, 2 * peers, "bitwise allreduce", bytes));
-    for (size_t k = 0; k < peers; ++k) combine(incoming->data() + k * bytes);
-    return Status::OK();
-  }
   KOLO_ASSIGN_OR_RETURN(Region * incoming, scratch.Get(*comm.device, bytes));
   // Recursive doubling: log2(p) rounds in which partners swap and combine at once, half the
   // sequential hops of a tree, because this exchange runs every cycle. Ranks beyond the largest

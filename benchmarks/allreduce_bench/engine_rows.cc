@@ -63,7 +63,8 @@ class EngineRow final : public Backend {
     // The engine counts a cycle's parts before it completes the cycle's tensors.
     const Engine::Stats after = started_.engine->stats();
     calls_.push_back({after.coordination_us - before.coordination_us,
-                      after.execute_us - before.execute_us, after.gather_us - before.gather_us});
+                      after.execute_us - before.execute_us, after.gather_us - before.gather_us,
+                      static_cast<double>(after.riding_collectives - before.riding_collectives)});
     return Status::OK();
   }
 
@@ -77,6 +78,12 @@ class EngineRow final : public Backend {
       for (size_t i = calls_.size() - timed; i < calls_.size(); ++i) v.push_back(calls_[i][part]);
       std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
       parts_.push_back(v[v.size() / 2]);
+    }
+    // The share of the timed calls that rode the negotiation (KOLO_RIDING_MAX_BYTES).
+    if (timed > 0) {
+      double rode = 0;
+      for (size_t i = calls_.size() - timed; i < calls_.size(); ++i) rode += calls_[i][3] > 0;
+      parts_.push_back(rode / static_cast<double>(timed));
     }
     calls_.clear();
     StopEngine(started_).IgnoreError();  // a failure already surfaced in RunOnce
@@ -94,7 +101,8 @@ class EngineRow final : public Backend {
   const std::string label_;
   const std::string algorithm_;  // "" : the engine options'
   std::string pairs_;
-  std::vector<std::array<double, 3>> calls_;  // per call: negotiation, execution, hold (us)
+  // Per call: negotiation, execution, hold (us), allreduces that rode the negotiation.
+  std::vector<std::array<double, 4>> calls_;
   std::vector<double> parts_;
   StartedEngine started_;
   TensorPlace place_;  // host, or the CUDA device of --device cuda

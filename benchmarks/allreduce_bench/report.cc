@@ -114,11 +114,12 @@ std::vector<AlgorithmRow> ComputeAlgorithmRows(const std::vector<SweepRow>& rows
       a.alone_us = alone.time.median_us;
       a.engine_us = engine.time.median_us;
       a.overhead_us = a.engine_us - a.alone_us;
-      if (engine.engine_parts_us.size() == 3) {
+      if (engine.engine_parts_us.size() >= 3) {
         a.negotiate_us = engine.engine_parts_us[0];
         a.execute_us = engine.engine_parts_us[1];
         a.hold_us = engine.engine_parts_us[2];
       }
+      if (engine.engine_parts_us.size() >= 4) a.riding_share = engine.engine_parts_us[3];
       out.push_back(a);
     }
   }
@@ -132,16 +133,19 @@ std::string FormatAlgorithmRows(const std::vector<AlgorithmRow>& rows) {
   s += "# engine parts, rank 0, median per call: negotiate (agreeing), execute (the collective "
        "inside "
        "the engine), hold (waiting for the cycle grid); the rest of the overhead is the queue, the "
-       "wake-ups and the completion\n";
-  s += fmt::format("#{:>12} {:>20} {:>10} {:>20} {:>11} {:>11} {:>12} {:>12} {:>11} {:>9}\n",
+       "wake-ups and the completion; rode: the share of calls whose data rode the negotiation "
+       "(KOLO_RIDING_MAX_BYTES: then negotiate holds the collective and execute only the copy "
+       "out)\n";
+  s += fmt::format("#{:>12} {:>20} {:>10} {:>20} {:>11} {:>11} {:>12} {:>12} {:>11} {:>9} {:>6}\n",
                    "size(B)", "algorithm", "transport", "runs", "alone(us)", "engine(us)",
-                   "overhead(us)", "negotiate(us)", "execute(us)", "hold(us)");
+                   "overhead(us)", "negotiate(us)", "execute(us)", "hold(us)", "rode");
   auto part = [](double v) { return v < 0 ? std::string("-") : fmt::format("{:.1f}", v); };
+  auto share = [](double v) { return v < 0 ? std::string("-") : fmt::format("{:.0f}%", 100 * v); };
   for (const AlgorithmRow& r : rows) {
     s += fmt::format(
-        " {:>12} {:>20} {:>10} {:>20} {:>11.2f} {:>11.2f} {:>12.2f} {:>12} {:>11} {:>9}\n", r.bytes,
-        r.algorithm, r.transport, r.picked, r.alone_us, r.engine_us, r.overhead_us,
-        part(r.negotiate_us), part(r.execute_us), part(r.hold_us));
+        " {:>12} {:>20} {:>10} {:>20} {:>11.2f} {:>11.2f} {:>12.2f} {:>12} {:>11} {:>9} {:>6}\n",
+        r.bytes, r.algorithm, r.transport, r.picked, r.alone_us, r.engine_us, r.overhead_us,
+        part(r.negotiate_us), part(r.execute_us), part(r.hold_us), share(r.riding_share));
   }
   return s;
 }
@@ -379,7 +383,8 @@ nlohmann::json ToJson(const RunInfo& info, const std::vector<SweepRow>& sweep,
                   {"overhead_us", a.overhead_us},
                   {"negotiate_us", a.negotiate_us},
                   {"execute_us", a.execute_us},
-                  {"hold_us", a.hold_us}});
+                  {"hold_us", a.hold_us},
+                  {"riding_share", a.riding_share}});
   }
   doc["algorithms"] = std::move(aj);
   nlohmann::json res = nlohmann::json::array();

@@ -55,6 +55,9 @@ struct AlgorithmRow {
   double negotiate_us = -1;
   double execute_us = -1;
   double hold_us = -1;
+  // The share of the timed calls whose allreduce rode the negotiation's exchange (then `execute`
+  // is only the copy out of the sum); -1: unknown.
+  double riding_share = -1;
 };
 std::vector<AlgorithmRow> ComputeAlgorithmRows(const std::vector<SweepRow>& rows, int ranks);
 // "" when there is none.

@@ -181,12 +181,13 @@ Status RingAllgatherv(Comm& comm, transport::Region& buf, size_t offset_bytes,
 Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, size_t or_words,
                         Scratch& scratch);
 
-// BitwiseAllreduce's direct exchange (up to comm.bitwise_direct_max_ranks ranks) with a payload
-// riding after the words: buf holds the words and then this rank's payload_bytes (at most
-// max_payload_bytes, the same on every rank; 0 sends none). Every rank receives every other's
-// message; where every message carried payload_bytes (> 0), `sum` gets the payloads summed as
-// `dtype` in rank order (the same bits on every rank) and *summed is set. The words are combined
-// whatever the payloads.
+// BitwiseAllreduce with a payload riding after the words: buf holds the words and then this
+// rank's payload_bytes (at most max_payload_bytes, the same on every rank; 0 sends none), and
+// has room for the words and max_payload_bytes. Where every rank sent payload_bytes (> 0), `sum`
+// gets the payloads summed as `dtype`, the same bits on every rank, and *summed is set: in rank
+// order in the direct exchange; in recursive doubling, each round's partners adding the same two
+// partial sums (buf's payload is then overwritten). The words are combined whatever the
+// payloads.
 Status BitwiseAllreduceRiding(Comm& comm, transport::Region& buf, size_t and_words, size_t or_words,
                               size_t payload_bytes, size_t max_payload_bytes, DataType dtype,
                               uint8_t* sum, bool* summed, Scratch& scratch);

@@ -382,12 +382,10 @@ Status BitwiseAllreduceRiding(Comm& comm, transport::Region& buf, size_t and_wor
   *summed = false;
   const int n = comm.size();
   const int rank = comm.rank();
-  if (n > comm.bitwise_direct_max_ranks) {
-    return InvalidArgument("a payload rides only the direct exchange (up to {} ranks), not {}",
-                           comm.bitwise_direct_max_ranks, n);
-  }
   const size_t word_bytes = (and_words + or_words) * sizeof(uint64_t);
-  if (payload_bytes > max_payload_bytes || buf.size() < word_bytes + payload_bytes) {
+  // Every receive takes the most any rank may send; a message says how much it carries.
+  const size_t slot = word_bytes + max_payload_bytes;
+  if (payload_bytes > max_payload_bytes || buf.size() < slot) {
     return InvalidArgument(
         "bitwise allreduce: a payload of {} bytes (at most {}) after {} word bytes does not fit "
         "the {}-byte buffer",
@@ -399,101 +397,106 @@ Status BitwiseAllreduceRiding(Comm& comm, transport::Region& buf, size_t and_wor
                            payload_bytes, DataTypeName(dtype));
   }
   const uint32_t sequence = comm.sequence++;
-  if (n == 1) {
-    if (payload_bytes > 0) std::memcpy(sum, buf.data() + word_bytes, payload_bytes);
-    *summed = payload_bytes > 0;
+  uint8_t* mine = buf.data() + word_bytes;
+  if (n == 1 || word_bytes == 0) {
+    if (n == 1 && payload_bytes > 0) {
+      std::memcpy(sum, mine, payload_bytes);
+      *summed = true;
+    }
     return Status::OK();
   }
+  // Posting may already fail (a peer's message of the wrong size is waiting): name the call.
   auto posted = [&](Status st) {
     return st.ok() ? st : st.WithContext(fmt::format("rank {}: bitwise allreduce", rank));
   };
-  // Every receive takes the most any rank may send; a message says how much it carries.
-  const size_t slot = word_bytes + max_payload_bytes;
-  const size_t peers = static_cast<size_t>(n - 1);
-  KOLO_ASSIGN_OR_RETURN(Region * incoming, scratch.Get(*comm.device, slot * peers));
-  const uint64_t tag = CollectiveTag(OpCode::kBitwise, sequence, 0);
-  for (int k = 1; k < n; ++k) {
-    KOLO_RETURN_IF_ERROR(
-        posted(comm.device->pair((rank + k) % n)
-                   .Recv(*incoming, static_cast<size_t>(k - 1) * slot, slot, tag)));
-  }
-  for (int k = 1; k < n; ++k) {
-    KOLO_RETURN_IF_ERROR(
-        posted(comm.device->pair((rank + k) % n).Send(buf, 0, word_bytes + payload_bytes, tag)));
-  }
-  std::vector<Completion> done;
-  done.reserve(2 * peers);
-  Status st = transport::WaitFor(*comm.device, 2 * peers, &done, comm.timeout);
-  if (!st.ok()) return st.WithContext(fmt::format("rank {}: bitwise allreduce", rank));
-  // What each peer's message carried, by its position after this rank.
-  std::vector<size_t> carried(peers, 0);
-  bool all_carried = payload_bytes > 0;
-  for (const Completion& c : done) {
-    if (c.kind != transport::OpKind::kRecv) continue;
-    if (c.nbytes < word_bytes) {
-      return ProtocolError(
-          "rank {}: bitwise allreduce: rank {} sent {} bytes, expected at least {}", rank, c.peer,
-          c.nbytes, word_bytes);
-    }
-    const size_t k = static_cast<size_t>((c.peer - rank + n) % n);
-    carried[k - 1] = c.nbytes - word_bytes;
-    if (c.nbytes - word_bytes != payload_bytes) all_carried = false;
-  }
   auto* words = reinterpret_cast<uint64_t*>(buf.data());
-  for (size_t k = 0; k < peers; ++k) {
-    const auto* theirs = reinterpret_cast<const uint64_t*>(incoming->data() + k * slot);
-    kernels::BitAnd(words, theirs, and_words);
-    kernels::BitOr(words + and_words, theirs + and_words, or_words);
-  }
-  if (!all_carried) return Status::OK();
-  // Summed in rank order on every rank, so that every rank ends with the same bits.
-  auto from = [&](int r) -> const uint8_t* {
-    if (r == rank) return buf.data() + word_bytes;
-    const size_t k = static_cast<size_t>((r - rank + n) % n);
-    return incoming->data() + (k - 1) * slot + word_bytes;
-  };
-  std::memcpy(sum, from(0), payload_bytes);
-  for (int r = 1; r < n; ++r) kernels::ReduceSum(dtype, sum, from(r), payload_bytes / elem);
-  *summed = true;
-  return Status::OK();
-}
-
-Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, size_t or_words,
-                        Scratch& scratch) {
-  KOLO_RETURN_IF_ERROR(CheckComm(comm));
-  const size_t bytes = (and_words + or_words) * sizeof(uint64_t);
-  if (buf.size() < bytes) {
-    return InvalidArgument("BitwiseAllreduce: {} + {} words need {} bytes; the buffer has {}",
-                           and_words, or_words, bytes, buf.size());
-  }
-  const int n = comm.size();
-  const int rank = comm.rank();
-  if (n > 1 && bytes > 0 && n <= comm.bitwise_direct_max_ranks) {
-    // Direct exchange: receives from every peer posted, then this rank's words sent to each. A
-    // rank idling in WaitForArrival is woken by the first peer to enter. The sends read buf, so
-    // everything completes before combining. (The riding form without a payload.)
-    bool unused = false;
-    return BitwiseAllreduceRiding(comm, buf, and_words, or_words, 0, 0, DataType::kUInt8, nullptr,
-                                  &unused, scratch);
-  }
-  const uint32_t sequence = comm.sequence++;
-  if (n == 1 || bytes == 0) return Status::OK();
-  auto* words = reinterpret_cast<uint64_t*>(buf.data());
-  // Posting may already fail (a peer's message of the wrong size is waiting): name the call.
-  auto posted = [&](Status s) {
-    return s.ok() ? s : s.WithContext(fmt::format("rank {}: bitwise allreduce", rank));
-  };
   auto combine = [&](const uint8_t* theirs_bytes) {
     const auto* theirs = reinterpret_cast<const uint64_t*>(theirs_bytes);
     kernels::BitAnd(words, theirs, and_words);
     kernels::BitOr(words + and_words, theirs + and_words, or_words);
   };
-  KOLO_ASSIGN_OR_RETURN(Region * incoming, scratch.Get(*comm.device, bytes));
+  // Waits for `count` completions; every receive must carry the words. Returns the payload bytes
+  // the receive tagged `tag` carried (the only receive among them that may carry one).
+  auto await = [&](size_t count, uint64_t tag, const char* what) -> StatusOr<size_t> {
+    std::vector<Completion> done;
+    done.reserve(count);
+    Status st = transport::WaitFor(*comm.device, count, &done, comm.timeout);
+    if (!st.ok()) return st.WithContext(fmt::format("rank {}: {}", rank, what));
+    size_t carried = 0;
+    for (const Completion& c : done) {
+      if (c.kind != transport::OpKind::kRecv || c.tag != tag) continue;
+      if (c.nbytes < word_bytes) {
+        return ProtocolError("rank {}: {}: rank {} sent {} bytes, expected at least {}", rank, what,
+                             c.peer, c.nbytes, word_bytes);
+      }
+      carried = c.nbytes - word_bytes;
+    }
+    return carried;
+  };
+  if (n <= comm.bitwise_direct_max_ranks) {
+    // Direct exchange: receives from every peer posted, then this rank's message sent to each. A
+    // rank idling in WaitForArrival is woken by the first peer to enter. The sends read buf, so
+    // everything completes before combining.
+    const size_t peers = static_cast<size_t>(n - 1);
+    KOLO_ASSIGN_OR_RETURN(Region * incoming, scratch.Get(*comm.device, slot * peers));
+    const uint64_t tag = CollectiveTag(OpCode::kBitwise, sequence, 0);
+    for (int k = 1; k < n; ++k) {
+      KOLO_RETURN_IF_ERROR(
+          posted(comm.device->pair((rank + k) % n)
+                     .Recv(*incoming, static_cast<size_t>(k - 1) * slot, slot, tag)));
+    }
+    for (int k = 1; k < n; ++k) {
+      KOLO_RETURN_IF_ERROR(
+          posted(comm.device->pair((rank + k) % n).Send(buf, 0, word_bytes + payload_bytes, tag)));
+    }
+    std::vector<Completion> done;
+    done.reserve(2 * peers);
+    Status st = transport::WaitFor(*comm.device, 2 * peers, &done, comm.timeout);
+    if (!st.ok()) return st.WithContext(fmt::format("rank {}: bitwise allreduce", rank));
+    bool all_carried = payload_bytes > 0;
+    for (const Completion& c : done) {
+      if (c.kind != transport::OpKind::kRecv) continue;
+      if (c.nbytes < word_bytes) {
+        return ProtocolError(
+            "rank {}: bitwise allreduce: rank {} sent {} bytes, expected at least {}", rank, c.peer,
+            c.nbytes, word_bytes);
+      }
+      if (c.nbytes - word_bytes != payload_bytes) all_carried = false;
+    }
+    for (size_t k = 0; k < peers; ++k) combine(incoming->data() + k * slot);
+    if (!all_carried) return Status::OK();
+    // Summed in rank order on every rank, so that every rank ends with the same bits.
+    auto from = [&](int r) -> const uint8_t* {
+      if (r == rank) return mine;
+      const size_t k = static_cast<size_t>((r - rank + n) % n);
+      return incoming->data() + (k - 1) * slot + word_bytes;
+    };
+    std::memcpy(sum, from(0), payload_bytes);
+    for (int r = 1; r < n; ++r) kernels::ReduceSum(dtype, sum, from(r), payload_bytes / elem);
+    *summed = true;
+    return Status::OK();
+  }
+  KOLO_ASSIGN_OR_RETURN(Region * incoming, scratch.Get(*comm.device, slot));
   // Recursive doubling: log2(p) rounds in which partners swap and combine at once, half the
   // sequential hops of a tree, because this exchange runs every cycle. Ranks beyond the largest
   // power of two p fold their bits into rank - p first and get the result back at the end.
+  //
+  // A payload is summed into buf as the words are combined: partners add the same two partial
+  // sums (a + b on one, b + a on the other), so every rank ends with the same bits. A rank sends
+  // its payload while it is still whole: one that received a message without as many payload
+  // bytes as its own sends none after, and so the lack reaches every rank, as every rank's words
+  // do; a rank's sum is the result only where every message it received carried a payload.
   int p = 1;
   while (p * 2 <= n) p *= 2;
+  bool whole = payload_bytes > 0;
+  auto add = [&](size_t carried, const uint8_t* theirs) {
+    if (whole && carried == payload_bytes) {
+      kernels::ReduceSum(dtype, mine, theirs, payload_bytes / elem);
+    } else {
+      whole = false;
+    }
+  };
+  auto sending = [&] { return word_bytes + (whole ? payload_bytes : 0); };
   //
   // Every rank that enters the exchange sends something to each of its partners before it waits
   // on them, so a rank idling in WaitForArrival is woken by whichever partner enters first: the
@@ -505,43 +508,58 @@ Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, si
   if (rank >= p) {
     transport::Pair& pair = comm.device->pair(rank - p);
     KOLO_RETURN_IF_ERROR(posted(pair.Recv(*incoming, 0, 0, kick_tag)));
-    KOLO_RETURN_IF_ERROR(posted(pair.Send(buf, 0, bytes, fold_tag)));
-    KOLO_RETURN_IF_ERROR(posted(pair.Recv(buf, 0, bytes, unfold_tag)));
+    KOLO_RETURN_IF_ERROR(posted(pair.Send(buf, 0, sending(), fold_tag)));
     // The unfold only arrives after the fold was read, so buf is not overwritten early. The kick
-    // is empty (a longer message fails the receive), so only the unfold's size needs checking.
-    std::vector<Completion> done;
-    Status s = transport::WaitFor(*comm.device, 3, &done, comm.timeout);
-    if (!s.ok()) return s.WithContext(fmt::format("rank {}: bitwise allreduce (fold)", rank));
-    for (const Completion& c : done) {
-      if (c.kind == transport::OpKind::kRecv && c.tag == unfold_tag && c.nbytes != bytes) {
-        return ProtocolError(
-            "rank {}: bitwise allreduce (unfold): rank {} sent {} bytes, expected {}", rank, c.peer,
-            c.nbytes, bytes);
-      }
+    // is empty (a longer message fails the receive).
+    KOLO_RETURN_IF_ERROR(posted(pair.Recv(buf, 0, slot, unfold_tag)));
+    KOLO_ASSIGN_OR_RETURN(const size_t carried, await(3, unfold_tag, "bitwise allreduce (fold)"));
+    if (whole && carried == payload_bytes) {
+      std::memcpy(sum, mine, payload_bytes);
+      *summed = true;
     }
     return Status::OK();
   }
   if (rank + p < n) {
     transport::Pair& pair = comm.device->pair(rank + p);
     KOLO_RETURN_IF_ERROR(posted(pair.Send(buf, 0, 0, kick_tag)));
-    KOLO_RETURN_IF_ERROR(posted(pair.Recv(*incoming, 0, bytes, fold_tag)));
-    KOLO_RETURN_IF_ERROR(Await(comm, 2, "bitwise allreduce (fold)", bytes));
+    KOLO_RETURN_IF_ERROR(posted(pair.Recv(*incoming, 0, slot, fold_tag)));
+    KOLO_ASSIGN_OR_RETURN(const size_t carried, await(2, fold_tag, "bitwise allreduce (fold)"));
     combine(incoming->data());
+    add(carried, incoming->data() + word_bytes);
   }
   for (int mask = 1; mask < p; mask <<= 1) {
     const int partner = rank ^ mask;
     const uint64_t tag = CollectiveTag(OpCode::kBitwise, sequence, 2 + static_cast<uint32_t>(mask));
-    KOLO_RETURN_IF_ERROR(posted(comm.device->pair(partner).Recv(*incoming, 0, bytes, tag)));
-    KOLO_RETURN_IF_ERROR(posted(comm.device->pair(partner).Send(buf, 0, bytes, tag)));
+    KOLO_RETURN_IF_ERROR(posted(comm.device->pair(partner).Recv(*incoming, 0, slot, tag)));
+    KOLO_RETURN_IF_ERROR(posted(comm.device->pair(partner).Send(buf, 0, sending(), tag)));
     // Both must finish before combining: the send reads buf.
-    KOLO_RETURN_IF_ERROR(Await(comm, 2, "bitwise allreduce", bytes));
+    KOLO_ASSIGN_OR_RETURN(const size_t carried, await(2, tag, "bitwise allreduce"));
     combine(incoming->data());
+    add(carried, incoming->data() + word_bytes);
   }
   if (rank + p < n) {
-    KOLO_RETURN_IF_ERROR(posted(comm.device->pair(rank + p).Send(buf, 0, bytes, unfold_tag)));
-    return Await(comm, 1, "bitwise allreduce (unfold)");
+    KOLO_RETURN_IF_ERROR(posted(comm.device->pair(rank + p).Send(buf, 0, sending(), unfold_tag)));
+    KOLO_RETURN_IF_ERROR(await(1, unfold_tag, "bitwise allreduce (unfold)").status());
+  }
+  if (whole) {
+    std::memcpy(sum, mine, payload_bytes);
+    *summed = true;
   }
   return Status::OK();
+}
+
+Status BitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words, size_t or_words,
+                        Scratch& scratch) {
+  KOLO_RETURN_IF_ERROR(CheckComm(comm));
+  const size_t bytes = (and_words + or_words) * sizeof(uint64_t);
+  if (buf.size() < bytes) {
+    return InvalidArgument("BitwiseAllreduce: {} + {} words need {} bytes; the buffer has {}",
+                           and_words, or_words, bytes, buf.size());
+  }
+  // The riding exchange without a payload.
+  bool unused = false;
+  return BitwiseAllreduceRiding(comm, buf, and_words, or_words, 0, 0, DataType::kUInt8, nullptr,
+                                &unused, scratch);
 }
 
 }  // namespace kolo::collectives

@@ -6,9 +6,15 @@
 namespace kolo::collectives {
 
 size_t NegotiationPeers::RidingMaxBytes(size_t riding_max_bytes, int size, int direct_max_ranks) {
-  if (size <= 1 || size > direct_max_ranks) return 0;
-  const size_t cap =
-      std::min(riding_max_bytes, kRidingReceiveBytes / static_cast<size_t>(size - 1));
+  if (size <= 1) return 0;
+  // The messages a rank receives: one from every peer in the direct exchange, one a round (and a
+  // fold) in recursive doubling.
+  size_t receives = static_cast<size_t>(size - 1);
+  if (size > direct_max_ranks) {
+    receives = 1;
+    while ((size_t{1} << receives) < static_cast<size_t>(size)) ++receives;
+  }
+  const size_t cap = std::min(riding_max_bytes, kRidingReceiveBytes / receives);
   return cap / 64 * 64;
 }
 

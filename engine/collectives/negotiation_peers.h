@@ -21,9 +21,9 @@ class NegotiationPeers final : public coordinator::Peers {
                                                             size_t riding_max_bytes = 0);
 
   // The payload an exchange of `size` ranks carries at most, given Options::riding_max_bytes:
-  // none beyond the direct exchange (direct_max_ranks) or at one rank; else riding_max_bytes, but
-  // no more than kRidingReceiveBytes / (size - 1) (what a rank receives from all its peers), in
-  // whole 64-byte lines.
+  // none at one rank; else riding_max_bytes, but no more than kRidingReceiveBytes over the
+  // messages a rank receives (size - 1 in the direct exchange, up to direct_max_ranks; ceil(log2
+  // size) in recursive doubling beyond), in whole 64-byte lines.
   static constexpr size_t kRidingReceiveBytes = 192 << 10;
   static size_t RidingMaxBytes(size_t riding_max_bytes, int size, int direct_max_ranks);
 

@@ -104,9 +104,9 @@ struct Options {
   // host allreduces of at most this many bytes together (sum or average, one dtype, no
   // compression, the ring backend at allreduce algorithm auto), their data rides the negotiation's
   // bit exchange and is summed on arrival: one exchange instead of an exchange and a collective.
-  // Only up to 16 ranks (the bit exchange's direct form), no more than 192 KiB / (ranks - 1), and
-  // not where every rank shares one host over shared memory (transport auto or shm), where it
-  // measured slower. 0 turns it off. Every rank must agree.
+  // No more than 192 KiB over the messages a rank receives in the exchange (ranks - 1 up to 16
+  // ranks, ceil(log2 ranks) beyond), and not where every rank shares one host over shared memory
+  // (transport auto or shm), where it measured slower. 0 turns it off. Every rank must agree.
   int64_t riding_max_bytes = 32 << 10;
   // The RDMA transport (--transport rdma). KOLO_IB_DEVICE / --ib-device: the device by name (as
   // ibv_devices lists it); empty: the first device whose port ib_port is ACTIVE. KOLO_IB_PORT /

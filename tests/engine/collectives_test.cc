@@ -497,14 +497,23 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, BitwiseAllreduceTest, ::testing::Bool(),
 
 // A payload riding the direct bit exchange: summed in rank order, the same bits on every rank,
 // where every rank sent as many bytes; otherwise not summed, the words combined all the same.
-TEST(BitwiseAllreduceRiding, SumsInRankOrderWhereEveryRankSentAsMany) {
+// Both forms: the direct exchange (sums in rank order) and recursive doubling (partners add the
+// same partial sums).
+class RidingExchangeTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(RidingExchangeTest, SumsWhereEveryRankSentAsMany) {
+  const bool direct = GetParam();
   constexpr size_t kAnd = 2, kOr = 1, kFloats = 300, kMax = 2048;
-  for (int n = 1; n <= 6; ++n) {
-    for (const bool one_short : {false, true}) {
+  for (int n = 1; n <= 7; ++n) {
+    for (const int short_rank : {-1, 0, n - 1}) {
+      const bool one_short = short_rank >= 0;
       if (one_short && n == 1) continue;
-      SCOPED_TRACE(fmt::format("{} ranks{}", n, one_short ? ", the last sends no payload" : ""));
+      SCOPED_TRACE(fmt::format(
+          "{} ranks{}", n,
+          one_short ? fmt::format(", rank {} sends no payload", short_rank) : std::string()));
       Job job(n);
       ASSERT_TRUE(job.ok());
+      for (int r = 0; r < n; ++r) job.comm(r).bitwise_direct_max_ranks = direct ? n : 1;
       std::vector<std::vector<uint64_t>> bufs(static_cast<size_t>(n));
       std::vector<std::vector<float>> sums(static_cast<size_t>(n), std::vector<float>(kFloats, -1));
       std::vector<uint8_t> summed(static_cast<size_t>(n), 2);
@@ -526,7 +535,7 @@ TEST(BitwiseAllreduceRiding, SumsInRankOrderWhereEveryRankSentAsMany) {
       auto statuses = job.Run([&](int r) -> Status {
         auto& b = bufs[static_cast<size_t>(r)];
         KOLO_ASSIGN_OR_RETURN(auto region, job.device(r).Register(b.data(), 8 * b.size()));
-        const size_t bytes = one_short && r == n - 1 ? 0 : kFloats * sizeof(float);
+        const size_t bytes = r == short_rank ? 0 : kFloats * sizeof(float);
         bool ok = false;
         KOLO_RETURN_IF_ERROR(BitwiseAllreduceRiding(
             job.comm(r), *region, kAnd, kOr, bytes, kMax, DataType::kFloat32,
@@ -542,19 +551,34 @@ TEST(BitwiseAllreduceRiding, SumsInRankOrderWhereEveryRankSentAsMany) {
         EXPECT_EQ(b[1], ~uint64_t{0}) << "rank " << r;
         EXPECT_EQ(b[2], all) << "rank " << r;
         EXPECT_EQ(summed[static_cast<size_t>(r)], one_short ? 0 : 1) << "rank " << r;
-        if (!one_short) {
+        if (!one_short && direct) {
           // Bit for bit: every rank adds in rank order.
           EXPECT_EQ(std::memcmp(sums[static_cast<size_t>(r)].data(), want.data(),
                                 kFloats * sizeof(float)),
                     0)
               << "rank " << r;
         }
+        if (!one_short) {
+          // The same bits on every rank, and the sum to float32's rounding.
+          EXPECT_EQ(std::memcmp(sums[static_cast<size_t>(r)].data(), sums[0].data(),
+                                kFloats * sizeof(float)),
+                    0)
+              << "rank " << r;
+          for (size_t i = 0; i < kFloats; ++i) {
+            ASSERT_NEAR(sums[static_cast<size_t>(r)][i], want[i], 1e-5) << "rank " << r << " " << i;
+          }
+        }
       }
     }
   }
 }
 
-TEST(BitwiseAllreduceRiding, RefusesWhatItCannotCarry) {
+INSTANTIATE_TEST_SUITE_P(Forms, RidingExchangeTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "direct" : "recursive_doubling";
+                         });
+
+TEST(RidingExchangeArgs, RefusesWhatItCannotCarry) {
   Job job(3);
   ASSERT_TRUE(job.ok());
   std::vector<uint64_t> b(64, 0);
@@ -563,13 +587,6 @@ TEST(BitwiseAllreduceRiding, RefusesWhatItCannotCarry) {
     std::vector<uint64_t> mine = b;
     KOLO_ASSIGN_OR_RETURN(auto region, job.device(r).Register(mine.data(), 8 * mine.size()));
     bool ok = false;
-    job.comm(r).bitwise_direct_max_ranks = 2;  // beyond the direct exchange
-    Status beyond = BitwiseAllreduceRiding(job.comm(r), *region, 1, 1, 64, 128, DataType::kFloat32,
-                                           sum.data(), &ok, job.scratch(r));
-    if (beyond.ok() || beyond.message().find("direct exchange") == std::string::npos) {
-      return Internal("beyond the direct exchange: {}", beyond.ToString());
-    }
-    job.comm(r).bitwise_direct_max_ranks = 16;
     Status big = BitwiseAllreduceRiding(job.comm(r), *region, 1, 1, 256, 128, DataType::kFloat32,
                                         sum.data(), &ok, job.scratch(r));
     if (big.ok() || big.message().find("at most 128") == std::string::npos) {

@@ -1305,13 +1305,15 @@ StatusOr<Prediction> Predict(const Point& point, const Calibration& cal) {
     // The same compute (backward as interference stretched it), each cost taken away in turn.
     Ablation ablation;
     double unused = 0, before = out.exposed_comm_ms;
-    double* causes[] = {&out.exposed_coordination_ms, &out.exposed_latency_ms,
-                        &out.exposed_host_ms};
-    for (int i = 0; i < 3; ++i) {
-      (i == 0 ? ablation.coordination : i == 1 ? ablation.latency : ablation.host) = true;
+    const std::pair<bool Ablation::*, double*> causes[] = {
+        {&Ablation::coordination, &out.exposed_coordination_ms},
+        {&Ablation::latency, &out.exposed_latency_ms},
+        {&Ablation::host, &out.exposed_host_ms}};
+    for (const auto& [cost, part] : causes) {
+      ablation.*cost = true;
       KOLO_ASSIGN_OR_RETURN(const Prediction without,
                             PredictOnce(point, cal, model, stretch, &unused, ablation));
-      *causes[i] = before - without.exposed_comm_ms;
+      *part = before - without.exposed_comm_ms;
       before = without.exposed_comm_ms;
     }
     out.exposed_wire_ms = before;

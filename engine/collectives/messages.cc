@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <memory>
 
 #include "engine/collectives/collectives.h"
@@ -415,23 +416,23 @@ Status BitwiseAllreduceRiding(Comm& comm, transport::Region& buf, size_t and_wor
     kernels::BitAnd(words, theirs, and_words);
     kernels::BitOr(words + and_words, theirs + and_words, or_words);
   };
-  // Waits for `count` completions; every receive must carry the words. Returns the payload bytes
-  // the receive tagged `tag` carried (the only receive among them that may carry one).
-  auto await = [&](size_t count, uint64_t tag, const char* what) -> StatusOr<size_t> {
-    std::vector<Completion> done;
-    done.reserve(count);
+  // Waits for `count` completions; every receive tagged `tag` must carry the words, and
+  // `carried` is called with the payload bytes each brought.
+  std::vector<Completion> done;
+  auto await = [&](size_t count, uint64_t tag, const char* what,
+                   const std::function<void(size_t)>& carried) -> Status {
+    done.clear();
     Status st = transport::WaitFor(*comm.device, count, &done, comm.timeout);
     if (!st.ok()) return st.WithContext(fmt::format("rank {}: {}", rank, what));
-    size_t carried = 0;
     for (const Completion& c : done) {
       if (c.kind != transport::OpKind::kRecv || c.tag != tag) continue;
       if (c.nbytes < word_bytes) {
         return ProtocolError("rank {}: {}: rank {} sent {} bytes, expected at least {}", rank, what,
                              c.peer, c.nbytes, word_bytes);
       }
-      carried = c.nbytes - word_bytes;
+      carried(c.nbytes - word_bytes);
     }
-    return carried;
+    return Status::OK();
   };
   if (n <= comm.bitwise_direct_max_ranks) {
     // Direct exchange: receives from every peer posted, then this rank's message sent to each. A
@@ -449,20 +450,10 @@ Status BitwiseAllreduceRiding(Comm& comm, transport::Region& buf, size_t and_wor
       KOLO_RETURN_IF_ERROR(
           posted(comm.device->pair((rank + k) % n).Send(buf, 0, word_bytes + payload_bytes, tag)));
     }
-    std::vector<Completion> done;
-    done.reserve(2 * peers);
-    Status st = transport::WaitFor(*comm.device, 2 * peers, &done, comm.timeout);
-    if (!st.ok()) return st.WithContext(fmt::format("rank {}: bitwise allreduce", rank));
     bool all_carried = payload_bytes > 0;
-    for (const Completion& c : done) {
-      if (c.kind != transport::OpKind::kRecv) continue;
-      if (c.nbytes < word_bytes) {
-        return ProtocolError(
-            "rank {}: bitwise allreduce: rank {} sent {} bytes, expected at least {}", rank, c.peer,
-            c.nbytes, word_bytes);
-      }
-      if (c.nbytes - word_bytes != payload_bytes) all_carried = false;
-    }
+    KOLO_RETURN_IF_ERROR(await(2 * peers, tag, "bitwise allreduce", [&](size_t carried) {
+      if (carried != payload_bytes) all_carried = false;
+    }));
     for (size_t k = 0; k < peers; ++k) combine(incoming->data() + k * slot);
     if (!all_carried) return Status::OK();
     // Summed in rank order on every rank, so that every rank ends with the same bits.
@@ -489,9 +480,13 @@ Status BitwiseAllreduceRiding(Comm& comm, transport::Region& buf, size_t and_wor
   int p = 1;
   while (p * 2 <= n) p *= 2;
   bool whole = payload_bytes > 0;
-  auto add = [&](size_t carried, const uint8_t* theirs) {
+  size_t carried = 0;
+  auto take = [&](size_t c) { carried = c; };
+  // After a receive into `incoming`: its words combined, its payload added where both are whole.
+  auto add = [&] {
+    combine(incoming->data());
     if (whole && carried == payload_bytes) {
-      kernels::ReduceSum(dtype, mine, theirs, payload_bytes / elem);
+      kernels::ReduceSum(dtype, mine, incoming->data() + word_bytes, payload_bytes / elem);
     } else {
       whole = false;
     }
@@ -512,7 +507,7 @@ Status BitwiseAllreduceRiding(Comm& comm, transport::Region& buf, size_t and_wor
     // The unfold only arrives after the fold was read, so buf is not overwritten early. The kick
     // is empty (a longer message fails the receive).
     KOLO_RETURN_IF_ERROR(posted(pair.Recv(buf, 0, slot, unfold_tag)));
-    KOLO_ASSIGN_OR_RETURN(const size_t carried, await(3, unfold_tag, "bitwise allreduce (fold)"));
+    KOLO_RETURN_IF_ERROR(await(3, unfold_tag, "bitwise allreduce (fold)", take));
     if (whole && carried == payload_bytes) {
       std::memcpy(sum, mine, payload_bytes);
       *summed = true;
@@ -523,9 +518,8 @@ Status BitwiseAllreduceRiding(Comm& comm, transport::Region& buf, size_t and_wor
     transport::Pair& pair = comm.device->pair(rank + p);
     KOLO_RETURN_IF_ERROR(posted(pair.Send(buf, 0, 0, kick_tag)));
     KOLO_RETURN_IF_ERROR(posted(pair.Recv(*incoming, 0, slot, fold_tag)));
-    KOLO_ASSIGN_OR_RETURN(const size_t carried, await(2, fold_tag, "bitwise allreduce (fold)"));
-    combine(incoming->data());
-    add(carried, incoming->data() + word_bytes);
+    KOLO_RETURN_IF_ERROR(await(2, fold_tag, "bitwise allreduce (fold)", take));
+    add();
   }
   for (int mask = 1; mask < p; mask <<= 1) {
     const int partner = rank ^ mask;
@@ -533,13 +527,12 @@ Status BitwiseAllreduceRiding(Comm& comm, transport::Region& buf, size_t and_wor
     KOLO_RETURN_IF_ERROR(posted(comm.device->pair(partner).Recv(*incoming, 0, slot, tag)));
     KOLO_RETURN_IF_ERROR(posted(comm.device->pair(partner).Send(buf, 0, sending(), tag)));
     // Both must finish before combining: the send reads buf.
-    KOLO_ASSIGN_OR_RETURN(const size_t carried, await(2, tag, "bitwise allreduce"));
-    combine(incoming->data());
-    add(carried, incoming->data() + word_bytes);
+    KOLO_RETURN_IF_ERROR(await(2, tag, "bitwise allreduce", take));
+    add();
   }
   if (rank + p < n) {
     KOLO_RETURN_IF_ERROR(posted(comm.device->pair(rank + p).Send(buf, 0, sending(), unfold_tag)));
-    KOLO_RETURN_IF_ERROR(await(1, unfold_tag, "bitwise allreduce (unfold)").status());
+    KOLO_RETURN_IF_ERROR(await(1, unfold_tag, "bitwise allreduce (unfold)", take));
   }
   if (whole) {
     std::memcpy(sum, mine, payload_bytes);

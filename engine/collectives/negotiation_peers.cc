@@ -40,9 +40,13 @@ Status NegotiationPeers::BitwiseAllreduceRiding(uint64_t* words, size_t and_word
         "bit exchange of {} words and {} payload bytes; the registered buffer holds {} and {}", n,
         payload->bytes, words_, riding_max_);
   }
+  // The payload goes right after the words sent; RidingSpace() is there when they are all.
   auto* at = reinterpret_cast<uint8_t*>(bits_.data());
   std::memcpy(at, words, n * sizeof(uint64_t));
-  if (payload->bytes > 0) std::memcpy(at + n * sizeof(uint64_t), payload->data, payload->bytes);
+  uint8_t* space = at + n * sizeof(uint64_t);
+  if (payload->bytes > 0 && payload->data != space) {
+    std::memmove(space, payload->data, payload->bytes);
+  }
   KOLO_RETURN_IF_ERROR(collectives::BitwiseAllreduceRiding(
       *comm_, *bits_region_, and_words, or_words, payload->bytes, riding_max_, payload->dtype,
       payload->sum, &payload->summed, scratch_));

@@ -29,6 +29,9 @@ class NegotiationPeers final : public coordinator::Peers {
 
   Status BitwiseAllreduce(uint64_t* words, size_t and_words, size_t or_words) override;
   size_t RidingMaxBytes() const override { return riding_max_; }
+  uint8_t* RidingSpace() override {
+    return riding_max_ > 0 ? reinterpret_cast<uint8_t*>(bits_.data() + words_) : nullptr;
+  }
   Status BitwiseAllreduceRiding(uint64_t* words, size_t and_words, size_t or_words,
                                 coordinator::RidingPayload* payload) override;
   StatusOr<std::vector<std::vector<uint8_t>>> GatherAtRoot(

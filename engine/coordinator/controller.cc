@@ -220,19 +220,21 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
   }
   // Riding: this rank's news is only hits; their data goes with the words.
   RidingPayload payload;
-  std::vector<uint64_t> offered;
+  bool offering = false;
   const size_t riding_max = riding_ ? peers_.RidingMaxBytes() : 0;
   if (riding_max > 0 && !reporting && !rank0_round && !handed_back && !shutdown &&
       !pending_.empty()) {
-    std::vector<const Request*> hits;
+    riding_hits_.clear();
     for (size_t w = 0; w < words; ++w) {
       for (uint64_t m = bits_[w]; m != 0; m &= m - 1) {
         const int bit = static_cast<int>(w * 64 + static_cast<size_t>(__builtin_ctzll(m)));
-        hits.push_back(&cache_.Get(bit).request);
+        riding_hits_.push_back(&cache_.Get(bit).request);
       }
     }
-    if (!hits.empty() && riding_(hits, riding_max, &payload)) {
-      offered.assign(bits_.begin(), bits_.begin() + static_cast<ptrdiff_t>(words));
+    payload.data = peers_.RidingSpace();
+    offering = !riding_hits_.empty() && riding_(riding_hits_, riding_max, &payload);
+    if (offering) {
+      riding_offered_.assign(bits_.begin(), bits_.begin() + static_cast<ptrdiff_t>(words));
     } else {
       payload = RidingPayload{};
     }
@@ -256,10 +258,10 @@ Status Controller::Negotiate(bool shutdown, std::vector<Response>* responses, bo
   const bool uncached = (bits_[at.flags()] & kFlagUncached) != 0;
   // The payload is the agreed responses' sum when every rank offered exactly these hits (AND and
   // OR of the offers equal to this rank's) and nothing else happens in this exchange.
-  if (payload.summed && !offered.empty() && !uncached && !*stop) {
+  if (payload.summed && offering && !uncached && !*stop) {
     bool same = true;
     for (size_t w = 0; w < words && same; ++w) {
-      same = bits_[w] == offered[w] && bits_[at.or_hits() + w] == offered[w] &&
+      same = bits_[w] == riding_offered_[w] && bits_[at.or_hits() + w] == riding_offered_[w] &&
              bits_[at.invalid() + w] == 0;
     }
     stats->riding = same;

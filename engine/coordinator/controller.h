@@ -48,8 +48,9 @@ Clock& SystemClock();
 // bytes, and every rank's summed in rank order (the same bits on every rank) where every rank sent
 // as many.
 struct RidingPayload {
-  const uint8_t* data = nullptr;  // this rank's bytes
-  size_t bytes = 0;               // 0: nothing rides
+  // This rank's bytes: where Peers::RidingSpace() points (no copy), else anywhere.
+  uint8_t* data = nullptr;
+  size_t bytes = 0;  // 0: nothing rides
   DataType dtype = DataType::kFloat32;
   uint8_t* sum = nullptr;  // `bytes` bytes: the sum, where summed
   bool summed = false;     // set by the exchange
@@ -63,6 +64,9 @@ class Peers {
   virtual Status BitwiseAllreduce(uint64_t* words, size_t and_words, size_t or_words) = 0;
   // The most payload bytes one exchange can carry, the same on every rank; 0: none.
   virtual size_t RidingMaxBytes() const { return 0; }
+  // RidingMaxBytes() bytes the exchange sends the payload from: a payload written there travels
+  // without a copy. Null where there is none.
+  virtual uint8_t* RidingSpace() { return nullptr; }
   // BitwiseAllreduce with `payload` riding along (at most RidingMaxBytes(); its bytes may be 0,
   // and may differ between ranks): sets payload->summed, and the sum, where every rank sent as
   // many bytes.
@@ -98,8 +102,9 @@ struct NegotiationStats {
 };
 
 // What the engine puts on an exchange (Controller::SetRiding): given the cache hits this rank
-// offers, in bit order (the order their responses would have), fills `payload` with their data
-// (at most max_bytes) and returns true, or returns false to send none.
+// offers, in bit order (the order their responses would have), writes their data (at most
+// max_bytes) to payload->data when it is set (Peers::RidingSpace), else points it at a buffer of
+// its own, fills in the rest of `payload` and returns true; or returns false to send none.
 using RidingPrepare = std::function<bool(const std::vector<const Request*>& hits, size_t max_bytes,
                                          RidingPayload* payload)>;
 
@@ -193,6 +198,9 @@ class Controller {
   const SteadyClock::duration hit_stall_after_;
 
   RidingPrepare riding_;
+  // Negotiate's riding scratch, kept between cycles: the offered hits' requests and bits.
+  std::vector<const Request*> riding_hits_;
+  std::vector<uint64_t> riding_offered_;
   ResponseCache cache_;
   std::optional<MessageTable> table_;  // rank 0
   PendingMap pending_;

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstring>
+#include <string_view>
 
 #include "engine/kernels/reduce.h"
 
@@ -113,24 +114,26 @@ bool Executor::PrepareRiding(const std::vector<const Request*>& hits, size_t max
   size_t bytes = 0;
   for (const Request* r : hits) {
     if (r->type != CollectiveType::kAllreduce || r->on_device || r->dtype != dtype ||
-        r->reduce_op != op || std::string(BackendFor(*r).name()) != "ring") {
+        r->reduce_op != op || std::string_view(BackendFor(*r).name()) != "ring") {
       return false;
     }
     bytes += static_cast<size_t>(NumElements(r->shape)) * DataTypeSize(dtype);
     if (bytes > max_bytes) return false;
   }
   if (bytes == 0) return false;
-  riding_in_.resize(bytes);
+  if (payload->data == nullptr) {
+    riding_in_.resize(bytes);
+    payload->data = riding_in_.data();
+  }
   riding_sum_.resize(bytes);
   size_t at = 0;
   for (const Request* r : hits) {
     const Operation* e = ops.Find(r->name);
     if (e == nullptr) return false;
     const size_t n = static_cast<size_t>(NumElements(r->shape)) * DataTypeSize(dtype);
-    if (n > 0) std::memcpy(riding_in_.data() + at, e->in, n);
+    if (n > 0) std::memcpy(payload->data + at, e->in, n);
     at += n;
   }
-  payload->data = riding_in_.data();
   payload->bytes = bytes;
   payload->dtype = dtype;
   payload->sum = riding_sum_.data();
@@ -163,12 +166,14 @@ Status Executor::CompleteRiding(const std::vector<Response>& responses, Operatio
   if (at != riding_sum_.size()) {
     return Internal("the riding payload holds {} bytes; its responses {}", riding_sum_.size(), at);
   }
-  const std::string args =
-      fmt::format("{{\"bytes\":{},\"tensors\":{},\"dtype\":\"{}\",\"riding\":true}}", at,
-                  members.size(), DataTypeName(dtype));
-  for (Operation* e : members) {
-    Begin(e->request.name, "ALLREDUCE", args);
-    Begin(e->request.name, "RIDING_UNPACK");
+  if (timeline_ != nullptr) {
+    const std::string args =
+        fmt::format("{{\"bytes\":{},\"tensors\":{},\"dtype\":\"{}\",\"riding\":true}}", at,
+                    members.size(), DataTypeName(dtype));
+    for (Operation* e : members) {
+      Begin(e->request.name, "ALLREDUCE", args);
+      Begin(e->request.name, "RIDING_UNPACK");
+    }
   }
   fusion::UnpackEntries(out.data(), out.size(), dtype, scale);
   for (Operation* e : members) {

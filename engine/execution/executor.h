@@ -106,9 +106,10 @@ class Executor {
   // Small allreduces riding the negotiation (coordinator::Controller::SetRiding). PrepareRiding:
   // when every one of `hits` is a host allreduce this rank submitted, sum or average, of one
   // dtype, not compressed, on the ring backend, and together at most max_bytes, copies their
-  // inputs, in order, into a buffer of the executor's and points `payload` at it (and at the
-  // buffer the sum goes to); returns false otherwise. `allowed` is false where the allreduce
-  // algorithm was chosen by hand (riding would replace it).
+  // inputs, in order, to payload->data (the exchange's own space where set; else a buffer of the
+  // executor's) and points payload->sum at the buffer the sum goes to; returns false otherwise.
+  // `allowed` is false where the allreduce algorithm was chosen by hand (riding would replace
+  // it).
   bool PrepareRiding(const std::vector<const coordinator::Request*>& hits, size_t max_bytes,
                      bool allowed, Operations& ops, coordinator::RidingPayload* payload);
   // After a Negotiate that set NegotiationStats::riding: completes `responses` from the

@@ -152,9 +152,12 @@ class CudnnBackend final : public ComputeBackend {
   Status ForwardFullyConnectedMixed(const Layer& l, LayerState& s);
   Status BackwardFullyConnectedMixed(const Layer& l, LayerState& s, bool accumulate);
   Status BackwardConvMixed(const Layer& l, LayerState& s, bool accumulate);
-  // With KOLO_CUDNN_CONV_API=plans: convolution `dir` of `l` through its kept execution plan
-  // (conv_plans.h), the output added to with `accumulate`. The pointers are in the forward
-  // convolution's roles (x, w, y).
+  // Convolution `dir` of `l` (state `s`), the output added to with `accumulate`: through its
+  // kept execution plan (conv_plans.h) with KOLO_CUDNN_CONV_API=plans, else the legacy call with
+  // the algorithm cudnnFind chose. The pointers are in the forward convolution's roles (x, w, y):
+  // backward data writes x, backward filter w, forward y.
+  Status Convolve(const Layer& l, const LayerState& s, ConvDirection dir, bool accumulate,
+                  const void* x, const void* w, const void* y);
   Status RunConvPlan(const Layer& l, ConvDirection dir, bool accumulate, const void* x,
                      const void* w, const void* y);
   // The gradient buffer of `input` for a consumer's backward to write, and whether that write

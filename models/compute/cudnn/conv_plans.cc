@@ -92,22 +92,13 @@ const char* DirectionName(ConvDirection dir) {
 
 }  // namespace
 
-Status ConvPlanCache::Grow(size_t bytes) {
-  if (bytes <= scratch_bytes_) return Status::OK();
-  scratch_.Reset();
-  scratch_bytes_ = 0;
-  KOLO_CUDA_CHECK(cudaMalloc(scratch_.out(), bytes));
-  scratch_bytes_ = bytes;
-  return Status::OK();
-}
-
-Status ConvPlanCache::GrowWorkspace(size_t bytes) {
-  if (bytes <= workspace_bytes_) return Status::OK();
-  // The calls already queued may still read the old workspace: cudaFree waits for the device.
-  workspace_.Reset();
-  workspace_bytes_ = 0;
-  KOLO_CUDA_CHECK(cudaMalloc(workspace_.out(), bytes));
-  workspace_bytes_ = bytes;
+// Calls already queued may still read the old buffer: cudaFree waits for the device.
+Status ConvPlanCache::Grow(DevicePtr& buf, size_t& have, size_t bytes) {
+  if (bytes <= have) return Status::OK();
+  buf.Reset();
+  have = 0;
+  KOLO_CUDA_CHECK(cudaMalloc(buf.out(), bytes));
+  have = bytes;
   return Status::OK();
 }
 
@@ -151,48 +142,44 @@ StatusOr<ConvPlanCache::Entry> ConvPlanCache::Build(cudnnHandle_t handle, cudaSt
   }
 
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  BackendDesc op;
-  switch (dir) {
-    case ConvDirection::kForward: {
-      KOLO_ASSIGN_OR_RETURN(op, Create(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR));
-      KOLO_RETURN_IF_ERROR(SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x));
-      KOLO_RETURN_IF_ERROR(SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w));
-      KOLO_RETURN_IF_ERROR(SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, y));
-      KOLO_RETURN_IF_ERROR(SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv));
-      KOLO_RETURN_IF_ERROR(
-          Set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha));
-      KOLO_RETURN_IF_ERROR(
-          Set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta));
-      break;
-    }
-    case ConvDirection::kBackwardData: {
-      KOLO_ASSIGN_OR_RETURN(op,
-                            Create(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR));
-      KOLO_RETURN_IF_ERROR(SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, x));
-      KOLO_RETURN_IF_ERROR(SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, w));
-      KOLO_RETURN_IF_ERROR(SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, y));
-      KOLO_RETURN_IF_ERROR(SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, conv));
-      KOLO_RETURN_IF_ERROR(
-          Set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha));
-      KOLO_RETURN_IF_ERROR(
-          Set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &beta));
-      break;
-    }
-    case ConvDirection::kBackwardFilter: {
-      KOLO_ASSIGN_OR_RETURN(op,
-                            Create(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR));
-      KOLO_RETURN_IF_ERROR(SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, x));
-      KOLO_RETURN_IF_ERROR(SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, w));
-      KOLO_RETURN_IF_ERROR(SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, y));
-      KOLO_RETURN_IF_ERROR(
-          SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, conv));
-      KOLO_RETURN_IF_ERROR(
-          Set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha));
-      KOLO_RETURN_IF_ERROR(
-          Set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, 1, &beta));
-      break;
-    }
-  }
+  // The operation of each direction and its attributes, in the forward convolution's roles.
+  struct OpAttrs {
+    cudnnBackendDescriptorType_t type;
+    cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
+  };
+  static constexpr OpAttrs kForwardOp{CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+                                      CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+                                      CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+                                      CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+                                      CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+                                      CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+                                      CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA};
+  static constexpr OpAttrs kBackwardDataOp{
+      CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA};
+  static constexpr OpAttrs kBackwardFilterOp{
+      CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA};
+  const OpAttrs& a = dir == ConvDirection::kForward        ? kForwardOp
+                     : dir == ConvDirection::kBackwardData ? kBackwardDataOp
+                                                           : kBackwardFilterOp;
+  KOLO_ASSIGN_OR_RETURN(BackendDesc op, Create(a.type));
+  KOLO_RETURN_IF_ERROR(SetDesc(op, a.x, x));
+  KOLO_RETURN_IF_ERROR(SetDesc(op, a.w, w));
+  KOLO_RETURN_IF_ERROR(SetDesc(op, a.y, y));
+  KOLO_RETURN_IF_ERROR(SetDesc(op, a.conv, conv));
+  KOLO_RETURN_IF_ERROR(Set(op, a.alpha, CUDNN_TYPE_FLOAT, 1, &alpha));
+  KOLO_RETURN_IF_ERROR(Set(op, a.beta, CUDNN_TYPE_FLOAT, 1, &beta));
   KOLO_CUDNN_CHECK(cudnnBackendFinalize(op.get()));
 
   KOLO_ASSIGN_OR_RETURN(BackendDesc graph, Create(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR));
@@ -235,7 +222,7 @@ StatusOr<ConvPlanCache::Entry> ConvPlanCache::Build(cudnnHandle_t handle, cudaSt
   const size_t out_bytes =
       static_cast<size_t>(out_dims[0] * out_dims[1] * out_dims[2] * out_dims[3]) *
       ElemBytes(g.data_type);
-  KOLO_RETURN_IF_ERROR(Grow(out_bytes));
+  KOLO_RETURN_IF_ERROR(Grow(scratch_, scratch_bytes_, out_bytes));
   ConvPointers timing = p;
   (dir == ConvDirection::kForward        ? timing.y
    : dir == ConvDirection::kBackwardData ? timing.x
@@ -293,7 +280,7 @@ StatusOr<ConvPlanCache::Entry> ConvPlanCache::Build(cudnnHandle_t handle, cudaSt
                                               CUDNN_TYPE_INT64, 1, &n, &need));
     if (need < 0 || static_cast<size_t>(need) > kMaxWorkspaceBytes) continue;
     if (static_cast<size_t>(need) > workspace_bytes_) {
-      KOLO_RETURN_IF_ERROR(GrowWorkspace(static_cast<size_t>(need)));
+      KOLO_RETURN_IF_ERROR(Grow(workspace_, workspace_bytes_, static_cast<size_t>(need)));
       KOLO_ASSIGN_OR_RETURN(timing_pack, Pack(timing, workspace_.get()));
     }
     // One untimed run, then the fastest of kTimedRuns.

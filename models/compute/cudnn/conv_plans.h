@@ -79,8 +79,8 @@ class ConvPlanCache {
   StatusOr<Entry> Build(cudnnHandle_t handle, cudaStream_t stream, ConvDirection dir,
                         bool accumulate, const ConvGeometry& g, const ConvPointers& p,
                         const char* name);
-  Status Grow(size_t bytes);           // the scratch output
-  Status GrowWorkspace(size_t bytes);  // the workspace; moves it, so packs are rebuilt
+  // `buf` (of `have` bytes) to at least `bytes`; a move, so packs that point into it are rebuilt.
+  static Status Grow(DevicePtr& buf, size_t& have, size_t bytes);
 
   std::map<std::tuple<int, int, int>, Entry> entries_;
   DevicePtr scratch_;  // the timing runs' output

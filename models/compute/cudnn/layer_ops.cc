@@ -93,15 +93,35 @@ Status CudnnBackend::Forward(int layer) {
   return InvalidArgument("cudnn backend: layer '{}' has an unknown kind", l.name);
 }
 
+Status CudnnBackend::Convolve(const Layer& l, const LayerState& s, ConvDirection dir,
+                              bool accumulate, const void* x, const void* w, const void* y) {
+  if (conv_plans_on_) return RunConvPlan(l, dir, accumulate, x, w, y);
+  const LayerState& in = layers_[l.inputs[0]];
+  switch (dir) {
+    case ConvDirection::kForward:
+      KOLO_CUDNN_CHECK(cudnnConvolutionForward(
+          cudnn_.get(), &kOne, in.y_desc.get(), x, s.w_desc.get(), w, s.conv_fwd.get(), s.algos.fwd,
+          workspace_, workspace_bytes_, Beta(accumulate), s.y_desc.get(), const_cast<void*>(y)));
+      break;
+    case ConvDirection::kBackwardData:
+      KOLO_CUDNN_CHECK(cudnnConvolutionBackwardData(
+          cudnn_.get(), &kOne, s.w_desc.get(), w, s.y_desc.get(), y, s.conv_bwd_data.get(),
+          s.algos.bwd_data, workspace_, workspace_bytes_, Beta(accumulate), in.y_desc.get(),
+          const_cast<void*>(x)));
+      break;
+    case ConvDirection::kBackwardFilter:
+      KOLO_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+          cudnn_.get(), &kOne, in.y_desc.get(), x, s.y_desc.get(), y, s.conv_bwd_filter.get(),
+          s.algos.bwd_filter, workspace_, workspace_bytes_, Beta(accumulate), s.w_desc.get(),
+          const_cast<void*>(w)));
+      break;
+  }
+  return Status::OK();
+}
+
 Status CudnnBackend::ForwardConv(const Layer& l, LayerState& s) {
   const LayerState& in = layers_[l.inputs[0]];
-  if (conv_plans_on_) {
-    KOLO_RETURN_IF_ERROR(RunConvPlan(l, ConvDirection::kForward, false, in.y, Weight(l, 0), s.y));
-  } else {
-    KOLO_CUDNN_CHECK(cudnnConvolutionForward(
-        cudnn_.get(), &kOne, in.y_desc.get(), in.y, s.w_desc.get(), Weight(l, 0), s.conv_fwd.get(),
-        s.algos.fwd, workspace_, workspace_bytes_, &kZero, s.y_desc.get(), s.y));
-  }
+  KOLO_RETURN_IF_ERROR(Convolve(l, s, ConvDirection::kForward, false, in.y, Weight(l, 0), s.y));
   if (std::get<ConvParams>(l.params).bias && mixed_) {
     KOLO_CUDA_CHECK(LaunchAddChannelBias(act_, s.y, Param(l, 1), config_.batch, l.out.c,
                                          l.out.h * l.out.w, stream_.get()));
@@ -201,15 +221,8 @@ Status CudnnBackend::Backward(int layer, bool accumulate) {
 Status CudnnBackend::BackwardConv(const Layer& l, LayerState& s, bool accumulate) {
   if (mixed_) return BackwardConvMixed(l, s, accumulate);
   const LayerState& in = layers_[l.inputs[0]];
-  if (conv_plans_on_) {
-    KOLO_RETURN_IF_ERROR(
-        RunConvPlan(l, ConvDirection::kBackwardFilter, accumulate, in.y, Grad(l, 0), s.dy));
-  } else {
-    KOLO_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
-        cudnn_.get(), &kOne, in.y_desc.get(), in.y, s.y_desc.get(), s.dy, s.conv_bwd_filter.get(),
-        s.algos.bwd_filter, workspace_, workspace_bytes_, Beta(accumulate), s.w_desc.get(),
-        Grad(l, 0)));
-  }
+  KOLO_RETURN_IF_ERROR(
+      Convolve(l, s, ConvDirection::kBackwardFilter, accumulate, in.y, Grad(l, 0), s.dy));
   if (std::get<ConvParams>(l.params).bias) {
     KOLO_CUDNN_CHECK(cudnnConvolutionBackwardBias(cudnn_.get(), &kOne, s.y_desc.get(), s.dy,
                                                   Beta(accumulate), s.bias_desc.get(), Grad(l, 1)));
@@ -217,15 +230,7 @@ Status CudnnBackend::BackwardConv(const Layer& l, LayerState& s, bool accumulate
   if (s.needs_dx) {
     bool acc = false;
     void* dx = InputGrad(l.inputs[0], &acc);
-    if (conv_plans_on_) {
-      KOLO_RETURN_IF_ERROR(
-          RunConvPlan(l, ConvDirection::kBackwardData, acc, dx, Param(l, 0), s.dy));
-    } else {
-      KOLO_CUDNN_CHECK(cudnnConvolutionBackwardData(
-          cudnn_.get(), &kOne, s.w_desc.get(), Param(l, 0), s.y_desc.get(), s.dy,
-          s.conv_bwd_data.get(), s.algos.bwd_data, workspace_, workspace_bytes_, Beta(acc),
-          in.y_desc.get(), dx));
-    }
+    KOLO_RETURN_IF_ERROR(Convolve(l, s, ConvDirection::kBackwardData, acc, dx, Param(l, 0), s.dy));
   }
   return Status::OK();
 }

@@ -63,14 +63,8 @@ Status CudnnBackend::BackwardFullyConnectedMixed(const Layer& l, LayerState& s, 
 // in float32 by kolo's kernel (cuDNN's bias calls want bias and tensor of one type).
 Status CudnnBackend::BackwardConvMixed(const Layer& l, LayerState& s, bool accumulate) {
   const LayerState& in = layers_[l.inputs[0]];
-  if (conv_plans_on_) {
-    KOLO_RETURN_IF_ERROR(
-        RunConvPlan(l, ConvDirection::kBackwardFilter, false, in.y, grad_staging_, s.dy));
-  } else {
-    KOLO_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
-        cudnn_.get(), &kOne, in.y_desc.get(), in.y, s.y_desc.get(), s.dy, s.conv_bwd_filter.get(),
-        s.algos.bwd_filter, workspace_, workspace_bytes_, &kZero, s.w_desc.get(), grad_staging_));
-  }
+  KOLO_RETURN_IF_ERROR(
+      Convolve(l, s, ConvDirection::kBackwardFilter, false, in.y, grad_staging_, s.dy));
   KOLO_RETURN_IF_ERROR(TakeStagedGradient(l, 0, act_, 0, accumulate));
   if (std::get<ConvParams>(l.params).bias) {
     KOLO_CUDA_CHECK(LaunchChannelSum(act_, s.dy, static_cast<float*>(grad_staging_), config_.batch,
@@ -80,15 +74,7 @@ Status CudnnBackend::BackwardConvMixed(const Layer& l, LayerState& s, bool accum
   if (s.needs_dx) {
     bool acc = false;
     void* dx = InputGrad(l.inputs[0], &acc);
-    if (conv_plans_on_) {
-      KOLO_RETURN_IF_ERROR(
-          RunConvPlan(l, ConvDirection::kBackwardData, acc, dx, Weight(l, 0), s.dy));
-    } else {
-      KOLO_CUDNN_CHECK(cudnnConvolutionBackwardData(
-          cudnn_.get(), &kOne, s.w_desc.get(), Weight(l, 0), s.y_desc.get(), s.dy,
-          s.conv_bwd_data.get(), s.algos.bwd_data, workspace_, workspace_bytes_,
-          acc ? &kOne : &kZero, in.y_desc.get(), dx));
-    }
+    KOLO_RETURN_IF_ERROR(Convolve(l, s, ConvDirection::kBackwardData, acc, dx, Weight(l, 0), s.dy));
   }
   return Status::OK();
 }

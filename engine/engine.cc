@@ -96,6 +96,28 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
   e.comm.timeout = link.timeout;
   e.comm.messages = &e.message_scratch;
   KOLO_RETURN_IF_ERROR(collectives::CheckSettingsMatch(e.comm, MustMatch(options)));
+  // Every rank on one host over shared memory: one area they all map, for the one-shot allreduce
+  // (collectives/one_shot.cc).
+  const bool all_shm =
+      e.hosts.num_hosts() == 1 && (options.transport == "auto" || options.transport == "shm");
+  if (options.size > 1 && all_shm && e.pair_transports == "shm") {
+    KOLO_ASSIGN_OR_RETURN(e.host_area,
+                          collectives::AttachHostArea(
+                              e.comm, addresses, "shm/host-area", e.rendezvous.secret,
+                              std::chrono::microseconds(options.poll_spin_us), e.message_scratch));
+    e.comm.host_area = e.host_area.get();
+    if (e.host_area) {
+      e.transport_memory_bytes += static_cast<int64_t>(e.host_area->mapped_bytes());
+    }
+  }
+  if (options.size > 1 && options.allreduce_algorithm == "one-shot" && !e.host_area) {
+    return InvalidArgument(
+        "allreduce algorithm 'one-shot' needs every rank on one host with a host-wide "
+        "shared-memory area; this job has {} (pairs over {}){}: allowed are auto, ring, "
+        "recursive-doubling, halving-doubling",
+        e.hosts.Summary(), e.pair_transports,
+        all_shm ? ", and not every rank could map the area (see the warning)" : "");
+  }
 
   if (options.backend == "mpi") {
     std::string why;
@@ -146,8 +168,6 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
   // Riding saves one exchange of messages per small allreduce: where messages cross sockets or
   // NICs. Between ranks of one host over shared memory, where a message costs little and the
   // direct exchange sends N - 1 of them, it measured slower (docs/measured.md).
-  const bool all_shm =
-      e.hosts.num_hosts() == 1 && (options.transport == "auto" || options.transport == "shm");
   KOLO_ASSIGN_OR_RETURN(e.peers, collectives::NegotiationPeers::Create(
                                      &e.comm, coordinator::Controller::ExchangeWords(negotiation),
                                      all_shm ? 0 : static_cast<size_t>(options.riding_max_bytes)));
@@ -332,6 +352,13 @@ Status Engine::Retune(const std::string& name, const Tunables& t) {
   }
   if (role() != Role::kWorker || impl_->executor == nullptr) {
     return FailedPrecondition("retune: this rank runs no allreduce engine (a parameter server)");
+  }
+  if (algorithm == collectives::AllreduceAlgorithm::kOneShot && size() > 1 &&
+      impl_->comm.host_area == nullptr) {
+    return InvalidArgument(
+        "retune: allreduce algorithm 'one-shot' needs every rank on one host with a host-wide "
+        "shared-memory area, which this job has not: allowed are auto, ring, recursive-doubling, "
+        "halving-doubling");
   }
   {
     MutexLock lock(impl_->mu);

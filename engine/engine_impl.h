@@ -28,6 +28,7 @@
 #include "engine/execution/executor.h"
 #include "engine/execution/operation_table.h"
 #include "engine/timeline/timeline.h"
+#include "engine/transport/shm/host_area.h"
 #include "engine/transport/transport.h"
 
 namespace kolo {
@@ -99,6 +100,9 @@ struct Engine::Impl final {
   int transport_connections = 0;
   int64_t transport_memory_bytes = 0;
   int tcp_streams = 1;  // Engine::Stats::tcp_streams
+  // Every rank on one host over shared memory: the area of the one-shot allreduce (comm.host_area
+  // points at it), else null.
+  std::unique_ptr<transport::shm::HostArea> host_area;
   collectives::Comm comm;
   std::vector<std::unique_ptr<backends::Backend>> backends;  // ordered; the last accepts all
   std::unique_ptr<timeline::Timeline> timeline;

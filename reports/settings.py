@@ -64,7 +64,7 @@ _RATE_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(kbit|mbit|gbit)$")
 _PACING_RE = re.compile(r"^(off|[0-9]+(?:\.[0-9]+)?(kbit|mbit|gbit))$")
 TRANSPORTS = ("auto", "shm", "tcp", "rdma")
 # The ring backend's allreduce algorithms (Options::allreduce_algorithm, engine/common/options.cc).
-ALLREDUCE_ALGORITHMS = ("auto", "ring", "recursive-doubling", "halving-doubling")
+ALLREDUCE_ALGORITHMS = ("auto", "ring", "recursive-doubling", "halving-doubling", "one-shot")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 # TCP connections per pair of ranks (Options::tcp_streams): auto, or 1 to 16.
 _TCP_STREAMS_RE = re.compile(r"^(auto|[1-9]|1[0-6])$")

@@ -170,7 +170,8 @@ int Predict(int argc, char** argv) {
   }
   p.hierarchical = allreduce == "hierarchical";
   p.ps_on_worker_hosts = ps_hosts == "spread";
-  if (p.transport == "auto" || p.transport == "shm") p.transport = "tcp";
+  p.shm_within_host = p.transport == "auto" || p.transport == "shm";
+  if (p.shm_within_host) p.transport = "tcp";
   {
     auto streams = kolo::ParseTcpStreams("--tcp-streams", tcp_streams);
     if (!streams.ok()) {
@@ -299,7 +300,9 @@ int Allreduce(int argc, char** argv) {
   std::string calibration_path, sizes_text = "4K,16K,64K,256K,1M,4M", link, json_path;
   app.add_option("--ranks", p.ranks, "ranks")->check(CLI::Range(1, 65536));
   app.add_option("--ranks-per-host", p.ranks_per_host, "ranks per host (default: all on one)");
-  app.add_option("--transport", p.transport, "between hosts: tcp | rdma");
+  app.add_option("--transport", p.transport,
+                 "tcp | rdma between hosts; auto or shm: shared memory within a host (one host: "
+                 "the one-shot allreduce too)");
   app.add_option("--link", link, "NIC line rate, e.g. 25gbit (default: the calibration's)");
   app.add_option("--sizes", sizes_text, "comma list of buffer sizes (K, M, G suffixes)");
   app.add_option("--calibration", calibration_path, "calibration JSON (default: built in)");
@@ -319,8 +322,10 @@ int Allreduce(int argc, char** argv) {
     return 2;
   }
   if (!ReadLink(link, &p)) return 2;
+  p.shm_within_host = p.transport == "auto" || p.transport == "shm";
+  if (p.shm_within_host) p.transport = "tcp";
   if (p.transport != "tcp" && p.transport != "rdma") {
-    Say(fmt::format("--transport {} is not allowed; allowed: tcp, rdma", p.transport));
+    Say(fmt::format("--transport {} is not allowed; allowed: tcp, rdma, auto, shm", p.transport));
     return 2;
   }
   std::vector<double> sizes;
@@ -338,11 +343,13 @@ int Allreduce(int argc, char** argv) {
   }
   Calibration cal;
   if (!ReadCalibration(calibration_path, &cal)) return 2;
-  const std::vector<std::string> algorithms = {"ring", "recursive-doubling", "halving-doubling"};
+  std::vector<std::string> algorithms = {"ring", "recursive-doubling", "halving-doubling"};
+  if (kolo::sim::MakeNetwork(p, cal, 0).host_area) algorithms.push_back("one-shot");
   std::printf("# kolo-sim allreduce: %d ranks (%d per host), calibration %s; predicted us\n",
               p.ranks, p.ranks_per_host, cal.name.c_str());
-  std::printf("#%11s %12s %20s %20s %20s %20s\n", "size(B)", "ring", "recursive-doubling",
-              "halving-doubling", "fastest", "auto runs");
+  std::printf("#%11s", "size(B)");
+  for (const std::string& a : algorithms) std::printf(" %20s", a.c_str());
+  std::printf(" %20s %20s\n", "fastest", "auto runs");
   nlohmann::json rows = nlohmann::json::array();
   for (double bytes : sizes) {
     const kolo::sim::Network net = kolo::sim::MakeNetwork(p, cal, bytes);
@@ -365,8 +372,9 @@ int Allreduce(int argc, char** argv) {
     row["fastest"] = fastest;
     row["auto"] = picked;
     rows.push_back(row);
-    std::printf(" %11.0f %12.1f %20.1f %20.1f %20s %20s\n", bytes, t[0], t[1], t[2],
-                fastest.c_str(), picked.c_str());
+    std::printf(" %11.0f", bytes);
+    for (double v : t) std::printf(" %20.1f", v);
+    std::printf(" %20s %20s\n", fastest.c_str(), picked.c_str());
   }
   if (!json_path.empty()) {
     std::ofstream out(json_path);

@@ -17,6 +17,7 @@
 #include "engine/common/tensor.h"
 #include "engine/coordinator/controller.h"
 #include "engine/fusion/planner.h"
+#include "engine/transport/shm/host_area.h"
 #include "models/compute/replay/profile.h"
 #include "models/zoo/zoo.h"
 
@@ -432,15 +433,27 @@ double HalvingDoublingAllreduceTime(const Network& net, double bytes, double red
   return t + FoldTime(net, n, p, bytes, false);
 }
 
+double OneShotAllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s) {
+  const int n = net.hosts * net.per_host;
+  if (n <= 1 || bytes <= 0) return 0;
+  const double pieces =
+      std::ceil(bytes / static_cast<double>(transport::shm::HostArea::kDefaultSlotBytes));
+  // In and out of the area: two copies of the buffer, then the N - 1 additions.
+  const double copy = net.intra_copy_bytes_per_s > 0 ? 2 * bytes / net.intra_copy_bytes_per_s : 0;
+  const double sum = reduce_bytes_per_s > 0 ? (n - 1) * bytes / reduce_bytes_per_s : 0;
+  return pieces * net.intra_latency_s + copy + sum;
+}
+
 double AllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s,
                      const std::string& algorithm, bool hierarchical, std::string* ran) {
   const int n = net.hosts * net.per_host;
   std::string run = algorithm;
   if (run == "auto") {
-    run = collectives::AllreduceAlgorithmName(
-        collectives::ChooseAllreduceAlgorithm(static_cast<size_t>(bytes), n, net.hosts));
+    run = collectives::AllreduceAlgorithmName(collectives::ChooseAllreduceAlgorithm(
+        static_cast<size_t>(bytes), n, net.hosts, net.host_area));
   }
   if (ran != nullptr) *ran = run;
+  if (run == "one-shot") return OneShotAllreduceTime(net, bytes, reduce_bytes_per_s);
   if (run == "recursive-doubling") {
     return RecursiveDoublingAllreduceTime(net, bytes, reduce_bytes_per_s);
   }
@@ -539,6 +552,9 @@ Network MakeNetwork(const Point& point, const Calibration& cal, double working_b
                             kGiga * cal.shm.efficiency / share;
     net.intra_latency_s = cal.shm.latency_us * 1e-6 / k * share;
     net.intra_copy_bytes_per_s = cal.shm.copy_gbytes_per_s * kGiga * k / share;
+    // One host over shared memory (transport auto or shm; tcp runs over loopback): the area.
+    net.host_area = net.hosts == 1 && net.per_host > 1 && point.shm_within_host &&
+                    point.backend != "ps" && point.backend != "mpi";
   }
   return net;
 }

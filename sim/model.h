@@ -156,6 +156,9 @@ struct Point {
   // per-element rate (assumed: sim/calibrations/README.md); parameter-server pushes move half.
   std::string compression = "none";
   std::string transport = "tcp";  // tcp | rdma (between hosts); auto = tcp
+  // The transport was auto or shm: ranks of one host talk over shared memory, and a job all on
+  // one host maps the host area of the one-shot allreduce (Network::host_area).
+  bool shm_within_host = false;
   // TCP connections per pair (the engine's KOLO_TCP_STREAMS; 0 = auto, taken as 1: kolo-sim
   // knows no NIC to read a speed from).
   int tcp_streams = 1;
@@ -236,6 +239,9 @@ struct Network {
   double intra_bytes_per_s = 0;     // per GPU, each direction
   double intra_latency_s = 0;
   double intra_copy_bytes_per_s = 0;
+  // Every rank on one host over kolo's shared memory: the ranks map a host-wide area and the rule
+  // may pick the one-shot allreduce (collectives::ChooseAllreduceAlgorithm).
+  bool host_area = false;
 };
 
 // The time of one phase in which every flow runs at once: the latency of the slowest kind of hop
@@ -251,6 +257,11 @@ double HierarchicalAllreduceTime(const Network& net, double bytes, double reduce
 // whole buffer log2 p times and sums each; halving-doubling moves halves, quarters, ... and back.
 double RecursiveDoublingAllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s);
 double HalvingDoublingAllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s);
+// The one-shot allreduce through the host area (engine/collectives/one_shot.cc), per piece of
+// the host area's slot (transport::shm::HostArea::kDefaultSlotBytes): one step's latency within the
+// host (the wait for the last rank), the piece copied into the area and the sum out of it, which
+// reads every rank's slot (N - 1 additions of the piece). Only on one host (net.host_area).
+double OneShotAllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s);
 // The time of the allreduce algorithm `algorithm` (Options::allreduce_algorithm's names; "auto"
 // picks by collectives::ChooseAllreduceAlgorithm, as the engine does) over `net`, flat or, for
 // the ring, hierarchical. Sets *ran to the algorithm that runs when ran is not null.

@@ -30,6 +30,9 @@ class Store;
 namespace kolo::transport {
 class Device;
 }
+namespace kolo::transport::shm {
+class HostArea;
+}
 
 namespace kolo::bench {
 
@@ -81,6 +84,9 @@ struct BackendEnv {
   // The benchmark's own device per transport, for the link rows (and control under kolo-run: the
   // first transport's); absent where none was connected.
   std::map<std::string, transport::Device*> devices;
+  // The host-wide shared-memory area of a device whose every pair is shared memory on one host
+  // (the one-shot allreduce's; collectives::AttachHostArea), by device; absent elsewhere.
+  std::map<const transport::Device*, transport::shm::HostArea*> host_areas;
   Control* control = nullptr;
   int engine_starts = 0;  // engines started so far (each gets its own key prefix)
   // The most connections and transport memory any engine of the rows held on this rank.

@@ -178,6 +178,8 @@ class AloneRow final : public Backend {
     comm_.chunk_bytes = static_cast<size_t>(env.options.ring_chunk_bytes);
     comm_.timeout =
         std::chrono::milliseconds(static_cast<int64_t>(env.options.peer_timeout_s * 1000.0));
+    const auto area = env.host_areas.find(&device);
+    if (area != env.host_areas.end()) comm_.host_area = area->second;
   }
 
   std::string name() const override { return label_; }
@@ -197,7 +199,7 @@ class AloneRow final : public Backend {
 
   Status RunOnce() override {
     const DataType dtype = env_.config->dtype;
-    // hosts: the rule does not use it (ChooseAllreduceAlgorithm).
+    // hosts: the rule picks one-shot only with a host area, which exists only on one host.
     KOLO_RETURN_IF_ERROR(collectives::AllreduceWith(algorithm_, /*hosts=*/1, comm_, *region_, 0,
                                                     count_, dtype, *scratch_));
     if (env_.config->op == ReduceOp::kAverage) {

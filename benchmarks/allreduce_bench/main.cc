@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "engine/common/logging.h"
 #include "engine/common/options.h"
 #include "engine/transport/registry.h"
+#include "engine/transport/shm/host_area.h"
 
 namespace kolo::bench {
 namespace {
@@ -198,7 +200,29 @@ Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
   info.transports = transports;
   info.mpi_btl = MpiBtl(options);
 
+  // Every rank on one host: a host-wide shared-memory area for each device whose pairs are all
+  // shared memory, for the one-shot rows (collective, in device order).
+  std::vector<std::unique_ptr<transport::shm::HostArea>> host_areas;
+  std::map<const transport::Device*, transport::shm::HostArea*> area_of;
+  const bool one_host = std::all_of(info.hosts.begin(), info.hosts.end(),
+                                    [&](const std::string& h) { return h == info.hosts.front(); });
+  for (size_t i = 0; link && one_host && options.size > 1 && i < devices.size(); ++i) {
+    if (transport::PairTransports(*devices[i]) != "shm") continue;
+    collectives::Comm comm;
+    comm.device = devices[i].get();
+    comm.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.peer_timeout_s * 1000.0));
+    collectives::Scratch scratch;
+    KOLO_ASSIGN_OR_RETURN(auto area, collectives::AttachHostArea(
+                                         comm, *link_stores[i], "host-area", rv.secret,
+                                         std::chrono::microseconds(options.poll_spin_us), scratch));
+    if (area) {
+      area_of[devices[i].get()] = area.get();
+      host_areas.push_back(std::move(area));
+    }
+  }
+
   BackendEnv env;
+  env.host_areas = area_of;
   env.config = &config;
   env.options = options;
   env.store = rv.store;
@@ -238,7 +262,9 @@ Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
                                           }));
     ratios = ComputeRatios(sweep);
     Print(rank0, FormatRatios(ratios));
-    algorithms = ComputeAlgorithmRows(sweep, options.size);
+    std::set<std::string> area_transports;
+    for (const auto& [device, area] : area_of) area_transports.insert(device->name());
+    algorithms = ComputeAlgorithmRows(sweep, options.size, area_transports);
     Print(rank0, FormatAlgorithmRows(algorithms));
   }
   // What every rank holds, gathered (untimed, after the measurements).
@@ -252,6 +278,7 @@ Status Run(const BenchConfig& config, Options options, int* wrong_rows) {
       connections = std::max(connections, d->connections());
       memory += static_cast<int64_t>(d->transport_memory_bytes());
     }
+    for (const auto& a : host_areas) memory += static_cast<int64_t>(a->mapped_bytes());
     const ProcessMemory mem = ReadProcessMemory();
     const std::vector<double> mine = {static_cast<double>(connections),
                                       static_cast<double>(memory),

@@ -189,6 +189,14 @@ StatusOr<std::vector<std::unique_ptr<Backend>>> MakeBackends(BackendKind kind, B
           const std::string suffix = env.transports.size() > 1 ? "-" + t : "";
           auto scratch = std::make_shared<collectives::Scratch>();
           for (const std::string& a : env.config->algorithms) {
+            if (a == "one-shot" && env.options.size > 1 && !env.host_areas.count(it->second)) {
+              return InvalidArgument(
+                  "--algorithms one-shot needs every rank on one host over shared memory "
+                  "(transport auto or shm), where the ranks map a host-wide area; transport '{}' "
+                  "here pairs over {}: allowed are auto, ring, recursive-doubling, "
+                  "halving-doubling",
+                  t, transport::PairTransports(*it->second));
+            }
             rows.push_back(MakeAloneRow(env, *it->second, a, "alone/" + a + suffix, scratch));
             rows.push_back(MakeEngineRow(kind, env, t, "ring/" + a + suffix, a));
           }

@@ -90,7 +90,8 @@ std::vector<RatioRow> ComputeRatios(const std::vector<SweepRow>& rows) {
   return out;
 }
 
-std::vector<AlgorithmRow> ComputeAlgorithmRows(const std::vector<SweepRow>& rows, int ranks) {
+std::vector<AlgorithmRow> ComputeAlgorithmRows(const std::vector<SweepRow>& rows, int ranks,
+                                               const std::set<std::string>& area_transports) {
   std::vector<AlgorithmRow> out;
   for (const SweepRow& alone : rows) {
     if (alone.backend.rfind("alone/", 0) != 0) continue;
@@ -109,7 +110,8 @@ std::vector<AlgorithmRow> ComputeAlgorithmRows(const std::vector<SweepRow>& rows
       a.picked = a.algorithm;
       if (a.algorithm == "auto") {
         a.picked = collectives::AllreduceAlgorithmName(
-            collectives::ChooseAllreduceAlgorithm(static_cast<size_t>(alone.bytes), ranks, 1));
+            collectives::ChooseAllreduceAlgorithm(static_cast<size_t>(alone.bytes), ranks, 1,
+                                                  area_transports.count(alone.transport) > 0));
       }
       a.alone_us = alone.time.median_us;
       a.engine_us = engine.time.median_us;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -59,7 +60,10 @@ struct AlgorithmRow {
   // is only the copy out of the sum); -1: unknown.
   double riding_share = -1;
 };
-std::vector<AlgorithmRow> ComputeAlgorithmRows(const std::vector<SweepRow>& rows, int ranks);
+// `area_transports`: the transports (rows' transport names) whose devices had a host-wide
+// shared-memory area, where the rule may pick one-shot.
+std::vector<AlgorithmRow> ComputeAlgorithmRows(const std::vector<SweepRow>& rows, int ranks,
+                                               const std::set<std::string>& area_transports = {});
 // "" when there is none.
 std::string FormatAlgorithmRows(const std::vector<AlgorithmRow>& rows);
 

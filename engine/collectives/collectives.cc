@@ -18,6 +18,8 @@ const char* PhaseName(Phase phase) {
       return "HIERARCHICAL_ALLREDUCE";
     case Phase::kRecursiveDoubling:
       return "RECURSIVE_DOUBLING";
+    case Phase::kOneShot:
+      return "ONE_SHOT";
   }
   return "UNKNOWN";
 }

@@ -10,11 +10,20 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/common/dtype.h"
 #include "engine/common/status.h"
 #include "engine/transport/transport.h"
+
+namespace kolo::bootstrap {
+class Store;
+}  // namespace kolo::bootstrap
+namespace kolo::transport::shm {
+class HostArea;
+}  // namespace kolo::transport::shm
 
 namespace kolo::collectives {
 
@@ -25,10 +34,11 @@ enum class Phase {
   kBroadcast,
   kSendRecv,
   kHierarchical,
-  kRecursiveDoubling
+  kRecursiveDoubling,
+  kOneShot
 };
 // "REDUCE_SCATTER", "ALLGATHER", "BROADCAST", "SEND_RECV", "HIERARCHICAL_ALLREDUCE",
-// "RECURSIVE_DOUBLING"
+// "RECURSIVE_DOUBLING", "ONE_SHOT"
 const char* PhaseName(Phase phase);
 
 // Scratch space the collectives receive into before reducing. Grows on demand (then reused), and
@@ -70,6 +80,11 @@ struct Comm {
   // every rank.
   size_t hierarchical_chunk_bytes = 4 << 20;
   static constexpr size_t kMaxHierarchicalChunks = 64;
+
+  // The host-wide shared-memory area of a job whose ranks all share one host over shared memory
+  // (transport/shm/host_area.h), for OneShotAllreduce; null elsewhere. Set on every rank or on
+  // none (AllRanksTrue agrees on it).
+  transport::shm::HostArea* host_area = nullptr;
 
   int rank() const { return device->rank(); }
   int size() const { return device->size(); }
@@ -117,6 +132,28 @@ Status HalvingDoublingAllreduce(Comm& comm, transport::Region& buf, size_t offse
                                 size_t count, DataType dtype, Scratch& scratch);
 Status HalvingDoublingAllreduce(Comm& comm, const std::vector<Extent>& extents, DataType dtype,
                                 Scratch& scratch);
+
+// Allreduce (sum, in place) in one step through comm.host_area: every rank copies its buffer into
+// its slot of the area, then sums every slot in rank order (the same bits on every rank). A buffer
+// larger than a slot goes in slot-sized pieces. No message crosses the transport: for ranks of one
+// host, small buffers, where each step of the other algorithms costs a message and a wake-up.
+// FailedPrecondition without a host area.
+Status OneShotAllreduce(Comm& comm, transport::Region& buf, size_t offset_bytes, size_t count,
+                        DataType dtype);
+Status OneShotAllreduce(Comm& comm, const std::vector<Extent>& extents, DataType dtype);
+
+// Collective: makes the host-wide shared-memory area of a communicator whose ranks all share one
+// host (transport/shm/host_area.h; rank 0 announces it in `store` under `key`, `secret` labels
+// it) and agrees (AllRanksTrue) that every rank mapped it. Null on every rank when some rank
+// could not, each such rank logging why (a warning: the one-shot algorithm is then unavailable,
+// the others run). `spin`: how long its waits spin before they sleep. Set comm.host_area from it.
+StatusOr<std::unique_ptr<transport::shm::HostArea>> AttachHostArea(
+    Comm& comm, bootstrap::Store& store, const std::string& key, const std::string& secret,
+    std::chrono::microseconds spin, Scratch& scratch);
+
+// Whether `mine` is true on every rank (a BitwiseAllreduce of one AND word): how ranks agree on
+// something each found out alone, such as whether it could map the host area.
+StatusOr<bool> AllRanksTrue(Comm& comm, bool mine, Scratch& scratch);
 
 // The ranks a hierarchical allreduce groups this rank with: `local`, the ranks on its host, and
 // `cross`, the rank at the same position on every host, one per host in host order. Both list

@@ -16,6 +16,7 @@ constexpr Named kNames[] = {
     {AllreduceAlgorithm::kRing, "ring"},
     {AllreduceAlgorithm::kRecursiveDoubling, "recursive-doubling"},
     {AllreduceAlgorithm::kHalvingDoubling, "halving-doubling"},
+    {AllreduceAlgorithm::kOneShot, "one-shot"},
 };
 
 // The neighbours of `rank` in the ring `group` (empty when rank is not in it).
@@ -52,9 +53,12 @@ StatusOr<AllreduceAlgorithm> ParseAllreduceAlgorithm(const std::string& name) {
                          fmt::join(AllreduceAlgorithmNames(), ", "));
 }
 
-AllreduceAlgorithm ChooseAllreduceAlgorithm(size_t bytes, int ranks, int hosts) {
-  (void)hosts;
+AllreduceAlgorithm ChooseAllreduceAlgorithm(size_t bytes, int ranks, int hosts, bool host_area) {
   if (ranks <= 1) return AllreduceAlgorithm::kRing;
+  if (host_area && hosts == 1 && bytes <= kOneShotMaxBytes &&
+      bytes * static_cast<size_t>(ranks - 1) <= kOneShotMaxSummedBytes) {
+    return AllreduceAlgorithm::kOneShot;
+  }
   if (bytes <= kRecursiveDoublingMaxBytes) return AllreduceAlgorithm::kRecursiveDoubling;
   if (bytes <= kHalvingDoublingMaxBytes) return AllreduceAlgorithm::kHalvingDoubling;
   return AllreduceAlgorithm::kRing;
@@ -63,9 +67,12 @@ AllreduceAlgorithm ChooseAllreduceAlgorithm(size_t bytes, int ranks, int hosts) 
 Status AllreduceWith(AllreduceAlgorithm algorithm, int hosts, Comm& comm, transport::Region& buf,
                      size_t offset_bytes, size_t count, DataType dtype, Scratch& scratch) {
   if (algorithm == AllreduceAlgorithm::kAuto && comm.device != nullptr) {
-    algorithm = ChooseAllreduceAlgorithm(count * DataTypeSize(dtype), comm.size(), hosts);
+    algorithm = ChooseAllreduceAlgorithm(count * DataTypeSize(dtype), comm.size(), hosts,
+                                         comm.host_area != nullptr);
   }
   switch (algorithm) {
+    case AllreduceAlgorithm::kOneShot:
+      return OneShotAllreduce(comm, buf, offset_bytes, count, dtype);
     case AllreduceAlgorithm::kRecursiveDoubling:
       return RecursiveDoublingAllreduce(comm, buf, offset_bytes, count, dtype, scratch);
     case AllreduceAlgorithm::kHalvingDoubling:
@@ -80,9 +87,11 @@ Status AllreduceWith(AllreduceAlgorithm algorithm, int hosts, Comm& comm,
   if (algorithm == AllreduceAlgorithm::kAuto && comm.device != nullptr) {
     size_t bytes = 0;
     for (const Extent& e : extents) bytes += e.nbytes;
-    algorithm = ChooseAllreduceAlgorithm(bytes, comm.size(), hosts);
+    algorithm = ChooseAllreduceAlgorithm(bytes, comm.size(), hosts, comm.host_area != nullptr);
   }
   switch (algorithm) {
+    case AllreduceAlgorithm::kOneShot:
+      return OneShotAllreduce(comm, extents, dtype);
     case AllreduceAlgorithm::kRecursiveDoubling:
       return RecursiveDoublingAllreduce(comm, extents, dtype, scratch);
     case AllreduceAlgorithm::kHalvingDoubling:

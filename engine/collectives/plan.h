@@ -20,16 +20,21 @@
 
 namespace kolo::collectives {
 
-enum class AllreduceAlgorithm { kAuto, kRing, kRecursiveDoubling, kHalvingDoubling };
+enum class AllreduceAlgorithm { kAuto, kRing, kRecursiveDoubling, kHalvingDoubling, kOneShot };
 
-// "auto", "ring", "recursive-doubling", "halving-doubling".
+// "auto", "ring", "recursive-doubling", "halving-doubling", "one-shot".
 const char* AllreduceAlgorithmName(AllreduceAlgorithm algorithm);
 // Parses one of those names; InvalidArgument naming the value and the allowed names otherwise.
 StatusOr<AllreduceAlgorithm> ParseAllreduceAlgorithm(const std::string& name);
 
 // The rule that picks an algorithm for one allreduce of `bytes` over `ranks` ranks on `hosts`
-// hosts (never kAuto). Every rank computes the same choice from the same arguments. The
+// hosts (never kAuto); `host_area`: the ranks share a host-wide shared-memory area
+// (Comm::host_area). Every rank computes the same choice from the same arguments. The
 // crossovers were measured with kolo-allreduce-bench on loopback (engine/docs/collectives.md):
+//   - one-shot through the host area up to kOneShotMaxBytes, and while each rank sums no more
+//     than kOneShotMaxSummedBytes ((N - 1) times the buffer), where every rank is on one host and
+//     has the area: one step through memory, whatever the rank count, but every rank reads every
+//     rank's buffer;
 //   - recursive doubling up to kRecursiveDoublingMaxBytes: log2 N exchanges of the whole buffer
 //     beat 2 (N-1) ring steps while a step costs more than its bytes;
 //   - halving-doubling up to kHalvingDoublingMaxBytes: the ring's bytes in 2 log2 N steps;
@@ -38,7 +43,10 @@ StatusOr<AllreduceAlgorithm> ParseAllreduceAlgorithm(const std::string& name);
 // A single rank runs nothing (kRing).
 constexpr size_t kRecursiveDoublingMaxBytes = 32 << 10;
 constexpr size_t kHalvingDoublingMaxBytes = 1 << 20;
-AllreduceAlgorithm ChooseAllreduceAlgorithm(size_t bytes, int ranks, int hosts);
+constexpr size_t kOneShotMaxBytes = 64 << 10;
+constexpr size_t kOneShotMaxSummedBytes = 1 << 20;
+AllreduceAlgorithm ChooseAllreduceAlgorithm(size_t bytes, int ranks, int hosts,
+                                            bool host_area = false);
 
 // Allreduce (sum, in place on buf[offset, offset + count)) with `algorithm`, or, for kAuto, the
 // rule's choice for the call's bytes, comm.size() ranks and `hosts` hosts.

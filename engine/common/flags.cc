@@ -47,7 +47,7 @@ void EngineFlags::Add(CLI::App& app) {
                "(KOLO_HIERARCHICAL_ALLREDUCE=1)")
       ->group(g);
   app.add_option("--allreduce-algorithm", allreduce_algorithm_,
-                 "auto | ring | recursive-doubling | halving-doubling "
+                 "auto | ring | recursive-doubling | halving-doubling | one-shot "
                  "(KOLO_ALLREDUCE_ALGORITHM; default auto: picked per collective by size)")
       ->group(g);
   app.add_option("--compression", compression_,

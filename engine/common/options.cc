@@ -304,6 +304,13 @@ Status Options::Validate() const {
                            allreduce_algorithm, fmt::join(algorithms, ", "));
   }
   KOLO_RETURN_IF_ERROR(CompressionDataType(compression).status());
+  if (allreduce_algorithm == "one-shot" && transport != "auto" && transport != "shm") {
+    return InvalidArgument(
+        "allreduce algorithm 'one-shot' runs through a host-wide shared-memory area, which "
+        "transport '{}' does not make: use transport auto or shm with every rank on one host, or "
+        "one of auto, ring, recursive-doubling, halving-doubling",
+        transport);
+  }
   if (hierarchical_allreduce && allreduce_algorithm != "auto" && allreduce_algorithm != "ring") {
     return InvalidArgument(
         "allreduce algorithm '{}' cannot run a hierarchical allreduce (its rings within and "
@@ -485,7 +492,7 @@ StatusOr<DataType> CompressionDataType(const std::string& name) {
 
 const std::vector<std::string>& AllreduceAlgorithmNames() {
   static const std::vector<std::string> kNames = {"auto", "ring", "recursive-doubling",
-                                                  "halving-doubling"};
+                                                  "halving-doubling", "one-shot"};
   return kNames;
 }
 

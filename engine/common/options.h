@@ -153,7 +153,8 @@ struct Options {
   bool hierarchical_allreduce = false;
   // KOLO_ALLREDUCE_ALGORITHM: the algorithm of the ring backend's allreduces (host and staged
   // device tensors): "auto" (a rule picks per collective from its bytes, the rank count and the
-  // hosts: collectives/plan.h), "ring", "recursive-doubling" or "halving-doubling". With
+  // hosts: collectives/plan.h), "ring", "recursive-doubling", "halving-doubling" or "one-shot"
+  // (every rank on one host over shared memory: one step through a host-wide area). With
   // hierarchical allreduce only auto and ring are allowed (auto runs recursive doubling or
   // halving-doubling over every rank below its crossovers, the hierarchical rings above).
   std::string allreduce_algorithm = "auto";

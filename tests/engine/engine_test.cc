@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "engine/common/logging.h"
+#include "engine/transport/shm/host_area.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace kolo {
@@ -211,6 +212,61 @@ TEST(Engine, SmallAllreducesRideTheNegotiation) {
       }
     }
   }
+}
+
+// Ranks all on one host over shared memory map a host-wide area, and small allreduces run one-shot
+// through it (auto picks it up to kOneShotMaxBytes; one-shot by hand runs every size in pieces).
+// Where the ranks span hosts, or the transport is TCP, one-shot by hand is refused at start-up
+// naming what is allowed.
+TEST(Engine, OneShotAllreducesOnOneHostAndRefusedElsewhere) {
+  for (const char* algorithm : {"one-shot", "auto"}) {
+    SCOPED_TRACE(algorithm);
+    RunRanks(
+        4,
+        [&](int r) {
+          Options o = RankOptions(r, 4);
+          o.allreduce_algorithm = algorithm;
+          return o;
+        },
+        [&](int rank, Engine& engine) {
+          // The area is part of the transport memory the engine reports.
+          EXPECT_GE(engine.stats().transport_memory_bytes,
+                    static_cast<int64_t>(transport::shm::HostAreaBytes(4, 32 << 10)));
+          for (size_t count : {size_t{1}, size_t{1000}, size_t{20000}}) {
+            for (int step = 0; step < 5; ++step) {
+              std::vector<float> in(count), out(count, -1);
+              for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(rank * 3 + i % 11);
+              auto h = engine.AllreduceAsync(fmt::format("os.{}", count), in.data(), out.data(),
+                                             DataType::kFloat32, {static_cast<int64_t>(count)},
+                                             ReduceOp::kAverage);
+              ASSERT_TRUE(h.ok());
+              ASSERT_TRUE(engine.Wait(*h).ok());
+              for (size_t i = 0; i < count; ++i) {
+                ASSERT_FLOAT_EQ(out[i], 4.5f + static_cast<float>(i % 11)) << count << " " << i;
+              }
+            }
+          }
+        });
+  }
+  // Two hosts: no host area, so one-shot cannot run.
+  auto statuses = kolo::testing::CreateStatuses(4, [](int r) {
+    Options o = RankOptions(r, 4);
+    o.host_name = r < 2 ? "left" : "right";
+    o.allreduce_algorithm = "one-shot";
+    return o;
+  });
+  for (const Status& s : statuses) {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find("'one-shot' needs every rank on one host"), std::string::npos)
+        << s.ToString();
+    EXPECT_NE(s.message().find("allowed are auto, ring"), std::string::npos) << s.ToString();
+  }
+  Options tcp = RankOptions(0, 4);
+  tcp.transport = "tcp";
+  tcp.allreduce_algorithm = "one-shot";
+  Status v = tcp.Validate();
+  EXPECT_EQ(v.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(v.message().find("transport 'tcp'"), std::string::npos) << v.ToString();
 }
 
 TEST(Engine, DifferentSubmissionOrdersComplete) {

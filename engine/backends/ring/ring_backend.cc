@@ -73,7 +73,8 @@ class RingBackend final : public Backend {
   // The algorithm for an allreduce of `bytes`: the one asked for, or the rule's.
   Algorithm Pick(size_t bytes) const {
     if (algorithm_ != Algorithm::kAuto) return algorithm_;
-    return collectives::ChooseAllreduceAlgorithm(bytes, comm_->size(), hosts_);
+    return collectives::ChooseAllreduceAlgorithm(bytes, comm_->size(), hosts_,
+                                                 comm_->host_area != nullptr);
   }
 
   // A zero-byte tensor still takes part (its peers expect the exchange); it registers an empty

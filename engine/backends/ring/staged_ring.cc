@@ -46,7 +46,8 @@ class StagedRing final : public DeviceCollectives {
     // One choice for the whole tensor, so that every chunk of it runs the same algorithm.
     const collectives::AllreduceAlgorithm algorithm =
         algorithm_ == collectives::AllreduceAlgorithm::kAuto
-            ? collectives::ChooseAllreduceAlgorithm(count * elem, comm_->size(), hosts_)
+            ? collectives::ChooseAllreduceAlgorithm(count * elem, comm_->size(), hosts_,
+                                                    comm_->host_area != nullptr)
             : algorithm_;
     return Run(buf, count * elem, kStagingChunkBytes / elem * elem, /*download=*/true,
                /*upload=*/true, [&](transport::Region& slot, size_t nbytes) {

@@ -27,11 +27,6 @@ constexpr size_t kRingOffset = 2 * kPage;
 static_assert(sizeof(SegmentHeader) <= kPage);
 static_assert(2 * sizeof(RingControl) <= kPage);
 
-// The seals every segment carries, and that the opener requires: with them nobody, the creator
-// included, can shrink the file under the other side's mapping (a SIGBUS there) or change the
-// seals again.
-constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
-
 std::string Describe(int low, int high) {
   return fmt::format("the shared-memory segment of ranks {} and {}", low, high);
 }
@@ -45,16 +40,13 @@ StatusOr<void*> Map(int fd, size_t bytes, int low, int high) {
   return base;
 }
 
-// An anonymous memory file, close-on-exec, that allows sealing. MFD_NOEXEC_SEAL (Linux 6.3) where
-// the kernel knows it: such kernels warn about memory files made without it, and refuse them
-// when vm.memfd_noexec is 2; older ones reject the unknown flag with EINVAL.
+}  // namespace
+
 int MemoryFile(const std::string& label) {
   const int fd = ::memfd_create(label.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL);
   if (fd >= 0 || errno != EINVAL) return fd;
   return ::memfd_create(label.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
 }
-
-}  // namespace
 
 std::string JobId(const std::string& secret) {
   Sha256 h;

@@ -16,6 +16,8 @@
 // goes with the last mapping or descriptor, in the kernel's hands.
 #pragma once
 
+#include <fcntl.h>
+
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -64,6 +66,17 @@ struct SegmentHeader {
 
 // Direction 0 carries the lower rank's messages to the higher one, direction 1 the reverse.
 inline int SendDirection(int rank, int peer) { return rank < peer ? 0 : 1; }
+
+// The seals every segment carries, and that the opener requires: with them nobody, the creator
+// included, can shrink the file under the other side's mapping (a SIGBUS there) or change the
+// seals again.
+inline constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+
+// An anonymous memory file labelled `label`, close-on-exec, that allows sealing; -1 with errno set
+// on failure. MFD_NOEXEC_SEAL (Linux 6.3) where the kernel knows it: such kernels warn about memory
+// files made without it, and refuse them when vm.memfd_noexec is 2; older ones reject the unknown
+// flag with EINVAL.
+int MemoryFile(const std::string& label);
 
 // "0123456789abcdef": 16 hex digits of SHA-256("kolo shm job v1" || secret). Names this job's
 // listening sockets (mesh.cc) and labels its segments.

@@ -1,0 +1,271 @@
+// The one-shot allreduce through a host-wide shared-memory area (transport/shm/host_area.h): each
+// rank copies its input into its slot and says so; once every rank has, each sums every slot in
+// rank order into its buffer. One step, whatever the rank count: no message, no partner to wait
+// for but the last to arrive. A buffer larger than a slot goes in slot-sized pieces, each a call.
+//
+// Calls alternate between the two banks of each slot, so that call k + 1 is written while slower
+// ranks still read call k; before writing call k into a bank a rank waits until every rank has
+// finished reading call k - 2 from it. Waits spin briefly (yielding) and then sleep on the
+// control word (a futex in the shared mapping); the writer wakes sleepers only when there are any.
+// Every wait is bounded by comm.timeout and names the ranks it waits for; while asleep it looks at
+// the device every few milliseconds, so that a peer whose connection is lost is named at once.
+//
+// The sum is formed in rank order on every rank: every rank ends with the same bits.
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
+#include "engine/collectives/collectives.h"
+#include "engine/common/logging.h"
+#include "engine/kernels/reduce.h"
+#include "engine/transport/shm/host_area.h"
+
+namespace kolo::collectives {
+namespace {
+
+using transport::shm::HostArea;
+using transport::shm::HostSlotControl;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kWhat = "one-shot allreduce (host-wide shared memory)";
+// A sleeper looks at the device (lost peers) and the deadline this often.
+constexpr auto kSleepSlice = std::chrono::milliseconds(5);
+
+bool Reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
+
+void FutexWake(std::atomic<uint32_t>& word) {
+  // Not FUTEX_PRIVATE_FLAG: the word is shared between processes.
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
+            0);
+}
+
+void FutexWait(std::atomic<uint32_t>& word, uint32_t seen, std::chrono::nanoseconds timeout) {
+  timespec ts{static_cast<time_t>(timeout.count() / 1000000000),
+              static_cast<long>(timeout.count() % 1000000000)};
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+
+void Publish(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers, uint32_t value) {
+  word.store(value, std::memory_order_seq_cst);
+  if (sleepers.load(std::memory_order_seq_cst) != 0) FutexWake(word);
+}
+
+// Waits until every rank in [0, size) but this one has `field` at `target` or beyond. `doing`
+// says what the ranks waited for did ("published its input of", "finished reading").
+Status AwaitAll(Comm& comm, HostArea& area, std::atomic<uint32_t> HostSlotControl::*field,
+                std::atomic<uint32_t> HostSlotControl::*sleepers, uint32_t target,
+                const char* doing) {
+  const Clock::time_point deadline = Clock::now() + comm.timeout;
+  for (int r = 0; r < area.size(); ++r) {
+    if (r == area.rank()) continue;
+    HostSlotControl& c = area.control(r);
+    std::atomic<uint32_t>& word = c.*field;
+    if (Reached(word.load(std::memory_order_acquire), target)) continue;
+    const Clock::time_point spin_until = Clock::now() + area.spin;
+    while (!Reached(word.load(std::memory_order_acquire), target) && Clock::now() < spin_until) {
+      ::sched_yield();
+    }
+    while (!Reached(word.load(std::memory_order_acquire), target)) {
+      const Clock::time_point now = Clock::now();
+      if (now >= deadline) {
+        std::vector<int> missing;
+        for (int m = 0; m < area.size(); ++m) {
+          if (m != area.rank() && !Reached((area.control(m).*field).load(), target)) {
+            missing.push_back(m);
+          }
+        }
+        return DeadlineExceeded("rank {}: {}: rank{} {} {} not {} call {} after {} s", comm.rank(),
+                                kWhat, missing.size() == 1 ? "" : "s", fmt::join(missing, ", "),
+                                missing.size() == 1 ? "has" : "have", doing, target,
+                                std::chrono::duration<double>(comm.timeout).count());
+      }
+      std::atomic<uint32_t>& asleep = c.*sleepers;
+      asleep.fetch_add(1, std::memory_order_seq_cst);
+      const uint32_t seen = word.load(std::memory_order_seq_cst);
+      if (!Reached(seen, target))
+        FutexWait(word, seen, std::min<Clock::duration>(kSleepSlice, deadline - now));
+      asleep.fetch_sub(1, std::memory_order_seq_cst);
+      if (!Reached(word.load(std::memory_order_acquire), target) && comm.device != nullptr) {
+        // A peer whose process died is named by its connection rather than by the deadline.
+        bool arrived = false;
+        Status s = comm.device->WaitForArrival(std::chrono::microseconds(0), &arrived);
+        if (!s.ok()) return s.WithContext(fmt::format("rank {}: {}", comm.rank(), kWhat));
+      }
+    }
+  }
+  return Status::OK();
+}
+
+// A virtual buffer: the concatenation of spans.
+struct Span {
+  uint8_t* data;
+  size_t nbytes;
+};
+
+// Calls fn(span pointer, bytes, offset within [begin, end)) for the parts of the virtual buffer
+// `spans` in [begin, end).
+template <typename Fn>
+void ForEachPart(const std::vector<Span>& spans, size_t begin, size_t end, Fn fn) {
+  size_t at = 0;
+  for (const Span& s : spans) {
+    const size_t lo = std::max(at, begin);
+    const size_t hi = std::min(at + s.nbytes, end);
+    if (lo < hi) fn(s.data + (lo - at), hi - lo, lo - begin);
+    at += s.nbytes;
+    if (at >= end) break;
+  }
+}
+
+Status OneShot(Comm& comm, const std::vector<Span>& spans, size_t total_bytes, DataType dtype) {
+  HostArea& area = *comm.host_area;
+  if (area.size() != comm.size() || area.rank() != comm.rank()) {
+    return FailedPrecondition(
+        "rank {}: {}: the area holds rank {} of {}, the communicator rank {} of {}", comm.rank(),
+        kWhat, area.rank(), area.size(), comm.rank(), comm.size());
+  }
+  const size_t elem = DataTypeSize(dtype);
+  const size_t piece = area.slot_bytes() / elem * elem;
+  const int me = area.rank();
+  HostSlotControl& mine = area.control(me);
+  size_t begin = 0;
+  do {
+    const size_t end = std::min(total_bytes, begin + piece);
+    const size_t len = end - begin;
+    const uint32_t k = ++area.calls;
+    const int bank = static_cast<int>(k & 1);
+    // The bank held call k - 2: every rank must be done reading it.
+    if (k > 2) {
+      KOLO_RETURN_IF_ERROR(AwaitAll(comm, area, &HostSlotControl::consumed,
+                                    &HostSlotControl::consumed_sleepers, k - 2,
+                                    "finished reading"));
+    }
+    uint8_t* slot = area.slot(me, bank);
+    ForEachPart(spans, begin, end,
+                [&](uint8_t* p, size_t n, size_t at) { std::memcpy(slot + at, p, n); });
+    mine.bytes[bank] = len;
+    Publish(mine.published, mine.published_sleepers, k);
+    KOLO_RETURN_IF_ERROR(AwaitAll(comm, area, &HostSlotControl::published,
+                                  &HostSlotControl::published_sleepers, k,
+                                  "published its input of"));
+    for (int r = 0; r < area.size(); ++r) {
+      if (area.control(r).bytes[bank] != len) {
+        return ProtocolError(
+            "rank {}: {} call {}: rank {} put in {} bytes, this rank {} (the ranks ran different "
+            "collectives)",
+            comm.rank(), kWhat, k, r, area.control(r).bytes[bank], len);
+      }
+    }
+    // out = slot 0 + slot 1 + ... in rank order, the same on every rank.
+    ForEachPart(spans, begin, end, [&](uint8_t* p, size_t n, size_t at) {
+      const size_t count = n / elem;
+      if (area.size() == 1) {
+        std::memcpy(p, area.slot(0, bank) + at, n);
+        return;
+      }
+      kernels::ReduceSum3(dtype, p, area.slot(0, bank) + at, area.slot(1, bank) + at, count);
+      for (int r = 2; r < area.size(); ++r) {
+        kernels::ReduceSum(dtype, p, area.slot(r, bank) + at, count);
+      }
+    });
+    Publish(mine.consumed, mine.consumed_sleepers, k);
+    begin = end;
+  } while (begin < total_bytes);
+  return Status::OK();
+}
+
+Status CheckUsable(const Comm& comm) {
+  if (comm.host_area == nullptr) {
+    return FailedPrecondition(
+        "{} needs every rank on one host with a host-wide shared-memory area (transport auto or "
+        "shm); this communicator has none",
+        kWhat);
+  }
+  return Status::OK();
+}
+
+// Phase scope for the timeline.
+struct PhaseScope {
+  explicit PhaseScope(const Comm& c) : comm(c) {
+    if (comm.on_phase) comm.on_phase(Phase::kOneShot, true);
+  }
+  ~PhaseScope() {
+    if (comm.on_phase) comm.on_phase(Phase::kOneShot, false);
+  }
+  const Comm& comm;
+};
+
+}  // namespace
+
+Status OneShotAllreduce(Comm& comm, transport::Region& buf, size_t offset_bytes, size_t count,
+                        DataType dtype) {
+  KOLO_RETURN_IF_ERROR(CheckUsable(comm));
+  const size_t bytes = count * DataTypeSize(dtype);
+  if (offset_bytes > buf.size() || count > (buf.size() - offset_bytes) / DataTypeSize(dtype)) {
+    return InvalidArgument("{}: {} {} elements at byte {} exceed the {}-byte buffer", kWhat, count,
+                           DataTypeName(dtype), offset_bytes, buf.size());
+  }
+  ++comm.sequence;
+  PhaseScope phase(comm);
+  return OneShot(comm, {Span{buf.data() + offset_bytes, bytes}}, bytes, dtype);
+}
+
+Status OneShotAllreduce(Comm& comm, const std::vector<Extent>& extents, DataType dtype) {
+  KOLO_RETURN_IF_ERROR(CheckUsable(comm));
+  std::vector<Span> spans;
+  spans.reserve(extents.size());
+  size_t total = 0;
+  for (const Extent& e : extents) {
+    if (e.region == nullptr || e.offset > e.region->size() ||
+        e.nbytes > e.region->size() - e.offset) {
+      return InvalidArgument("{}: an extent lies outside its buffer", kWhat);
+    }
+    spans.push_back(Span{e.region->data() + e.offset, e.nbytes});
+    total += e.nbytes;
+  }
+  ++comm.sequence;
+  PhaseScope phase(comm);
+  return OneShot(comm, spans, total, dtype);
+}
+
+StatusOr<bool> AllRanksTrue(Comm& comm, bool mine, Scratch& scratch) {
+  if (comm.device == nullptr || comm.size() == 1) return mine;
+  uint64_t word = mine ? 1 : 0;
+  KOLO_ASSIGN_OR_RETURN(std::unique_ptr<transport::Region> region,
+                        comm.device->Register(&word, sizeof word));
+  KOLO_RETURN_IF_ERROR(BitwiseAllreduce(comm, *region, 1, 0, scratch));
+  return word == 1;
+}
+
+StatusOr<std::unique_ptr<HostArea>> AttachHostArea(Comm& comm, bootstrap::Store& store,
+                                                   const std::string& key,
+                                                   const std::string& secret,
+                                                   std::chrono::microseconds spin,
+                                                   Scratch& scratch) {
+  auto area = HostArea::Attach(store, key, transport::shm::JobId(secret), comm.rank(), comm.size(),
+                               HostArea::kDefaultSlotBytes,
+                               std::chrono::duration_cast<std::chrono::milliseconds>(comm.timeout));
+  if (!area.ok()) {
+    KOLO_LOG(kWarning, "rank {}: no host-wide shared-memory area, so no one-shot allreduce: {}",
+             comm.rank(), area.status().ToString());
+  }
+  KOLO_ASSIGN_OR_RETURN(const bool everywhere, AllRanksTrue(comm, area.ok(), scratch));
+  if (!everywhere) {
+    if (area.ok()) {
+      KOLO_LOG(kInfo,
+               "rank {}: not every rank could map the host-wide shared-memory area: no "
+               "one-shot allreduce",
+               comm.rank());
+    }
+    return std::unique_ptr<HostArea>();
+  }
+  (*area)->CloseDescriptor();
+  (*area)->spin = spin;
+  return std::move(area).value();
+}
+
+}  // namespace kolo::collectives

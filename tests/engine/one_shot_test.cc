@@ -1,0 +1,314 @@
+// The one-shot allreduce through a host-wide shared-memory area (collectives/one_shot.cc) and the
+// area's set-up (transport/shm/host_area.h): ranks as threads of this process over the real shm
+// transport, the area mapped through /proc as separate processes map it.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/collectives/collectives.h"
+#include "engine/collectives/plan.h"
+#include "engine/transport/shm/host_area.h"
+#include "engine/transport/shm/segment.h"
+#include "tests/engine/rank_threads.h"
+#include "tests/engine/ring_test_util.h"
+
+namespace kolo::collectives {
+namespace {
+
+using kolo::testing::CheckAllreduceWith;
+using kolo::testing::kGuard;
+using kolo::testing::RingJob;
+using transport::shm::HostArea;
+
+constexpr const char* kSecret = "one-shot-test-secret";
+
+transport::ConnectSettings Settings() {
+  transport::ConnectSettings s;
+  s.secret = kSecret;
+  s.timeout = std::chrono::milliseconds(20000);
+  s.shm_ring_bytes = 64 << 10;
+  return s;
+}
+
+// n ranks over shm, each with the host area attached (comm.host_area set).
+class AreaJob : public RingJob {
+ public:
+  explicit AreaJob(int n, std::chrono::milliseconds timeout = std::chrono::milliseconds(20000))
+      : RingJob(n, "shm", Settings(), 16 << 10, timeout), areas_(static_cast<size_t>(n)) {
+    if (!ok()) return;
+    auto statuses = kolo::testing::RunRankThreads(n, [&](int r) -> Status {
+      KOLO_ASSIGN_OR_RETURN(areas_[static_cast<size_t>(r)],
+                            AttachHostArea(comm(r), store_, "area", kSecret,
+                                           std::chrono::microseconds(20), scratch(r)));
+      comm(r).host_area = areas_[static_cast<size_t>(r)].get();
+      return Status::OK();
+    });
+    for (const Status& s : statuses) attached_ = attached_ && s.ok();
+    for (const auto& a : areas_) attached_ = attached_ && a != nullptr;
+  }
+  bool attached() const { return attached_; }
+  HostArea& area(int r) { return *areas_[static_cast<size_t>(r)]; }
+
+ private:
+  bootstrap::InMemoryStore store_;
+  std::vector<std::unique_ptr<HostArea>> areas_;
+  bool attached_ = true;
+};
+
+class OneShot : public ::testing::TestWithParam<int> {};
+
+// Every dtype, counts from nothing to several slots' worth (pieces), on every rank count.
+TEST_P(OneShot, ExactOnEveryDtypeAndCount) {
+  const int n = GetParam();
+  AreaJob job(n);
+  ASSERT_TRUE(job.attached());
+  for (DataType dtype :
+       {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16,
+        DataType::kInt32, DataType::kInt64, DataType::kUInt8}) {
+    for (size_t count : {size_t{0}, size_t{1}, size_t{3}, static_cast<size_t>(n + 1), size_t{1000},
+                         size_t{40001}}) {
+      CheckAllreduceWith(job, dtype, count, [&](int r, transport::Region& region) {
+        return AllreduceWith(AllreduceAlgorithm::kOneShot, 1, job.comm(r), region, kGuard, count,
+                             dtype, job.scratch(r));
+      });
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, OneShot, ::testing::Values(1, 2, 3, 4, 5, 8, 13));
+
+// Many calls back to back, the ranks held up at random between them, so that fast ranks write the
+// next bank while slow ones still read the last: random floats must come out the same bits on
+// every rank, and the float sum to rounding, call after call.
+TEST(OneShotBanks, BackToBackCallsWithSkewedRanksAgreeBitForBit) {
+  const int n = 7;
+  AreaJob job(n);
+  ASSERT_TRUE(job.attached());
+  const int calls = 60;
+  std::vector<std::vector<std::vector<float>>> bufs(
+      static_cast<size_t>(n), std::vector<std::vector<float>>(static_cast<size_t>(calls)));
+  std::vector<std::vector<double>> exact(static_cast<size_t>(calls));
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  for (int c = 0; c < calls; ++c) {
+    // Sizes alternate across the slot: 1 to 3 pieces.
+    const size_t count = 100 + static_cast<size_t>(c) * 397 % 20000;
+    exact[static_cast<size_t>(c)].assign(count, 0);
+    for (int r = 0; r < n; ++r) {
+      auto& b = bufs[static_cast<size_t>(r)][static_cast<size_t>(c)];
+      b.resize(count);
+      for (size_t i = 0; i < count; ++i) {
+        b[i] = dist(gen);
+        exact[static_cast<size_t>(c)][i] += b[i];
+      }
+    }
+  }
+  auto statuses = job.Run([&](int r) -> Status {
+    std::mt19937 delay(static_cast<uint32_t>(r) * 31 + 5);
+    for (int c = 0; c < calls; ++c) {
+      auto& b = bufs[static_cast<size_t>(r)][static_cast<size_t>(c)];
+      if (delay() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(delay() % 300));
+      KOLO_ASSIGN_OR_RETURN(auto region, job.device(r).Register(b.data(), b.size() * 4));
+      KOLO_RETURN_IF_ERROR(OneShotAllreduce(job.comm(r), *region, 0, b.size(), DataType::kFloat32));
+    }
+    return Status::OK();
+  });
+  for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s.ToString();
+  for (int c = 0; c < calls; ++c) {
+    const auto& first = bufs[0][static_cast<size_t>(c)];
+    for (int r = 1; r < n; ++r) {
+      ASSERT_EQ(
+          std::memcmp(first.data(), bufs[static_cast<size_t>(r)][static_cast<size_t>(c)].data(),
+                      first.size() * 4),
+          0)
+          << "call " << c << " rank " << r;
+    }
+    for (size_t i = 0; i < first.size(); ++i) {
+      ASSERT_NEAR(first[i], exact[static_cast<size_t>(c)][i], 1e-5) << "call " << c << " " << i;
+    }
+  }
+  // Every piece was a call of the area's, the same count on every rank.
+  for (int r = 1; r < n; ++r) EXPECT_EQ(job.area(r).calls, job.area(0).calls);
+  EXPECT_GT(job.area(0).calls, static_cast<uint32_t>(calls));
+}
+
+TEST(OneShotExtents, ReducesScatteredPiecesInPlace) {
+  AreaJob job(5);
+  ASSERT_TRUE(job.attached());
+  // Pieces of 5, 0 and 9000 floats (the last spans two slots).
+  std::vector<std::vector<float>> a(5, std::vector<float>(5)), b(5, std::vector<float>(9000));
+  for (int r = 0; r < 5; ++r) {
+    for (size_t i = 0; i < 5; ++i) a[r][i] = static_cast<float>(r + i);
+    for (size_t i = 0; i < 9000; ++i)
+      b[r][i] = static_cast<float>(10 * r - static_cast<int>(i % 50));
+  }
+  const auto before_a = a, before_b = b;
+  auto statuses = job.Run([&](int r) -> Status {
+    KOLO_ASSIGN_OR_RETURN(auto ra, job.device(r).Register(a[r].data(), 20));
+    KOLO_ASSIGN_OR_RETURN(auto rb, job.device(r).Register(b[r].data(), 36000));
+    std::vector<Extent> e{{ra.get(), 0, 20}, {rb.get(), 0, 0}, {rb.get(), 0, 36000}};
+    return AllreduceWith(AllreduceAlgorithm::kOneShot, 1, job.comm(r), e, DataType::kFloat32,
+                         job.scratch(r));
+  });
+  for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s.ToString();
+  for (int r = 0; r < 5; ++r) {
+    for (size_t i = 0; i < 5; ++i) {
+      float sum = 0;
+      for (int q = 0; q < 5; ++q) sum += before_a[q][i];
+      ASSERT_EQ(a[r][i], sum);
+    }
+    for (size_t i = 0; i < 9000; ++i) {
+      float sum = 0;
+      for (int q = 0; q < 5; ++q) sum += before_b[q][i];
+      ASSERT_EQ(b[r][i], sum) << i;
+    }
+  }
+}
+
+// A rank that never calls: the others stop within the timeout, naming it.
+TEST(OneShotFailure, AMissingRankIsNamedWithinTheTimeout) {
+  AreaJob job(4, std::chrono::milliseconds(1500));
+  ASSERT_TRUE(job.attached());
+  std::vector<std::vector<float>> bufs(4, std::vector<float>(64, 1.0f));
+  const auto start = std::chrono::steady_clock::now();
+  auto statuses = kolo::testing::RunRankThreads(4, [&](int r) -> Status {
+    if (r == 3) return Status::OK();
+    KOLO_ASSIGN_OR_RETURN(auto region, job.device(r).Register(bufs[r].data(), 256));
+    return OneShotAllreduce(job.comm(r), *region, 0, 64, DataType::kFloat32);
+  });
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (int r = 0; r < 3; ++r) {
+    const Status& s = statuses[static_cast<size_t>(r)];
+    ASSERT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
+    EXPECT_NE(s.message().find("rank 3 has not published"), std::string::npos) << s.ToString();
+  }
+  EXPECT_LT(took, 10.0);
+}
+
+// Ranks that put in different sizes (they ran different collectives) fail naming both sizes.
+TEST(OneShotFailure, DifferentSizesAreAProtocolError) {
+  AreaJob job(3, std::chrono::milliseconds(3000));
+  ASSERT_TRUE(job.attached());
+  std::vector<std::vector<float>> bufs(3, std::vector<float>(64, 1.0f));
+  auto statuses = kolo::testing::RunRankThreads(3, [&](int r) -> Status {
+    KOLO_ASSIGN_OR_RETURN(auto region, job.device(r).Register(bufs[r].data(), 256));
+    return OneShotAllreduce(job.comm(r), *region, 0, r == 1 ? 32 : 64, DataType::kFloat32);
+  });
+  for (const Status& s : statuses) {
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("put in"), std::string::npos) << s.ToString();
+  }
+}
+
+// Without an area the algorithm refuses at once.
+TEST(OneShotFailure, NoAreaIsRefused) {
+  RingJob job(2, "shm", Settings(), 16 << 10);
+  ASSERT_TRUE(job.ok());
+  float x = 1;
+  auto region = job.device(0).Register(&x, 4);
+  ASSERT_TRUE(region.ok());
+  Status s = OneShotAllreduce(job.comm(0), **region, 0, 1, DataType::kFloat32);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_NE(s.message().find("host-wide"), std::string::npos) << s.ToString();
+}
+
+// --- the area's set-up ------------------------------------------------------------------------
+
+// Rank 0 could not make it: the others fail at once with its reason.
+TEST(HostAreaSetup, RankZerosFailureReachesTheOthersAtOnce) {
+  bootstrap::InMemoryStore store;
+  ASSERT_TRUE(
+      store.Set("area", {'u', 'n', 'a', 'v', 'a', 'i', 'l', 'a', 'b', 'l', 'e', ' ', 'x'}).ok());
+  const auto start = std::chrono::steady_clock::now();
+  auto area = HostArea::Attach(store, "area", "0123456789abcdef", 1, 2, 32 << 10,
+                               std::chrono::milliseconds(20000));
+  ASSERT_FALSE(area.ok());
+  EXPECT_NE(area.status().message().find("rank 0 could not make"), std::string::npos)
+      << area.status().ToString();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
+}
+
+// An announcement that points at anything but rank 0's sealed area is refused, naming it.
+TEST(HostAreaSetup, RefusesAFileThatIsNotTheAreaAnnounced) {
+  // A plain temporary file of the right size: not a sealed memory file.
+  FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  const size_t bytes = transport::shm::HostAreaBytes(2, 32 << 10);
+  ASSERT_EQ(::ftruncate(::fileno(f), static_cast<off_t>(bytes)), 0);
+  bootstrap::InMemoryStore store;
+  const std::string text = fmt::format("{} {} {}", ::getpid(), ::fileno(f), std::string(32, '0'));
+  ASSERT_TRUE(store.Set("area", std::vector<uint8_t>(text.begin(), text.end())).ok());
+  auto area = HostArea::Attach(store, "area", "0123456789abcdef", 1, 2, 32 << 10,
+                               std::chrono::milliseconds(2000));
+  ASSERT_FALSE(area.ok());
+  EXPECT_NE(area.status().message().find("refusing"), std::string::npos)
+      << area.status().ToString();
+  std::fclose(f);
+
+  // Rank 0's real area announced with another nonce: a foreign header.
+  bootstrap::InMemoryStore store2;
+  auto made = HostArea::Attach(store2, "area", "0123456789abcdef", 0, 2, 32 << 10,
+                               std::chrono::milliseconds(2000));
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  auto announced = store2.Get("area", std::chrono::milliseconds(100));
+  ASSERT_TRUE(announced.ok());
+  std::string forged(announced->begin(), announced->end());
+  forged.replace(forged.size() - 32, 32, std::string(32, 'f'));
+  bootstrap::InMemoryStore store3;
+  ASSERT_TRUE(store3.Set("area", std::vector<uint8_t>(forged.begin(), forged.end())).ok());
+  auto opened = HostArea::Attach(store3, "area", "0123456789abcdef", 1, 2, 32 << 10,
+                                 std::chrono::milliseconds(2000));
+  ASSERT_FALSE(opened.ok());
+  EXPECT_NE(opened.status().message().find("not the one rank 0 announced"), std::string::npos)
+      << opened.status().ToString();
+}
+
+// One rank that cannot map the area: every rank ends without one (and says so), none fails.
+TEST(HostAreaSetup, AllRanksGoWithoutWhenOneCannotMapIt) {
+  const int n = 4;
+  RingJob job(n, "shm", Settings(), 16 << 10);
+  ASSERT_TRUE(job.ok());
+  bootstrap::InMemoryStore store, other;
+  const std::string bad = "unavailable made up for the test";
+  ASSERT_TRUE(other.Set("area", std::vector<uint8_t>(bad.begin(), bad.end())).ok());
+  std::vector<std::unique_ptr<HostArea>> areas(n);
+  auto statuses = kolo::testing::RunRankThreads(n, [&](int r) -> Status {
+    KOLO_ASSIGN_OR_RETURN(areas[r],
+                          AttachHostArea(job.comm(r), r == 2 ? other : store, "area", kSecret,
+                                         std::chrono::microseconds(20), job.scratch(r)));
+    return Status::OK();
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(statuses[r].ok()) << statuses[r].ToString();
+    EXPECT_EQ(areas[r], nullptr) << "rank " << r;
+  }
+}
+
+// --- the rule ---------------------------------------------------------------------------------
+
+TEST(OneShotRule, PickedOnOneHostWithAnAreaUpToItsBytes) {
+  EXPECT_EQ(ChooseAllreduceAlgorithm(4096, 4, 1, true), AllreduceAlgorithm::kOneShot);
+  EXPECT_EQ(ChooseAllreduceAlgorithm(kOneShotMaxBytes, 16, 1, true), AllreduceAlgorithm::kOneShot);
+  // Every rank reads every rank's buffer: with more ranks, smaller buffers only.
+  EXPECT_EQ(ChooseAllreduceAlgorithm(16 << 10, 64, 1, true), AllreduceAlgorithm::kOneShot);
+  EXPECT_EQ(ChooseAllreduceAlgorithm(32 << 10, 64, 1, true),
+            AllreduceAlgorithm::kRecursiveDoubling);
+  EXPECT_EQ(ChooseAllreduceAlgorithm(kOneShotMaxBytes + 4, 4, 1, true),
+            AllreduceAlgorithm::kHalvingDoubling);
+  EXPECT_EQ(ChooseAllreduceAlgorithm(4096, 4, 1, false), AllreduceAlgorithm::kRecursiveDoubling);
+  EXPECT_EQ(ChooseAllreduceAlgorithm(4096, 4, 2, true), AllreduceAlgorithm::kRecursiveDoubling);
+  EXPECT_EQ(ChooseAllreduceAlgorithm(4096, 1, 1, true), AllreduceAlgorithm::kRing);
+}
+
+}  // namespace
+}  // namespace kolo::collectives

@@ -204,7 +204,9 @@ class Engine {
     // before an exchange: what the cycle time costs in latency, which other load does not add to.
     double gather_us = 0;
     // Bytes kolo's own transport sent and received for this rank (ring, negotiation, broadcast,
-    // allgather; not what MPI or NCCL move themselves), as of the last cycle.
+    // allgather; not what MPI or NCCL move themselves), as of the last cycle. With the host-wide
+    // area (one host over shared memory), a one-shot allreduce counts the buffer it put in as sent
+    // and the other ranks' buffers it read as received.
     int64_t transport_bytes_sent = 0;
     int64_t transport_bytes_received = 0;
     // Which transports carry this rank's pairs (Options::transport "auto" picks per peer): "shm",

@@ -265,8 +265,11 @@ void Engine::Impl::Count(const execution::ExecutionStats& delta) {
   // Counted before the collective's tensors complete, so that a caller that has waited for them
   // sees their bytes. The device's counters belong to this (the background) thread.
   if (comm.device != nullptr) {
-    stats.transport_bytes_sent = static_cast<int64_t>(comm.device->bytes_sent());
-    stats.transport_bytes_received = static_cast<int64_t>(comm.device->bytes_received());
+    // With the host area (one-shot allreduces), what went through it counts too.
+    const uint64_t area_out = comm.host_area != nullptr ? comm.host_area->bytes_written : 0;
+    const uint64_t area_in = comm.host_area != nullptr ? comm.host_area->bytes_read : 0;
+    stats.transport_bytes_sent = static_cast<int64_t>(comm.device->bytes_sent() + area_out);
+    stats.transport_bytes_received = static_cast<int64_t>(comm.device->bytes_received() + area_in);
   }
 }
 

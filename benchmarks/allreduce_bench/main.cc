@@ -73,6 +73,24 @@ Status Configure(const BenchConfig& config, Options* options) {
     if (!s.ok()) return s.WithContext("--transport");
   }
   KOLO_RETURN_IF_ERROR(transport::CheckTransport(options->transport));
+  // One-shot runs through the host area, which only shared memory on one host makes: refused
+  // here for any other transport (across hosts, when the ranks find out, in Run).
+  if (std::find(config.algorithms.begin(), config.algorithms.end(), "one-shot") !=
+      config.algorithms.end()) {
+    const std::vector<std::string> named = config.transports.empty()
+                                               ? std::vector<std::string>{options->transport}
+                                               : config.transports;
+    for (const std::string& spec : named) {
+      KOLO_ASSIGN_OR_RETURN(const TransportSpec ts, ParseTransportSpec(spec));
+      if (ts.name != "auto" && ts.name != "shm") {
+        return InvalidArgument(
+            "--algorithms one-shot needs every rank on one host over shared memory (transport "
+            "auto or shm), where the ranks map a host-wide area; transport '{}' has none: allowed "
+            "with it are auto, ring, recursive-doubling, halving-doubling",
+            spec);
+      }
+    }
+  }
   KOLO_RETURN_IF_ERROR(CheckPlaceAvailable(config.place));
   const int64_t max_count = config.max_bytes / static_cast<int64_t>(DataTypeSize(config.dtype));
   for (BackendKind kind : config.backends) {

@@ -173,6 +173,8 @@ Status OneShot(Comm& comm, const std::vector<Span>& spans, size_t total_bytes, D
       }
     });
     Publish(mine.consumed, mine.consumed_sleepers, k);
+    area.bytes_written += len;
+    area.bytes_read += static_cast<uint64_t>(area.size() - 1) * len;
     begin = end;
   } while (begin < total_bytes);
   return Status::OK();

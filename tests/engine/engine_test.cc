@@ -886,6 +886,8 @@ TEST(Engine, TimelineHoldsEveryPhaseOnEveryRank) {
       [&](int r) {
         auto o = RankOptions(r, 2);
         o.timeline_path = base;
+        // The ring's phases first; then, retuned, the one-shot's through the host area.
+        o.allreduce_algorithm = "ring";
         return o;
       },
       [](int rank, Engine& engine) {
@@ -900,6 +902,15 @@ TEST(Engine, TimelineHoldsEveryPhaseOnEveryRank) {
         std::vector<float> b(10, static_cast<float>(rank));
         ASSERT_TRUE(
             engine.Wait(*engine.BroadcastAsync("bc", b.data(), DataType::kFloat32, {10}, 0)).ok());
+        Engine::Tunables t = engine.tunables();
+        t.allreduce_algorithm = "one-shot";
+        ASSERT_TRUE(engine.Retune("to-one-shot", t).ok());
+        std::vector<float> small(100, 2.0f);
+        ASSERT_TRUE(engine
+                        .Wait(*engine.AllreduceAsync("small", small.data(), small.data(),
+                                                     DataType::kFloat32, {100}, ReduceOp::kSum))
+                        .ok());
+        EXPECT_EQ(small[99], 4.0f);
       });
   for (int rank = 0; rank < 2; ++rank) {
     const std::string path =
@@ -917,7 +928,7 @@ TEST(Engine, TimelineHoldsEveryPhaseOnEveryRank) {
     for (const char* phase :
          {"QUEUE", "NEGOTIATE_ALLREDUCE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "RING_ALLREDUCE",
           "REDUCE_SCATTER", "ALLGATHER", "MEMCPY_OUT_FUSION_BUFFER", "NEGOTIATE_BROADCAST",
-          "BROADCAST"}) {
+          "BROADCAST", "ONE_SHOT"}) {
       EXPECT_TRUE(names.count(phase)) << phase << " missing from " << path;
     }
     std::filesystem::remove(path);

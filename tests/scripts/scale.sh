@@ -3,7 +3,7 @@
 # shared memory), every algorithm alone and through the engine, results checked. CI's slice is
 # 128 ranks under kolo-run with small buffers (4 KiB and 64 KiB), bounded in time; each rank must
 # hold at most 2 + ceil(log2 n) connections and report its memory. An unknown algorithm must be
-# refused before any work (exit 2), naming the allowed ones. The full counts (16, 64, 128 ranks
+# refused before any work (exit 2), naming the allowed ones, and so must one-shot over TCP. The full counts (16, 64, 128 ranks
 # under kolo-run and mpirun, 256 over TCP, 4 MiB buffers) run from scripts/scale-bench.
 # $1: the build's bin directory. KOLO_SCALE_RANKS overrides the rank count.
 set -u -o pipefail
@@ -34,10 +34,18 @@ if ((rc != 2)); then fail "KOLO_ALLREDUCE_ALGORITHM=tree exited $rc, expected 2"
 grep -q "allreduce algorithm 'tree' is unknown" "$WORK/bad-env.out" ||
   fail "KOLO_ALLREDUCE_ALGORITHM=tree: $(head -3 "$WORK/bad-env.out")"
 
+# One-shot needs the host area: over TCP it is refused before any work, naming the others.
+timeout 60 "$KOLO_RUN" -np 2 "$BENCH" -b 4K -e 4K --transport tcp --algorithms one-shot \
+  >"$WORK/bad-oneshot.out" 2>&1
+rc=$?
+if ((rc != 2)); then fail "--transport tcp --algorithms one-shot exited $rc, expected 2"; fi
+grep -q "one-shot needs every rank on one host over shared memory" "$WORK/bad-oneshot.out" ||
+  fail "--transport tcp --algorithms one-shot: $(head -3 "$WORK/bad-oneshot.out")"
+
 # 2. NP ranks, the default transport, every algorithm.
 start=$(date +%s.%N)
 timeout 420 "$KOLO_RUN" -np "$NP" "$BENCH" -b 4K -e 64K -f 16 -n 3 -w 1 \
-  --algorithms ring,recursive-doubling,halving-doubling,auto --json "$WORK/scale.json" \
+  --algorithms ring,recursive-doubling,halving-doubling,one-shot,auto --json "$WORK/scale.json" \
   >"$WORK/scale.out" 2>&1
 rc=$?
 end=$(date +%s.%N)
@@ -52,15 +60,17 @@ doc = json.load(open(sys.argv[1]))
 n = int(sys.argv[2])
 assert doc["ranks"] == n, doc["ranks"]
 labels = {r["backend"] for r in doc["rows"]}
-for a in ("ring", "recursive-doubling", "halving-doubling", "auto"):
+for a in ("ring", "recursive-doubling", "halving-doubling", "one-shot", "auto"):
     for kind in ("alone", "ring"):
         assert f"{kind}/{a}" in labels, f"{kind}/{a} missing from {sorted(labels)}"
 for r in doc["rows"]:
     assert r["checked"] and r["wrong"] == 0, f"{r['backend']} at {r['bytes']}: {r['wrong']} wrong"
 algos = doc["algorithms"]
-assert len(algos) == 2 * 4, algos
+assert len(algos) == 2 * 5, algos
 picked = {a["bytes"]: a["picked"] for a in algos if a["algorithm"] == "auto"}
-assert picked == {4096: "recursive-doubling", 65536: "halving-doubling"}, picked
+# One host over shared memory: the host area's one-shot while (N - 1) x 4 KiB <= 1 MiB.
+assert picked == {4096: "one-shot" if n <= 257 else "recursive-doubling",
+                  65536: "halving-doubling"}, picked
 res = doc["rank_resources"]
 assert len(res) == n, len(res)
 bound = 2 + math.ceil(math.log2(n)) if n > 16 else n - 1

@@ -89,6 +89,38 @@ TEST(SimModelTest, AutoRunsTheEnginesChoiceAndTheCrossoversFollowLatency) {
             RingAllreduceTime(net, 64 << 20, 2e9));
 }
 
+TEST(SimModelTest, OneShotOnOneHostOverSharedMemoryOnly) {
+  // One step's latency per 32 KiB piece, two copies, N - 1 additions of the buffer.
+  Network net;
+  net.hosts = 1;
+  net.per_host = 4;
+  net.intra_latency_s = 5e-6;
+  net.intra_copy_bytes_per_s = 4e9;
+  net.intra_bytes_per_s = 4e9;
+  net.host_area = true;
+  EXPECT_NEAR(OneShotAllreduceTime(net, 4096, 2e9), 5e-6 + 2 * 4096 / 4e9 + 3 * 4096 / 2e9, 1e-12);
+  EXPECT_NEAR(OneShotAllreduceTime(net, 65536, 2e9), 2 * 5e-6 + 2 * 65536 / 4e9 + 3 * 65536 / 2e9,
+              1e-12);
+  std::string ran;
+  AllreduceTime(net, 4096, 2e9, "auto", false, &ran);
+  EXPECT_EQ(ran, "one-shot");
+  net.host_area = false;
+  AllreduceTime(net, 4096, 2e9, "auto", false, &ran);
+  EXPECT_EQ(ran, "recursive-doubling");
+  // MakeNetwork gives the area only to one host whose transport is auto or shm.
+  Calibration cal;
+  Point p;
+  p.ranks = 4;
+  p.ranks_per_host = 4;
+  p.shm_within_host = true;
+  EXPECT_TRUE(MakeNetwork(p, cal, 0).host_area);
+  p.shm_within_host = false;  // --transport tcp: loopback, no area
+  EXPECT_FALSE(MakeNetwork(p, cal, 0).host_area);
+  p.shm_within_host = true;
+  p.ranks_per_host = 2;  // two hosts
+  EXPECT_FALSE(MakeNetwork(p, cal, 0).host_area);
+}
+
 TEST(SimModelTest, SharedCoresSlowHostBoundCostsOnly) {
   Calibration cal;
   Point p;

@@ -77,6 +77,10 @@ class HostArea {
   // How long a wait spins (yielding the processor between looks) before it sleeps: the device's
   // poll spin (Device::SetPollSpin).
   std::chrono::microseconds spin{20};
+  // Bytes this rank put into its slot and read out of the others' slots, ever (the traffic the
+  // area carried in place of the transport's; Engine::Stats counts it with the transport's).
+  uint64_t bytes_written = 0;
+  uint64_t bytes_read = 0;
 
  private:
   HostArea(void* base, size_t bytes, int rank, int size, size_t slot_bytes)

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "engine/backends/ps/job.h"
@@ -182,6 +184,45 @@ TEST(PsRoles, ExplicitServerRanksInTheOrderGiven) {
   EXPECT_EQ(r.worker_ranks, (std::vector<int>{0, 1, 2, 4, 5, 6}));
   EXPECT_EQ(r.Describe(3), "server 1 (rank 3)");
   EXPECT_EQ(r.Describe(4), "worker 3 (rank 4)");
+}
+
+// A worker connects to the servers and rank 0 (start-up's gather), a server to the workers and
+// rank 0, never worker to worker or server to server beyond that; beyond 16 ranks the gather's
+// tree partners instead of rank 0. Symmetric, so that every transport's set-up pairs up.
+TEST(PsConnections, WorkersMeetServersAndTheGatherOnly) {
+  for (int size : {3, 6, 10, 17, 40}) {
+    for (int servers : {1, 2, 4}) {
+      if (servers >= size) continue;
+      const Roles r = AssignRoles(PsOptions(size, servers));
+      std::vector<std::vector<int>> plan(static_cast<size_t>(size));
+      for (int a = 0; a < size; ++a) plan[a] = PlanJobConnections(a, r, 16);
+      for (int a = 0; a < size; ++a) {
+        for (int b : plan[a]) {
+          ASSERT_NE(a, b);
+          const auto& theirs = plan[static_cast<size_t>(b)];
+          EXPECT_TRUE(std::count(theirs.begin(), theirs.end(), a)) << a << " -> " << b;
+        }
+        const bool worker = r.role[a] == Role::kWorker;
+        for (int b = 0; b < size; ++b) {
+          if (b == a) continue;
+          const bool listed = std::count(plan[a].begin(), plan[a].end(), b) > 0;
+          // Every worker-server pair is connected.
+          if (worker != (r.role[b] == Role::kWorker)) {
+            EXPECT_TRUE(listed) << a << " " << b;
+          }
+        }
+        if (worker && a != 0) {
+          const size_t bound = static_cast<size_t>(servers) +
+                               (size <= 16 ? 1 : static_cast<size_t>(std::ceil(std::log2(size))));
+          EXPECT_LE(plan[a].size(), bound) << "worker rank " << a << " of " << size;
+        }
+      }
+      // Rank 0 reaches every rank in one hop up to 16 ranks.
+      if (size <= 16) {
+        EXPECT_EQ(plan[0].size(), static_cast<size_t>(size - 1));
+      }
+    }
+  }
 }
 
 void ExpectInvalid(const Options& o, const std::string& fragment) {

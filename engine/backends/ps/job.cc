@@ -82,6 +82,29 @@ Roles AssignRoles(const Options& o) {
   return roles;
 }
 
+std::vector<int> PlanJobConnections(int rank, const Roles& roles, int direct_max_ranks) {
+  const int size = static_cast<int>(roles.role.size());
+  std::vector<int> peers;
+  const auto& other = roles.role[static_cast<size_t>(rank)] == Role::kWorker ? roles.server_ranks
+                                                                             : roles.worker_ranks;
+  peers.insert(peers.end(), other.begin(), other.end());
+  if (size <= direct_max_ranks) {
+    if (rank == 0) {
+      for (int r = 1; r < size; ++r) peers.push_back(r);
+    } else {
+      peers.push_back(0);
+    }
+  } else {
+    for (int mask = 1; mask < size; mask <<= 1) {
+      if ((rank ^ mask) < size) peers.push_back(rank ^ mask);
+    }
+  }
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+  peers.erase(std::remove(peers.begin(), peers.end(), rank), peers.end());
+  return peers;
+}
+
 StatusOr<Job> Join(const Options& options, bootstrap::Store* external) {
   Job job;
   job.options = options;
@@ -91,8 +114,11 @@ StatusOr<Job> Join(const Options& options, bootstrap::Store* external) {
   KOLO_ASSIGN_OR_RETURN(job.policy, ParsePlacementPolicy(options.ps_placement));
   KOLO_ASSIGN_OR_RETURN(job.rendezvous, bootstrap::StartRendezvous(options, external));
 
-  const transport::ConnectSettings link =
+  transport::ConnectSettings link =
       transport::SettingsFrom(options, job.rendezvous.listen_addr, job.rendezvous.secret);
+  // Only the pairs the job uses: workers with servers, and start-up's gather and broadcast.
+  link.peers =
+      PlanJobConnections(options.rank, job.roles, collectives::Comm{}.bitwise_direct_max_ranks);
   bootstrap::PrefixStore ps_store("ps/", *job.rendezvous.store);
   auto device = transport::Connect(options.transport, link, ps_store, options.rank, options.size);
   if (!device.ok()) {

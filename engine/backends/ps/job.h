@@ -39,6 +39,15 @@ struct Roles {
 // ps_servers ranks in ascending order; the workers are every other rank, in ascending order.
 Roles AssignRoles(const Options& options);
 
+// The peers launch rank `rank` of a parameter-server job connects to (sorted, without itself):
+// every worker to every server (its pushes and pulls; no worker to another worker, no server to
+// another server: the workers' own engine connects them by its plan), and the pairs of start-up's
+// gather and broadcast at rank 0 (collectives::GatherMessages: rank 0 to every rank up to
+// `direct_max_ranks` ranks, the binomial tree's r XOR 2^k beyond). Symmetric: a lists b exactly
+// when b lists a. A worker holds servers + 1 connections up to direct_max_ranks ranks, against
+// N - 1 for a full mesh.
+std::vector<int> PlanJobConnections(int rank, const Roles& roles, int direct_max_ranks);
+
 struct Job {
   Options options;  // as launched: rank and size count every process of the job
   Roles roles;

@@ -63,15 +63,19 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
                                                                   options.size, link.timeout));
   e.hosts = link.hosts;
   std::optional<collectives::HostGroups> hierarchical;
-  if (options.hierarchical_allreduce) {
-    if (!e.hosts.uniform()) {
-      return InvalidArgument(
-          "hierarchical allreduce needs the same number of ranks on every host, but this job has "
-          "{}; run without KOLO_HIERARCHICAL_ALLREDUCE, or launch as many ranks on each host",
-          e.hosts.Summary());
-    }
+  if (options.hierarchical_allreduce && !e.hosts.uniform()) {
+    return InvalidArgument(
+        "hierarchical allreduce needs the same number of ranks on every host, but this job has "
+        "{}; run without KOLO_HIERARCHICAL_ALLREDUCE, or launch as many ranks on each host",
+        e.hosts.Summary());
+  }
+  // Switchable (Retune) where it could help: several hosts, the same ranks on each, more than one.
+  const bool switchable = options.hierarchical_switchable && e.hosts.uniform() &&
+                          e.hosts.num_hosts() > 1 && options.size > e.hosts.num_hosts();
+  if (options.hierarchical_allreduce || switchable) {
     hierarchical = collectives::HostGroups{e.hosts.ranks_on(e.hosts.host(options.rank)),
                                            e.hosts.CrossGroup(options.rank)};
+    e.hierarchical_groups = true;
   }
   // Only the peers the collectives use (collectives/plan.h).
   link.peers =
@@ -126,13 +130,15 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
     e.backends.push_back(std::move(mpi));
   }
   if (hierarchical) {
-    KOLO_LOG(kInfo, "hierarchical allreduce: {} hosts x {} ranks ({})", e.hosts.num_hosts(),
-             hierarchical->local.size(), e.hosts.Summary());
+    KOLO_LOG(kInfo, "hierarchical allreduce{}: {} hosts x {} ranks ({})",
+             options.hierarchical_allreduce ? "" : " (off; Retune may switch it on)",
+             e.hosts.num_hosts(), hierarchical->local.size(), e.hosts.Summary());
   }
   KOLO_ASSIGN_OR_RETURN(const collectives::AllreduceAlgorithm algorithm,
                         collectives::ParseAllreduceAlgorithm(options.allreduce_algorithm));
-  e.backends.push_back(
-      backends::MakeRingBackend(&e.comm, std::move(hierarchical), algorithm, e.hosts.num_hosts()));
+  e.backends.push_back(backends::MakeRingBackend(&e.comm, std::move(hierarchical), algorithm,
+                                                 e.hosts.num_hosts(),
+                                                 options.hierarchical_allreduce));
   if (options.backend == "nccl") {
     // One GPU per rank: the rank's local index picks it.
     std::string why;
@@ -327,6 +333,10 @@ Status Engine::Barrier() {
   return Wait(h);
 }
 
+bool Engine::CanSwitchHierarchical() const {
+  return impl_->hierarchical_groups && impl_->options.backend == "ring";
+}
+
 Engine::Tunables Engine::tunables() const {
   MutexLock lock(impl_->mu);
   return impl_->tunables;
@@ -342,13 +352,19 @@ Status Engine::Retune(const std::string& name, const Tunables& t) {
   }
   KOLO_ASSIGN_OR_RETURN(const collectives::AllreduceAlgorithm algorithm,
                         collectives::ParseAllreduceAlgorithm(t.allreduce_algorithm));
-  if (impl_->options.hierarchical_allreduce &&
-      algorithm != collectives::AllreduceAlgorithm::kAuto &&
+  if (t.hierarchical_allreduce && algorithm != collectives::AllreduceAlgorithm::kAuto &&
       algorithm != collectives::AllreduceAlgorithm::kRing) {
     return InvalidArgument(
         "retune: allreduce algorithm '{}' cannot run a hierarchical allreduce: allowed are auto, "
         "ring",
         t.allreduce_algorithm);
+  }
+  if (t.hierarchical_allreduce != tunables().hierarchical_allreduce && !CanSwitchHierarchical()) {
+    return InvalidArgument(
+        "retune: hierarchical allreduce cannot be switched {} here: it needs several hosts with "
+        "the same number of ranks (more than one) on each, and the engine started with "
+        "Options::hierarchical_switchable (kolo-train --autotune sets it); this job has {}",
+        t.hierarchical_allreduce ? "on" : "off", impl_->hosts.Summary());
   }
   if (role() != Role::kWorker || impl_->executor == nullptr) {
     return FailedPrecondition("retune: this rank runs no allreduce engine (a parameter server)");

@@ -117,7 +117,13 @@ class Engine {
     int64_t fusion_threshold_bytes = 64ll << 20;  // Options::fusion_threshold_bytes
     double cycle_time_ms = 1.0;                   // Options::cycle_time_ms
     std::string allreduce_algorithm = "auto";     // Options::allreduce_algorithm (ring backend)
+    // Options::hierarchical_allreduce; switchable only where CanSwitchHierarchical.
+    bool hierarchical_allreduce = false;
   };
+  // Whether Retune may switch hierarchical allreduce on and off: the job spans several hosts with
+  // the same number of ranks (more than one) on each, and the engine connected the hierarchical
+  // rings' peers at start-up (Options::hierarchical_allreduce or hierarchical_switchable).
+  bool CanSwitchHierarchical() const;
   // The tunables in force on this rank.
   Tunables tunables() const;
   // Switches every rank to `t` at the same point of the collective stream: an allreduce named

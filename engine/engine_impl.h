@@ -43,7 +43,8 @@ struct Engine::Impl final {
   explicit Impl(const Options& o)
       : options(o), ops(o.rank, [this](const execution::ExecutionStats& d) { Count(d); }) {
     MutexLock lock(mu);
-    tunables = Engine::Tunables{o.fusion_threshold_bytes, o.cycle_time_ms, o.allreduce_algorithm};
+    tunables = Engine::Tunables{o.fusion_threshold_bytes, o.cycle_time_ms, o.allreduce_algorithm,
+                                o.hierarchical_allreduce};
     cycle_time_ms.store(o.cycle_time_ms);
   }
 
@@ -97,6 +98,8 @@ struct Engine::Impl final {
   // Which transports carry this rank's pairs ("shm", "tcp", "shm+tcp"); set before the thread
   // starts, then only read.
   std::string pair_transports;
+  // The ring backend holds hierarchical allreduce's host groups (on, or switchable by Retune).
+  bool hierarchical_groups = false;
   int transport_connections = 0;
   int64_t transport_memory_bytes = 0;
   int tcp_streams = 1;  // Engine::Stats::tcp_streams

@@ -223,14 +223,20 @@ Status Engine::Impl::ApplyRetunes(const std::vector<Response>& responses) {
     KOLO_ASSIGN_OR_RETURN(const collectives::AllreduceAlgorithm algorithm,
                           collectives::ParseAllreduceAlgorithm(t.allreduce_algorithm));
     for (auto& b : backends) {
-      if (std::string(b->name()) == "ring")
-        KOLO_RETURN_IF_ERROR(b->SetAllreduceAlgorithm(algorithm));
+      if (std::string(b->name()) != "ring") continue;
+      // Hierarchical first: Retune checked the pair, and the algorithm's check reads it.
+      if (hierarchical_groups)
+        KOLO_RETURN_IF_ERROR(b->SetHierarchicalAllreduce(t.hierarchical_allreduce));
+      KOLO_RETURN_IF_ERROR(b->SetAllreduceAlgorithm(algorithm));
     }
     executor->set_fusion_threshold_bytes(t.fusion_threshold_bytes);
     riding_allowed = t.allreduce_algorithm == "auto";
     cycle_time_ms.store(t.cycle_time_ms, std::memory_order_relaxed);
-    KOLO_LOG(kInfo, "retuned: fusion threshold {} bytes, cycle time {} ms, allreduce algorithm {}",
-             t.fusion_threshold_bytes, t.cycle_time_ms, t.allreduce_algorithm);
+    KOLO_LOG(kInfo,
+             "retuned: fusion threshold {} bytes, cycle time {} ms, allreduce algorithm {}, "
+             "hierarchical {}",
+             t.fusion_threshold_bytes, t.cycle_time_ms, t.allreduce_algorithm,
+             t.hierarchical_allreduce ? "on" : "off");
     MutexLock lock(mu);
     tunables = t;
   }

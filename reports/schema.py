@@ -235,6 +235,9 @@ def make_row(
         for k in ("fusion_threshold_mb", "cycle_time_ms", "allreduce_algorithm"):
             if rec_settings.get(k) is not None:
                 merged[k] = rec_settings[k]
+        # Hierarchical allreduce is a knob where the hosts allow: the ring layout it chose.
+        if rec_settings.get("hierarchical_allreduce") is not None:
+            merged["allreduce"] = "hierarchical" if rec_settings["hierarchical_allreduce"] else "flat"
     elif merged.get("autotune") is False:
         merged["autotune"] = "off"
     for name in SETTING_COLUMNS:

@@ -1,5 +1,7 @@
 #include "sim/autotune.h"
 
+#include <algorithm>
+
 namespace kolo::sim {
 
 StatusOr<Point> AutotuneChoice(const Point& point, const Calibration& cal,
@@ -14,8 +16,8 @@ StatusOr<Point> AutotuneChoice(const Point& point, const Calibration& cal,
       best_rate = r.total_images_per_sec;
     }
     trials->push_back({p.fusion_threshold_mb, p.cycle_time_ms,
-                       p.backend == "ring" ? p.allreduce_algorithm : "", r.total_images_per_sec,
-                       kept});
+                       p.backend == "ring" ? p.allreduce_algorithm : "", p.hierarchical,
+                       r.total_images_per_sec, kept});
     return Status::OK();
   };
   KOLO_RETURN_IF_ERROR(run(best, true));
@@ -39,6 +41,18 @@ StatusOr<Point> AutotuneChoice(const Point& point, const Calibration& cal,
       p.allreduce_algorithm = a;
       if (p.allreduce_algorithm != algorithm_before) KOLO_RETURN_IF_ERROR(run(p, false));
     }
+  }
+  // Hierarchical allreduce, where kolo-train's search switches it: several hosts with more than
+  // one rank each (Engine::CanSwitchHierarchical).
+  const int per_host = std::max(1, point.ranks_per_host);
+  if (point.backend == "ring" && per_host > 1 && point.ranks > per_host &&
+      point.ranks % per_host == 0) {
+    Point p = best;
+    p.hierarchical = !best.hierarchical;
+    if (p.hierarchical && p.allreduce_algorithm != "auto" && p.allreduce_algorithm != "ring") {
+      p.allreduce_algorithm = "auto";
+    }
+    KOLO_RETURN_IF_ERROR(run(p, false));
   }
   return best;
 }

@@ -233,6 +233,7 @@ int Predict(int argc, char** argv) {
       list.push_back({{"fusion_threshold_mb", t.fusion_threshold_mb},
                       {"cycle_time_ms", t.cycle_time_ms},
                       {"allreduce_algorithm", t.allreduce_algorithm},
+                      {"hierarchical_allreduce", t.hierarchical_allreduce},
                       {"images_per_sec", t.images_per_sec},
                       {"kept", t.kept}});
     }
@@ -240,7 +241,8 @@ int Predict(int argc, char** argv) {
                           {"choice",
                            {{"fusion_threshold_mb", p.fusion_threshold_mb},
                             {"cycle_time_ms", p.cycle_time_ms},
-                            {"allreduce_algorithm", p.allreduce_algorithm}}}};
+                            {"allreduce_algorithm", p.allreduce_algorithm},
+                            {"hierarchical_allreduce", p.hierarchical}}}};
   }
   settings["step_jitter"] = p.step_jitter >= 0 ? p.step_jitter : cal.step_jitter;
   record["settings"] = settings;

@@ -60,17 +60,22 @@ class Backend {
   virtual Status SetAllreduceAlgorithm(collectives::AllreduceAlgorithm /*algorithm*/) {
     return FailedPrecondition("backend '{}' runs its own allreduce algorithm", name());
   }
+  // Hierarchical allreduce on or off from now on (Engine::Retune), where the backend holds the
+  // host groups.
+  virtual Status SetHierarchicalAllreduce(bool /*on*/) {
+    return FailedPrecondition("backend '{}' has no hierarchical allreduce", name());
+  }
 };
 
 // Collectives over the engine's transport device (engine/collectives). Each allreduce runs the
 // algorithm `algorithm` names, or, for kAuto, the one collectives::ChooseAllreduceAlgorithm picks
-// for its bytes, the job's ranks and `hosts`. With `hierarchical` set, allreduces that would run
-// the ring run as collectives::HierarchicalAllreduce over those groups; broadcast and allgather
-// stay on the flat ring.
+// for its bytes, the job's ranks and `hosts`. With `hierarchical` set and `hierarchical_on`,
+// allreduces that would run the ring run as collectives::HierarchicalAllreduce over those groups
+// (SetHierarchicalAllreduce switches it); broadcast and allgather stay on the flat ring.
 std::unique_ptr<Backend> MakeRingBackend(
     collectives::Comm* comm, std::optional<collectives::HostGroups> hierarchical = std::nullopt,
     collectives::AllreduceAlgorithm algorithm = collectives::AllreduceAlgorithm::kAuto,
-    int hosts = 1);
+    int hosts = 1, bool hierarchical_on = true);
 
 // MPI_Allreduce / MPI_Bcast / MPI_Allgatherv on a duplicate of MPI_COMM_WORLD, watched: a call
 // still blocked after `timeout` (the peer timeout: some rank stopped taking part) is logged and

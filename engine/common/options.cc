@@ -504,6 +504,7 @@ std::vector<MatchedSetting> MustMatch(const Options& o) {
       {"fusion_threshold_bytes", fmt::format("{}", o.fusion_threshold_bytes)},
       {"cache_capacity", fmt::format("{}", o.cache_capacity)},
       {"hierarchical_allreduce", o.hierarchical_allreduce ? "true" : "false"},
+      {"hierarchical_switchable", o.hierarchical_switchable ? "true" : "false"},
       {"allreduce_algorithm", o.allreduce_algorithm},
       {"compression", o.compression},
       {"tcp_streams", TcpStreamsName(o.tcp_streams)},

@@ -151,6 +151,11 @@ struct Options {
   // of ranks on every host (engine creation fails naming the hosts otherwise). See
   // engine/docs/collectives.md.
   bool hierarchical_allreduce = false;
+  // Connect the peers of hierarchical allreduce's rings at start-up even when it starts off, so
+  // that Engine::Retune may switch it on (kolo-train --autotune sets it). Takes effect where the
+  // job spans several hosts with the same number of ranks, more than one, on each
+  // (Engine::CanSwitchHierarchical). Every rank must agree.
+  bool hierarchical_switchable = false;
   // KOLO_ALLREDUCE_ALGORITHM: the algorithm of the ring backend's allreduces (host and staged
   // device tensors): "auto" (a rule picks per collective from its bytes, the rank count and the
   // hosts: collectives/plan.h), "ring", "recursive-doubling", "halving-doubling" or "one-shot"

@@ -54,6 +54,7 @@ std::string RunRecordToJson(const RunRecord& r) {
       trials.push_back({{"fusion_threshold_mb", t.fusion_threshold_mb},
                         {"cycle_time_ms", t.cycle_time_ms},
                         {"allreduce_algorithm", t.allreduce_algorithm},
+                        {"hierarchical_allreduce", t.hierarchical_allreduce},
                         {"images_per_sec", t.images_per_sec},
                         {"kept", t.kept}});
     }
@@ -61,7 +62,8 @@ std::string RunRecordToJson(const RunRecord& r) {
                      {"choice",
                       {{"fusion_threshold_mb", s.fusion_threshold_mb},
                        {"cycle_time_ms", s.cycle_time_ms},
-                       {"allreduce_algorithm", s.allreduce_algorithm}}}};
+                       {"allreduce_algorithm", s.allreduce_algorithm},
+                       {"hierarchical_allreduce", s.hierarchical_allreduce}}}};
   }
   if (r.results) {
     const RunResults& x = *r.results;

@@ -78,6 +78,7 @@ struct AutotuneTrial {
   double fusion_threshold_mb = 0;
   double cycle_time_ms = 0;
   std::string allreduce_algorithm;
+  bool hierarchical_allreduce = false;
   double images_per_sec = 0;
   bool kept = false;
 };

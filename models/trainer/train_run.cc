@@ -276,7 +276,11 @@ Status Run::Setup() {
   // --backend none: one rank with no engine at all (the single-rank baseline).
   if (o_.engine.backend != "none") {
     SetPhase("start-up (rendezvous and connecting to the other ranks; no step has run)");
-    KOLO_ASSIGN_OR_RETURN(engine_, Engine::Create(o_.engine));
+    Options engine_options = o_.engine;
+    // Autotune may switch hierarchical allreduce (where the hosts allow): its rings' peers are
+    // connected from the start.
+    if (o_.autotune) engine_options.hierarchical_switchable = true;
+    KOLO_ASSIGN_OR_RETURN(engine_, Engine::Create(engine_options));
     if (engine_->role() == Role::kServer) {
       serving_ = true;
       SetWho(Who());
@@ -412,21 +416,23 @@ Status Run::Loop(Trainer& trainer, const compute::SgdConfig& sgd) {
 }
 
 Status Run::SwitchTo(Engine::Tunables* t, int trial) {
-  // Rank 0's values for every rank: fusion threshold, cycle time, algorithm index.
+  // Rank 0's values for every rank: fusion threshold, cycle time, algorithm index, hierarchical.
   const auto& names = AllreduceAlgorithmNames();
-  double v[3] = {static_cast<double>(t->fusion_threshold_bytes), t->cycle_time_ms, 0};
+  double v[4] = {static_cast<double>(t->fusion_threshold_bytes), t->cycle_time_ms, 0,
+                 t->hierarchical_allreduce ? 1.0 : 0.0};
   for (size_t i = 0; i < names.size(); ++i) {
     if (names[i] == t->allreduce_algorithm) v[2] = static_cast<double>(i);
   }
   KOLO_ASSIGN_OR_RETURN(Handle h,
                         engine_->BroadcastAsync(fmt::format("kolo.autotune.values.{}", trial), v,
-                                                DataType::kFloat64, {3}, 0));
+                                                DataType::kFloat64, {4}, 0));
   KOLO_RETURN_IF_ERROR(engine_->Wait(h));
   const size_t algorithm = static_cast<size_t>(v[2]);
   if (algorithm >= names.size()) return Internal("autotune: algorithm index {} from rank 0", v[2]);
   t->fusion_threshold_bytes = static_cast<int64_t>(v[0]);
   t->cycle_time_ms = v[1];
   t->allreduce_algorithm = names[algorithm];
+  t->hierarchical_allreduce = v[3] != 0;
   return engine_->Retune(fmt::format("kolo.autotune.switch.{}", trial), *t);
 }
 
@@ -447,10 +453,12 @@ StatusOr<double> Run::Trial(Trainer& trainer) {
 
 // Coordinate search (one knob at a time, each over its values, keeping a value only when it is
 // faster than the best so far): fusion threshold, then cycle time, then (ring) the allreduce
-// algorithm. Rank 0 measures and decides; every rank switches with it (SwitchTo).
+// algorithm, then (ring, where the engine can switch it) hierarchical allreduce. Rank 0 measures
+// and decides; every rank switches with it (SwitchTo).
 Status Run::Autotune(Trainer& trainer) {
   SetPhase("autotune");
   const bool ring = o_.engine.backend == "ring";
+  const bool hierarchical = ring && engine_->CanSwitchHierarchical();
   Engine::Tunables best = engine_->tunables();
   const std::vector<double> fusion_mb = {4, 16, 64, 128};
   const std::vector<double> cycles_ms = {0.5, 1, 2.5, 5};
@@ -473,12 +481,12 @@ Status Run::Autotune(Trainer& trainer) {
     }
     record_.autotune_trials.push_back(
         AutotuneTrial{static_cast<double>(t.fusion_threshold_bytes) / (1 << 20), t.cycle_time_ms,
-                      ring ? t.allreduce_algorithm : "", rate, kept});
+                      ring ? t.allreduce_algorithm : "", t.hierarchical_allreduce, rate, kept});
     if (rank_ == 0) {
-      std::printf("autotune trial %d: fusion %g MiB, cycle %g ms%s: %.1f images/sec (rank 0)%s\n",
+      std::printf("autotune trial %d: fusion %g MiB, cycle %g ms%s%s: %.1f images/sec (rank 0)%s\n",
                   trial + 1, static_cast<double>(t.fusion_threshold_bytes) / (1 << 20),
-                  t.cycle_time_ms, ring ? (", " + t.allreduce_algorithm).c_str() : "", rate,
-                  kept ? " (kept)" : "");
+                  t.cycle_time_ms, ring ? (", " + t.allreduce_algorithm).c_str() : "",
+                  t.hierarchical_allreduce ? ", hierarchical" : "", rate, kept ? " (kept)" : "");
       std::fflush(stdout);
     }
     ++trial;
@@ -509,6 +517,17 @@ Status Run::Autotune(Trainer& trainer) {
       KOLO_RETURN_IF_ERROR(run(t, false));
     }
   }
+  if (hierarchical) {
+    const bool before = best.hierarchical_allreduce;
+    Engine::Tunables t = best;
+    t.hierarchical_allreduce = !before;
+    // Hierarchical runs under auto or ring only; the algorithm knob tried just those two.
+    if (t.hierarchical_allreduce && t.allreduce_algorithm != "auto" &&
+        t.allreduce_algorithm != "ring") {
+      t.allreduce_algorithm = "auto";
+    }
+    if (!Stopping()) KOLO_RETURN_IF_ERROR(run(t, false));
+  }
   if (Stopping()) return Status::OK();
   KOLO_RETURN_IF_ERROR(SwitchTo(&best, trial));
   record_.settings.autotune = true;
@@ -516,18 +535,22 @@ Status Run::Autotune(Trainer& trainer) {
       static_cast<double>(best.fusion_threshold_bytes) / (1 << 20);
   record_.settings.cycle_time_ms = best.cycle_time_ms;
   if (ring) record_.settings.allreduce_algorithm = best.allreduce_algorithm;
+  record_.settings.hierarchical_allreduce = best.hierarchical_allreduce;
   if (rank_ == 0) {
-    std::printf("autotune: %d trials; timed steps run fusion %g MiB, cycle %g ms%s\n", trial,
+    std::printf("autotune: %d trials; timed steps run fusion %g MiB, cycle %g ms%s%s\n", trial,
                 record_.settings.fusion_threshold_mb, best.cycle_time_ms,
-                ring ? (", " + best.allreduce_algorithm).c_str() : "");
+                ring ? (", " + best.allreduce_algorithm).c_str() : "",
+                best.hierarchical_allreduce ? ", hierarchical" : "");
     std::fflush(stdout);
     if (!o_.autotune_log.empty()) {
       std::string csv =
-          "trial,fusion_threshold_mb,cycle_time_ms,allreduce_algorithm,images_per_sec,kept\n";
+          "trial,fusion_threshold_mb,cycle_time_ms,allreduce_algorithm,hierarchical_allreduce,"
+          "images_per_sec,kept\n";
       for (size_t i = 0; i < record_.autotune_trials.size(); ++i) {
         const AutotuneTrial& t = record_.autotune_trials[i];
-        csv += fmt::format("{},{},{},{},{:.3f},{}\n", i + 1, t.fusion_threshold_mb, t.cycle_time_ms,
-                           t.allreduce_algorithm, t.images_per_sec, t.kept ? 1 : 0);
+        csv += fmt::format("{},{},{},{},{},{:.3f},{}\n", i + 1, t.fusion_threshold_mb,
+                           t.cycle_time_ms, t.allreduce_algorithm, t.hierarchical_allreduce ? 1 : 0,
+                           t.images_per_sec, t.kept ? 1 : 0);
       }
       KOLO_RETURN_IF_ERROR(WriteFileAtomically(o_.autotune_log, csv, 0644, "--autotune-log"));
     }

@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -63,6 +66,77 @@ TEST(Retune, EveryRankSwitchesAtTheSamePointAndStaysExact) {
     const int64_t again = engine.stats().collectives;
     step(2);
     EXPECT_LT(engine.stats().collectives - again, 20) << "fused again";
+  });
+}
+
+// Hierarchical allreduce as a tunable: 2 hosts x 2 ranks started with it off but switchable; the
+// switch on makes the ring's allreduces hierarchical (its timeline phase appears), the switch off
+// flat again, every result exact. A job that cannot switch it refuses before submitting.
+TEST(Retune, HierarchicalAllreduceSwitchesOnAndOffAcrossHosts) {
+  constexpr int kRanks = 4;
+  const std::string base = ::testing::TempDir() + "/kolo_retune_hier.json";
+  RunRanks(
+      kRanks,
+      [&](int r) {
+        Options o = RankOptions(r, kRanks);
+        o.host_name = r < 2 ? "left" : "right";
+        o.hierarchical_switchable = true;
+        o.allreduce_algorithm = "ring";
+        o.timeline_path = base;
+        return o;
+      },
+      [](int rank, Engine& engine) {
+        EXPECT_TRUE(engine.CanSwitchHierarchical());
+        EXPECT_FALSE(engine.tunables().hierarchical_allreduce);
+        auto step = [&](int k) {
+          std::vector<float> buf(300000);
+          for (size_t i = 0; i < buf.size(); ++i) {
+            buf[i] = static_cast<float>(testing::InputValue(rank, i));
+          }
+          auto h = engine.AllreduceAsync(fmt::format("h{}", k), buf.data(), buf.data(),
+                                         DataType::kFloat32, {300000}, ReduceOp::kSum);
+          ASSERT_TRUE(h.ok()) << h.status().ToString();
+          ASSERT_TRUE(engine.Wait(*h).ok());
+          for (size_t i = 0; i < buf.size(); i += 101) {
+            ASSERT_EQ(buf[i], static_cast<float>(testing::ExpectedSum(kRanks, i))) << i;
+          }
+        };
+        step(0);
+        Engine::Tunables on = engine.tunables();
+        on.hierarchical_allreduce = true;
+        ASSERT_TRUE(engine.Retune("hier.on", on).ok());
+        EXPECT_TRUE(engine.tunables().hierarchical_allreduce);
+        step(1);
+        // Hierarchical allows only auto and ring.
+        Engine::Tunables bad = on;
+        bad.allreduce_algorithm = "recursive-doubling";
+        EXPECT_EQ(engine.Retune("hier.bad", bad).code(), StatusCode::kInvalidArgument);
+        Engine::Tunables off = on;
+        off.hierarchical_allreduce = false;
+        ASSERT_TRUE(engine.Retune("hier.off", off).ok());
+        step(2);
+      });
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const std::string path =
+        rank == 0 ? base
+                  : ::testing::TempDir() + fmt::format("/kolo_retune_hier.rank{}.json", rank);
+    std::ifstream in(path);
+    ASSERT_TRUE(in) << path;
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("HIERARCHICAL_ALLREDUCE"), std::string::npos) << path;
+    EXPECT_NE(text.find("REDUCE_SCATTER"), std::string::npos) << path;
+    std::remove(path.c_str());
+  }
+
+  // One host: nothing to switch.
+  RunRanks(2, [](int, Engine& engine) {
+    EXPECT_FALSE(engine.CanSwitchHierarchical());
+    Engine::Tunables t = engine.tunables();
+    t.hierarchical_allreduce = true;
+    Status s = engine.Retune("hier.none", t);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("cannot be switched on"), std::string::npos) << s.ToString();
+    EXPECT_TRUE(engine.Barrier().ok());
   });
 }
 

@@ -155,6 +155,11 @@ def test_autotune_is_a_flag_and_its_choice_fills_the_columns():
     # What the timed steps ran: the search's choice, not the point's starting threshold.
     assert row["autotune"] == "on"
     assert (row["fusion_threshold_mb"], row["cycle_time_ms"], row["allreduce_algorithm"]) == ("16", "2.5", "ring")
+    # Where the hosts allowed it, hierarchical allreduce was a knob too: the layout chosen.
+    rec["settings"]["hierarchical_allreduce"] = True
+    assert schema.make_row(on, rec, run_id="r1", status="ok")["allreduce"] == "hierarchical"
+    rec["settings"]["hierarchical_allreduce"] = False
+    assert schema.make_row(on, rec, run_id="r1", status="ok")["allreduce"] == "flat"
     assert settings.BY_NAME["autotune"].check("yes") is not None
     base = dict(ring, ranks=1, backend="none", autotune="on")
     assert "--autotune" not in settings.trainer_args(base)

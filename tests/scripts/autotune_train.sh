@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # kolo-train --autotune under kolo-run, 2 ranks, the tiny CNN on oneDNN: the coordinate search
 # runs its 8 trials (the start, 3 more fusion thresholds, 3 more cycle times, the other ring
-# algorithm) between the warm-up and the timed steps; the run record lists them with the choice,
+# algorithm; a ninth, hierarchical allreduce, where 4 ranks stand on 2 host names) between the
+# warm-up and the timed steps; the run record lists them with the choice,
 # which is the settings the record says the timed steps ran and the last kept trial's; the CSV
 # log has the same rows. Refusals: --autotune with no allreduce engine to tune (backend none, as
 # parameter servers), --autotune-log without --autotune (exit 2).
@@ -59,6 +60,29 @@ assert len(rows) == 8, rows
 assert [float(x["images_per_sec"]) for x in rows] == [round(t["images_per_sec"], 3) for t in trials], rows
 assert r["results"]["total_images_per_sec"] > 0
 print("OK: 8 trials, choice", choice)
+PY
+
+# Two host names, two ranks on each (KOLO_HOST_NAME): hierarchical allreduce is a knob too, the
+# ninth trial, and the choice says whether the timed steps ran it.
+hosted=(sh -c 'KOLO_HOST_NAME=h$((KOLO_RANK / $0)) exec "$@"')
+timeout 300 "$run" -np 4 --timeout-s 280 "${hosted[@]}" 2 "$train" --model tiny-cnn --compute onednn \
+  --batch-size 8 --num-warmup-batches 1 --num-batches 2 --autotune --autotune-trial-steps 2 \
+  --autotune-log "$work/trials4.csv" --json "$work/run4.json" --peer-timeout-s 60 \
+  >"$work/out4" 2>&1 || { cat "$work/out4"; fail "the 2-host autotune run failed"; }
+grep -q '^autotune: 9 trials; timed steps run fusion' "$work/out4" || { cat "$work/out4"; fail "no 9-trial summary"; }
+python3 - "$work/run4.json" "$work/trials4.csv" <<'PY'
+import csv, json, sys
+r = json.load(open(sys.argv[1]))
+assert r["status"] == "ok", r
+trials, choice, s = r["autotune"]["trials"], r["autotune"]["choice"], r["settings"]
+assert len(trials) == 9, trials
+assert [t["hierarchical_allreduce"] for t in trials] == [False] * 8 + [True], trials
+assert trials[8]["allreduce_algorithm"] in ("auto", "ring"), trials[8]
+last = [t for t in trials if t["kept"]][-1]
+assert choice["hierarchical_allreduce"] == last["hierarchical_allreduce"] == s["hierarchical_allreduce"], (choice, last, s)
+rows = list(csv.DictReader(open(sys.argv[2])))
+assert [x["hierarchical_allreduce"] for x in rows] == ["0"] * 8 + ["1"], rows
+print("OK: 9 trials across 2 hosts, choice", choice)
 PY
 
 set +e

@@ -268,8 +268,10 @@ TEST(SimModelTest, AutotuneChoosesTheFastestKeptTrial) {
   std::vector<AutotuneTrialPrediction> trials;
   auto choice = AutotuneChoice(p, cal, &trials);
   ASSERT_TRUE(choice.ok()) << choice.status().ToString();
-  // The start, 3 more thresholds (4 is the start), 3 more cycle times, the other algorithm.
-  ASSERT_EQ(trials.size(), 8u);
+  // The start, 3 more thresholds (4 is the start), 3 more cycle times, the other algorithm, and
+  // hierarchical allreduce switched (4 hosts of 4 GPUs).
+  ASSERT_EQ(trials.size(), 9u);
+  EXPECT_NE(trials[8].hierarchical_allreduce, p.hierarchical);
   double best = 0;
   const AutotuneTrialPrediction* last = nullptr;
   for (const auto& t : trials) {
@@ -285,6 +287,7 @@ TEST(SimModelTest, AutotuneChoosesTheFastestKeptTrial) {
   EXPECT_EQ(choice->fusion_threshold_mb, last->fusion_threshold_mb);
   EXPECT_EQ(choice->cycle_time_ms, last->cycle_time_ms);
   EXPECT_EQ(choice->allreduce_algorithm, last->allreduce_algorithm);
+  EXPECT_EQ(choice->hierarchical, last->hierarchical_allreduce);
   auto start = Predict(p, cal);
   auto chosen = Predict(*choice, cal);
   ASSERT_TRUE(start.ok() && chosen.ok());

@@ -9,8 +9,12 @@ namespace {
 class RingBackend final : public Backend {
  public:
   RingBackend(collectives::Comm* comm, std::optional<collectives::HostGroups> hierarchical,
-              collectives::AllreduceAlgorithm algorithm, int hosts)
-      : comm_(comm), hierarchical_(std::move(hierarchical)), algorithm_(algorithm), hosts_(hosts) {}
+              collectives::AllreduceAlgorithm algorithm, int hosts, bool hierarchical_on)
+      : comm_(comm),
+        hierarchical_(std::move(hierarchical)),
+        hierarchical_on_(hierarchical_on && hierarchical_.has_value()),
+        algorithm_(algorithm),
+        hosts_(hosts) {}
   const char* name() const override { return "ring"; }
   bool Enabled(coordinator::CollectiveType, DataType) const override { return true; }
 
@@ -19,7 +23,7 @@ class RingBackend final : public Backend {
     KOLO_ASSIGN_OR_RETURN(auto region, Register(buf, bytes));
     SlowRingScope slow;
     const Algorithm algorithm = Pick(bytes);
-    if (algorithm == Algorithm::kRing && hierarchical_) {
+    if (algorithm == Algorithm::kRing && hierarchical_on_) {
       return collectives::HierarchicalAllreduce(*comm_, *hierarchical_, *region, 0, count, dtype,
                                                 hierarchical_scratch_);
     }
@@ -40,7 +44,7 @@ class RingBackend final : public Backend {
     }
     SlowRingScope slow;
     const Algorithm algorithm = Pick(bytes);
-    if (algorithm == Algorithm::kRing && hierarchical_) {
+    if (algorithm == Algorithm::kRing && hierarchical_on_) {
       return collectives::HierarchicalAllreduce(*comm_, *hierarchical_, extents, dtype,
                                                 hierarchical_scratch_);
     }
@@ -59,12 +63,22 @@ class RingBackend final : public Backend {
   }
 
   Status SetAllreduceAlgorithm(collectives::AllreduceAlgorithm algorithm) override {
-    if (hierarchical_ && algorithm != Algorithm::kAuto && algorithm != Algorithm::kRing) {
+    if (hierarchical_on_ && algorithm != Algorithm::kAuto && algorithm != Algorithm::kRing) {
       return InvalidArgument(
           "allreduce algorithm '{}' cannot run a hierarchical allreduce: allowed are auto, ring",
           collectives::AllreduceAlgorithmName(algorithm));
     }
     algorithm_ = algorithm;
+    return Status::OK();
+  }
+  Status SetHierarchicalAllreduce(bool on) override {
+    if (on && !hierarchical_) {
+      return FailedPrecondition(
+          "hierarchical allreduce cannot be switched on: the engine started without its rings' "
+          "connections (Options::hierarchical_switchable on a job of several hosts with the same "
+          "number of ranks on each)");
+    }
+    hierarchical_on_ = on;
     return Status::OK();
   }
 
@@ -86,6 +100,7 @@ class RingBackend final : public Backend {
 
   collectives::Comm* comm_;
   std::optional<collectives::HostGroups> hierarchical_;
+  bool hierarchical_on_;
   Algorithm algorithm_;
   int hosts_;
   collectives::Scratch scratch_;
@@ -97,8 +112,10 @@ class RingBackend final : public Backend {
 
 std::unique_ptr<Backend> MakeRingBackend(collectives::Comm* comm,
                                          std::optional<collectives::HostGroups> hierarchical,
-                                         collectives::AllreduceAlgorithm algorithm, int hosts) {
-  return std::make_unique<RingBackend>(comm, std::move(hierarchical), algorithm, hosts);
+                                         collectives::AllreduceAlgorithm algorithm, int hosts,
+                                         bool hierarchical_on) {
+  return std::make_unique<RingBackend>(comm, std::move(hierarchical), algorithm, hosts,
+                                       hierarchical_on);
 }
 
 }  // namespace kolo::backends

@@ -98,7 +98,7 @@ int Predict(int argc, char** argv) {
                  "buckets, the optimizer after the last)")
       ->check(CLI::IsMember({"kolo", "horovod-tf", "ddp"}));
   app.add_option("--allreduce-algorithm", p.allreduce_algorithm,
-                 "ring backend: auto | ring | recursive-doubling | halving-doubling");
+                 "ring backend: auto | ring | recursive-doubling | halving-doubling | one-shot");
   app.add_option("--compression", p.compression,
                  "gradient compression: none | fp16 | bf16 (the engine's KOLO_COMPRESSION)")
       ->check(CLI::IsMember({"none", "fp16", "bf16"}));

@@ -147,7 +147,7 @@ struct Point {
   int ranks_per_host = 1;
   std::string backend = "ring";  // ring | nccl | mpi | ps | none
   bool hierarchical = false;     // ring, nccl: reduce within hosts, allreduce across, gather
-  // ring backend: auto | ring | recursive-doubling | halving-doubling (the engine's
+  // ring backend: auto | ring | recursive-doubling | halving-doubling | one-shot (the engine's
   // KOLO_ALLREDUCE_ALGORITHM); nccl and mpi run their own (modelled as the ring).
   std::string allreduce_algorithm = "auto";
   // The engine's gradient compression (KOLO_COMPRESSION): none | fp16 | bf16. Compressed, every

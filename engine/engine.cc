@@ -113,8 +113,21 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
     if (e.host_area) {
       e.transport_memory_bytes += static_cast<int64_t>(e.host_area->mapped_bytes());
     }
+  } else if (hierarchical && options.transport == "auto" && hierarchical->local.size() > 1) {
+    // Several hosts, shared memory within each: each host's ranks map an area of their own, for
+    // hierarchical allreduce of small buffers (one step within the host, then across hosts).
+    KOLO_ASSIGN_OR_RETURN(
+        e.host_area,
+        collectives::AttachHostArea(
+            e.comm, hierarchical->local, addresses,
+            fmt::format("shm/host-area/{}", e.hosts.host(options.rank)), e.rendezvous.secret,
+            std::chrono::microseconds(options.poll_spin_us), e.message_scratch));
+    hierarchical->area = e.host_area.get();
+    if (e.host_area) {
+      e.transport_memory_bytes += static_cast<int64_t>(e.host_area->mapped_bytes());
+    }
   }
-  if (options.size > 1 && options.allreduce_algorithm == "one-shot" && !e.host_area) {
+  if (options.size > 1 && options.allreduce_algorithm == "one-shot" && !e.comm.host_area) {
     return InvalidArgument(
         "allreduce algorithm 'one-shot' needs every rank on one host with a host-wide "
         "shared-memory area; this job has {} (pairs over {}){}: allowed are auto, ring, "

@@ -104,7 +104,8 @@ struct Engine::Impl final {
   int64_t transport_memory_bytes = 0;
   int tcp_streams = 1;  // Engine::Stats::tcp_streams
   // Every rank on one host over shared memory: the area of the one-shot allreduce (comm.host_area
-  // points at it), else null.
+  // points at it); with hierarchical allreduce across hosts (on or switchable) over auto, this
+  // host's area (the ring backend's HostGroups::area); else null.
   std::unique_ptr<transport::shm::HostArea> host_area;
   collectives::Comm comm;
   std::vector<std::unique_ptr<backends::Backend>> backends;  // ordered; the last accepts all

@@ -123,6 +123,12 @@ Status RecursiveDoublingAllreduce(Comm& comm, transport::Region& buf, size_t off
 Status RecursiveDoublingAllreduce(Comm& comm, const std::vector<Extent>& extents, DataType dtype,
                                   Scratch& scratch);
 
+// The same over the ranks of `group` only (this rank among them; every member passes the same
+// list, in the same order): the cross-host step of hierarchical allreduce for small buffers.
+Status RecursiveDoublingAllreduce(Comm& comm, const std::vector<int>& group, transport::Region& buf,
+                                  size_t offset_bytes, size_t count, DataType dtype,
+                                  Scratch& scratch);
+
 // Allreduce (sum, in place) by recursive halving then doubling (Rabenseifner): a reduce-scatter
 // in log2 p steps that each halve the blocks a rank holds (sending the other half to r XOR 2^k),
 // then an allgather in log2 p steps that each double them; the same fold as recursive doubling
@@ -150,6 +156,12 @@ Status OneShotAllreduce(Comm& comm, const std::vector<Extent>& extents, DataType
 StatusOr<std::unique_ptr<transport::shm::HostArea>> AttachHostArea(
     Comm& comm, bootstrap::Store& store, const std::string& key, const std::string& secret,
     std::chrono::microseconds spin, Scratch& scratch);
+// The same for the ranks of one host of several (`local`: this host's ranks, in order; `key`
+// names this host's area): every host's ranks map their own area, and every rank of the job
+// agrees that every rank did (null everywhere otherwise). For HostGroups::area.
+StatusOr<std::unique_ptr<transport::shm::HostArea>> AttachHostArea(
+    Comm& comm, const std::vector<int>& local, bootstrap::Store& store, const std::string& key,
+    const std::string& secret, std::chrono::microseconds spin, Scratch& scratch);
 
 // Whether `mine` is true on every rank (a BitwiseAllreduce of one AND word): how ranks agree on
 // something each found out alone, such as whether it could map the host area.
@@ -163,6 +175,9 @@ StatusOr<bool> AllRanksTrue(Comm& comm, bool mine, Scratch& scratch);
 struct HostGroups {
   std::vector<int> local;
   std::vector<int> cross;
+  // The host-wide shared-memory area of this rank's host, where the ranks of every host mapped
+  // one (HierarchicalSmallAllreduce); null elsewhere.
+  transport::shm::HostArea* area = nullptr;
 };
 
 // Scratch for the two rings of a hierarchical allreduce that run at once.
@@ -190,6 +205,19 @@ Status HierarchicalAllreduce(Comm& comm, const HostGroups& groups, transport::Re
 Status HierarchicalAllreduce(Comm& comm, const HostGroups& groups,
                              const std::vector<Extent>& extents, DataType dtype,
                              HierarchicalScratch& scratch);
+
+// Hierarchical allreduce for small buffers (sum, in place): one step through the host's area
+// (groups.area: every rank of the host ends with the host's sum, as OneShotAllreduce within the
+// host), then recursive doubling across hosts among the ranks at the same position (groups.cross),
+// every position at once, so that no rank needs a result from another of its host: log2 H steps
+// over the network, H hosts, where the flat algorithms take log2 N. Every rank ends with the same
+// bits. FailedPrecondition without an area.
+Status HierarchicalSmallAllreduce(Comm& comm, const HostGroups& groups, transport::Region& buf,
+                                  size_t offset_bytes, size_t count, DataType dtype,
+                                  Scratch& scratch);
+Status HierarchicalSmallAllreduce(Comm& comm, const HostGroups& groups,
+                                  const std::vector<Extent>& extents, DataType dtype,
+                                  Scratch& scratch);
 
 // Moves exactly the bytes RingAllreduce moves, along the same ring and in the same order, with no
 // reduction: every piece received is written into the buffer where it belongs (the

@@ -37,6 +37,17 @@ struct Buffers {
   size_t recv_offset = 0;
 };
 
+// The ranks an algorithm runs over: the whole communicator (ranks null), or a group of it (the
+// ranks of one cross-host group of hierarchical allreduce), this rank being member `me` of `n`.
+struct Members {
+  const std::vector<int>* ranks = nullptr;
+  int me = 0;
+  int n = 1;
+  int at(int i) const { return ranks == nullptr ? i : (*ranks)[static_cast<size_t>(i)]; }
+};
+
+Members Everyone(const Comm& comm) { return Members{nullptr, comm.rank(), comm.size()}; }
+
 // Waits for `n` completions; every receive must have brought `expected` bytes.
 Status Await(Comm& comm, size_t n, size_t expected, const char* what, int step) {
   std::vector<Completion> done;
@@ -65,12 +76,12 @@ int LargestPowerOfTwo(int n) {
 
 // The fold before the algorithm. Returns true when this rank is folded away (it then waits for
 // the unfold and is done).
-StatusOr<bool> Fold(Comm& comm, const Buffers& b, size_t bytes, size_t count, DataType dtype, int p,
-                    OpCode op, uint32_t sequence, const char* what) {
-  const int rank = comm.rank();
-  const int n = comm.size();
+StatusOr<bool> Fold(Comm& comm, const Members& m, const Buffers& b, size_t bytes, size_t count,
+                    DataType dtype, int p, OpCode op, uint32_t sequence, const char* what) {
+  const int rank = m.me;
+  const int n = m.n;
   if (rank >= p) {
-    transport::Pair& pair = comm.device->pair(rank - p);
+    transport::Pair& pair = comm.device->pair(m.at(rank - p));
     KOLO_RETURN_IF_ERROR(Posted(
         comm, pair.Send(*b.data, b.data_offset, bytes, CollectiveTag(op, sequence, kFoldIndex)),
         what));
@@ -84,8 +95,8 @@ StatusOr<bool> Fold(Comm& comm, const Buffers& b, size_t bytes, size_t count, Da
   if (rank + p < n) {
     KOLO_RETURN_IF_ERROR(
         Posted(comm,
-               comm.device->pair(rank + p).Recv(*b.recv, b.recv_offset, bytes,
-                                                CollectiveTag(op, sequence, kFoldIndex)),
+               comm.device->pair(m.at(rank + p))
+                   .Recv(*b.recv, b.recv_offset, bytes, CollectiveTag(op, sequence, kFoldIndex)),
                what));
     KOLO_RETURN_IF_ERROR(Await(comm, 1, bytes, what, 0));
     kernels::ReduceSum(dtype, b.data->data() + b.data_offset, b.recv->data() + b.recv_offset,
@@ -94,14 +105,14 @@ StatusOr<bool> Fold(Comm& comm, const Buffers& b, size_t bytes, size_t count, Da
   return false;
 }
 
-Status Unfold(Comm& comm, const Buffers& b, size_t bytes, int p, OpCode op, uint32_t sequence,
-              const char* what) {
-  const int rank = comm.rank();
-  if (rank + p >= comm.size()) return Status::OK();
+Status Unfold(Comm& comm, const Members& m, const Buffers& b, size_t bytes, int p, OpCode op,
+              uint32_t sequence, const char* what) {
+  const int rank = m.me;
+  if (rank + p >= m.n) return Status::OK();
   KOLO_RETURN_IF_ERROR(
       Posted(comm,
-             comm.device->pair(rank + p).Send(*b.data, b.data_offset, bytes,
-                                              CollectiveTag(op, sequence, kUnfoldIndex)),
+             comm.device->pair(m.at(rank + p))
+                 .Send(*b.data, b.data_offset, bytes, CollectiveTag(op, sequence, kUnfoldIndex)),
              what));
   return Await(comm, 1, 0, what, -1);
 }
@@ -134,20 +145,20 @@ class PhaseScope {
   Phase phase_;
 };
 
-Status RecursiveDoubling(Comm& comm, const Buffers& b, size_t count, DataType dtype,
-                         uint32_t sequence) {
+Status RecursiveDoubling(Comm& comm, const Members& m, const Buffers& b, size_t count,
+                         DataType dtype, uint32_t sequence) {
   constexpr const char* kWhat = "recursive-doubling allreduce";
   const size_t bytes = count * DataTypeSize(dtype);
-  const int p = LargestPowerOfTwo(comm.size());
+  const int p = LargestPowerOfTwo(m.n);
   const OpCode op = OpCode::kRecursiveDoubling;
   PhaseScope phase(comm, Phase::kRecursiveDoubling);
   KOLO_ASSIGN_OR_RETURN(const bool folded,
-                        Fold(comm, b, bytes, count, dtype, p, op, sequence, kWhat));
+                        Fold(comm, m, b, bytes, count, dtype, p, op, sequence, kWhat));
   if (folded) return Status::OK();
-  const int rank = comm.rank();
+  const int rank = m.me;
   uint32_t step = 1;
   for (int mask = 1; mask < p; mask <<= 1, ++step) {
-    transport::Pair& pair = comm.device->pair(rank ^ mask);
+    transport::Pair& pair = comm.device->pair(m.at(rank ^ mask));
     const uint64_t tag = CollectiveTag(op, sequence, step);
     KOLO_RETURN_IF_ERROR(Posted(comm, pair.Recv(*b.recv, b.recv_offset, bytes, tag), kWhat));
     KOLO_RETURN_IF_ERROR(Posted(comm, pair.Send(*b.data, b.data_offset, bytes, tag), kWhat));
@@ -156,20 +167,20 @@ Status RecursiveDoubling(Comm& comm, const Buffers& b, size_t count, DataType dt
     kernels::ReduceSum(dtype, b.data->data() + b.data_offset, b.recv->data() + b.recv_offset,
                        count);
   }
-  return Unfold(comm, b, bytes, p, op, sequence, kWhat);
+  return Unfold(comm, m, b, bytes, p, op, sequence, kWhat);
 }
 
-Status HalvingDoubling(Comm& comm, const Buffers& b, size_t count, DataType dtype,
+Status HalvingDoubling(Comm& comm, const Members& m, const Buffers& b, size_t count, DataType dtype,
                        uint32_t sequence) {
   constexpr const char* kWhat = "halving-doubling allreduce";
   const size_t elem = DataTypeSize(dtype);
   const size_t bytes = count * elem;
-  const int p = LargestPowerOfTwo(comm.size());
+  const int p = LargestPowerOfTwo(m.n);
   const OpCode op = OpCode::kHalvingDoubling;
   KOLO_ASSIGN_OR_RETURN(const bool folded,
-                        Fold(comm, b, bytes, count, dtype, p, op, sequence, kWhat));
+                        Fold(comm, m, b, bytes, count, dtype, p, op, sequence, kWhat));
   if (folded) return Status::OK();
-  const int rank = comm.rank();
+  const int rank = m.me;
   // Block i of p: elements [bounds[i], bounds[i + 1]).
   const std::vector<size_t> bounds = EvenSplit(count, p);
   auto byte_at = [&](int block) { return bounds[static_cast<size_t>(block)] * elem; };
@@ -188,7 +199,7 @@ Status HalvingDoubling(Comm& comm, const Buffers& b, size_t count, DataType dtyp
       const int keep_lo = upper ? mid : lo, keep_hi = upper ? hi : mid;
       const int send_lo = upper ? lo : mid, send_hi = upper ? mid : hi;
       const size_t keep_bytes = byte_at(keep_hi) - byte_at(keep_lo);
-      transport::Pair& pair = comm.device->pair(rank ^ mask);
+      transport::Pair& pair = comm.device->pair(m.at(rank ^ mask));
       const uint64_t tag = CollectiveTag(op, sequence, step);
       // The kept half and the half sent are disjoint: where the transport can, the partner's
       // bytes are summed into the kept half as they arrive, with no pass through scratch.
@@ -222,7 +233,7 @@ Status HalvingDoubling(Comm& comm, const Buffers& b, size_t count, DataType dtyp
       const int mine_lo = rank & ~(mask - 1), theirs_lo = partner & ~(mask - 1);
       const size_t mine_bytes = byte_at(mine_lo + mask) - byte_at(mine_lo);
       const size_t theirs_bytes = byte_at(theirs_lo + mask) - byte_at(theirs_lo);
-      transport::Pair& pair = comm.device->pair(partner);
+      transport::Pair& pair = comm.device->pair(m.at(partner));
       const uint64_t tag = CollectiveTag(op, sequence, step);
       KOLO_RETURN_IF_ERROR(Posted(
           comm, pair.Recv(*b.data, b.data_offset + byte_at(theirs_lo), theirs_bytes, tag), kWhat));
@@ -231,10 +242,10 @@ Status HalvingDoubling(Comm& comm, const Buffers& b, size_t count, DataType dtyp
       KOLO_RETURN_IF_ERROR(Await(comm, 2, theirs_bytes, kWhat, static_cast<int>(step)));
     }
   }
-  return Unfold(comm, b, bytes, p, op, sequence, kWhat);
+  return Unfold(comm, m, b, bytes, p, op, sequence, kWhat);
 }
 
-using Algorithm = Status (*)(Comm&, const Buffers&, size_t, DataType, uint32_t);
+using Algorithm = Status (*)(Comm&, const Members&, const Buffers&, size_t, DataType, uint32_t);
 
 Status RunInPlace(Comm& comm, Region& buf, size_t offset_bytes, size_t count, DataType dtype,
                   Scratch& scratch, Algorithm algorithm, const char* what) {
@@ -242,7 +253,8 @@ Status RunInPlace(Comm& comm, Region& buf, size_t offset_bytes, size_t count, Da
   const uint32_t sequence = comm.sequence++;
   if (comm.size() == 1 || count == 0) return Status::OK();
   KOLO_ASSIGN_OR_RETURN(Region * recv, scratch.Get(*comm.device, count * DataTypeSize(dtype)));
-  return algorithm(comm, Buffers{&buf, offset_bytes, recv, 0}, count, dtype, sequence);
+  return algorithm(comm, Everyone(comm), Buffers{&buf, offset_bytes, recv, 0}, count, dtype,
+                   sequence);
 }
 
 // The extents are copied into one staging buffer, reduced there and copied back: these
@@ -270,8 +282,8 @@ Status RunOnExtents(Comm& comm, const std::vector<Extent>& extents, DataType dty
     std::memcpy(space->data() + at, e.region->data() + e.offset, e.nbytes);
     at += e.nbytes;
   }
-  KOLO_RETURN_IF_ERROR(
-      algorithm(comm, Buffers{space, 0, space, bytes}, bytes / elem, dtype, sequence));
+  KOLO_RETURN_IF_ERROR(algorithm(comm, Everyone(comm), Buffers{space, 0, space, bytes},
+                                 bytes / elem, dtype, sequence));
   at = 0;
   for (const Extent& e : extents) {
     std::memcpy(e.region->data() + e.offset, space->data() + at, e.nbytes);
@@ -292,6 +304,22 @@ Status RecursiveDoublingAllreduce(Comm& comm, const std::vector<Extent>& extents
                                   Scratch& scratch) {
   return RunOnExtents(comm, extents, dtype, scratch, &RecursiveDoubling,
                       "recursive-doubling allreduce");
+}
+
+Status RecursiveDoublingAllreduce(Comm& comm, const std::vector<int>& group, transport::Region& buf,
+                                  size_t offset_bytes, size_t count, DataType dtype,
+                                  Scratch& scratch) {
+  constexpr const char* kWhat = "recursive-doubling allreduce across hosts";
+  KOLO_RETURN_IF_ERROR(CheckArgs(comm, buf, offset_bytes, count, dtype, kWhat));
+  const auto me = std::find(group.begin(), group.end(), comm.rank());
+  if (me == group.end()) {
+    return InvalidArgument("rank {}: {}: the group does not hold this rank", comm.rank(), kWhat);
+  }
+  const uint32_t sequence = comm.sequence++;
+  const Members m{&group, static_cast<int>(me - group.begin()), static_cast<int>(group.size())};
+  if (m.n == 1 || count == 0) return Status::OK();
+  KOLO_ASSIGN_OR_RETURN(Region * recv, scratch.Get(*comm.device, count * DataTypeSize(dtype)));
+  return RecursiveDoubling(comm, m, Buffers{&buf, offset_bytes, recv, 0}, count, dtype, sequence);
 }
 
 Status HalvingDoublingAllreduce(Comm& comm, transport::Region& buf, size_t offset_bytes,

@@ -121,13 +121,10 @@ void ForEachPart(const std::vector<Span>& spans, size_t begin, size_t end, Fn fn
   }
 }
 
-Status OneShot(Comm& comm, const std::vector<Span>& spans, size_t total_bytes, DataType dtype) {
-  HostArea& area = *comm.host_area;
-  if (area.size() != comm.size() || area.rank() != comm.rank()) {
-    return FailedPrecondition(
-        "rank {}: {}: the area holds rank {} of {}, the communicator rank {} of {}", comm.rank(),
-        kWhat, area.rank(), area.size(), comm.rank(), comm.size());
-  }
+// Through `area`, whose members are this host's ranks (every rank of the communicator, or one
+// host's of several): every member ends with the sum over the members.
+Status OneShot(Comm& comm, HostArea& area, const std::vector<Span>& spans, size_t total_bytes,
+               DataType dtype) {
   const size_t elem = DataTypeSize(dtype);
   const size_t piece = area.slot_bytes() / elem * elem;
   const int me = area.rank();
@@ -187,6 +184,12 @@ Status CheckUsable(const Comm& comm) {
         "shm); this communicator has none",
         kWhat);
   }
+  const HostArea& area = *comm.host_area;
+  if (area.size() != comm.size() || area.rank() != comm.rank()) {
+    return FailedPrecondition(
+        "rank {}: {}: the area holds rank {} of {}, the communicator rank {} of {}", comm.rank(),
+        kWhat, area.rank(), area.size(), comm.rank(), comm.size());
+  }
   return Status::OK();
 }
 
@@ -213,7 +216,7 @@ Status OneShotAllreduce(Comm& comm, transport::Region& buf, size_t offset_bytes,
   }
   ++comm.sequence;
   PhaseScope phase(comm);
-  return OneShot(comm, {Span{buf.data() + offset_bytes, bytes}}, bytes, dtype);
+  return OneShot(comm, *comm.host_area, {Span{buf.data() + offset_bytes, bytes}}, bytes, dtype);
 }
 
 Status OneShotAllreduce(Comm& comm, const std::vector<Extent>& extents, DataType dtype) {
@@ -231,7 +234,7 @@ Status OneShotAllreduce(Comm& comm, const std::vector<Extent>& extents, DataType
   }
   ++comm.sequence;
   PhaseScope phase(comm);
-  return OneShot(comm, spans, total, dtype);
+  return OneShot(comm, *comm.host_area, spans, total, dtype);
 }
 
 StatusOr<bool> AllRanksTrue(Comm& comm, bool mine, Scratch& scratch) {
@@ -248,7 +251,23 @@ StatusOr<std::unique_ptr<HostArea>> AttachHostArea(Comm& comm, bootstrap::Store&
                                                    const std::string& secret,
                                                    std::chrono::microseconds spin,
                                                    Scratch& scratch) {
-  auto area = HostArea::Attach(store, key, transport::shm::JobId(secret), comm.rank(), comm.size(),
+  std::vector<int> everyone(static_cast<size_t>(comm.size()));
+  for (int r = 0; r < comm.size(); ++r) everyone[static_cast<size_t>(r)] = r;
+  return AttachHostArea(comm, everyone, store, key, secret, spin, scratch);
+}
+
+StatusOr<std::unique_ptr<HostArea>> AttachHostArea(Comm& comm, const std::vector<int>& local,
+                                                   bootstrap::Store& store, const std::string& key,
+                                                   const std::string& secret,
+                                                   std::chrono::microseconds spin,
+                                                   Scratch& scratch) {
+  const auto me = std::find(local.begin(), local.end(), comm.rank());
+  if (me == local.end()) {
+    return InvalidArgument("rank {}: the host-wide area's ranks do not hold this rank",
+                           comm.rank());
+  }
+  auto area = HostArea::Attach(store, key, transport::shm::JobId(secret),
+                               static_cast<int>(me - local.begin()), static_cast<int>(local.size()),
                                HostArea::kDefaultSlotBytes,
                                std::chrono::duration_cast<std::chrono::milliseconds>(comm.timeout));
   if (!area.ok()) {
@@ -268,6 +287,73 @@ StatusOr<std::unique_ptr<HostArea>> AttachHostArea(Comm& comm, bootstrap::Store&
   (*area)->CloseDescriptor();
   (*area)->spin = spin;
   return std::move(area).value();
+}
+
+Status HierarchicalSmallAllreduce(Comm& comm, const HostGroups& groups, transport::Region& buf,
+                                  size_t offset_bytes, size_t count, DataType dtype,
+                                  Scratch& scratch) {
+  if (groups.area == nullptr) {
+    return FailedPrecondition(
+        "rank {}: hierarchical allreduce of small buffers needs its host's shared-memory area, "
+        "which this rank has not",
+        comm.rank());
+  }
+  const size_t bytes = count * DataTypeSize(dtype);
+  if (offset_bytes > buf.size() || count > (buf.size() - offset_bytes) / DataTypeSize(dtype)) {
+    return InvalidArgument(
+        "hierarchical allreduce: {} {} elements at byte {} exceed the {}-byte "
+        "buffer",
+        count, DataTypeName(dtype), offset_bytes, buf.size());
+  }
+  struct Scope {
+    explicit Scope(const Comm& c) : comm(c) {
+      if (comm.on_phase) comm.on_phase(Phase::kHierarchical, true);
+    }
+    ~Scope() {
+      if (comm.on_phase) comm.on_phase(Phase::kHierarchical, false);
+    }
+    const Comm& comm;
+  } phase(comm);
+  {
+    PhaseScope one_shot(comm);
+    KOLO_RETURN_IF_ERROR(
+        OneShot(comm, *groups.area, {Span{buf.data() + offset_bytes, bytes}}, bytes, dtype));
+  }
+  return RecursiveDoublingAllreduce(comm, groups.cross, buf, offset_bytes, count, dtype, scratch);
+}
+
+Status HierarchicalSmallAllreduce(Comm& comm, const HostGroups& groups,
+                                  const std::vector<Extent>& extents, DataType dtype,
+                                  Scratch& scratch) {
+  if (extents.size() == 1 && extents[0].region != nullptr) {
+    const size_t elem = DataTypeSize(dtype);
+    return HierarchicalSmallAllreduce(comm, groups, *extents[0].region, extents[0].offset,
+                                      extents[0].nbytes / elem, dtype, scratch);
+  }
+  // Staged: the cross-host step wants one buffer (small ones: a copy costs less than a message).
+  size_t bytes = 0;
+  for (const Extent& e : extents) {
+    if (e.region == nullptr || e.offset > e.region->size() ||
+        e.nbytes > e.region->size() - e.offset) {
+      return InvalidArgument("hierarchical allreduce: an extent lies outside its buffer");
+    }
+    bytes += e.nbytes;
+  }
+  std::vector<uint8_t> staged(std::max<size_t>(bytes, 1));
+  size_t at = 0;
+  for (const Extent& e : extents) {
+    std::memcpy(staged.data() + at, e.region->data() + e.offset, e.nbytes);
+    at += e.nbytes;
+  }
+  KOLO_ASSIGN_OR_RETURN(auto region, comm.device->Register(staged.data(), staged.size()));
+  KOLO_RETURN_IF_ERROR(HierarchicalSmallAllreduce(comm, groups, *region, 0,
+                                                  bytes / DataTypeSize(dtype), dtype, scratch));
+  at = 0;
+  for (const Extent& e : extents) {
+    std::memcpy(e.region->data() + e.offset, staged.data() + at, e.nbytes);
+    at += e.nbytes;
+  }
+  return Status::OK();
 }
 
 }  // namespace kolo::collectives

@@ -64,6 +64,11 @@ AllreduceAlgorithm ChooseAllreduceAlgorithm(size_t bytes, int ranks, int hosts, 
   return AllreduceAlgorithm::kRing;
 }
 
+bool HierarchicalSmallFits(size_t bytes, int ranks_per_host) {
+  return ranks_per_host > 1 && bytes <= kOneShotMaxBytes &&
+         bytes * static_cast<size_t>(ranks_per_host - 1) <= kOneShotMaxSummedBytes;
+}
+
 Status AllreduceWith(AllreduceAlgorithm algorithm, int hosts, Comm& comm, transport::Region& buf,
                      size_t offset_bytes, size_t count, DataType dtype, Scratch& scratch) {
   if (algorithm == AllreduceAlgorithm::kAuto && comm.device != nullptr) {
@@ -115,6 +120,17 @@ std::vector<int> PlanConnections(int rank, int size, int direct_max_ranks,
   for (int mask = 1; mask < size; mask <<= 1) {
     const int partner = rank ^ mask;
     if (partner < size) peers.push_back(partner);
+  }
+  // Hierarchical allreduce of small buffers: recursive doubling within the cross-host group.
+  if (hierarchical != nullptr) {
+    const auto& cross = hierarchical->cross;
+    const auto me = std::find(cross.begin(), cross.end(), rank);
+    if (me != cross.end()) {
+      const size_t i = static_cast<size_t>(me - cross.begin());
+      for (size_t mask = 1; mask < cross.size(); mask <<= 1) {
+        if ((i ^ mask) < cross.size()) peers.push_back(cross[i ^ mask]);
+      }
+    }
   }
   Normalize(rank, &peers);
   return peers;

@@ -5,8 +5,9 @@
 // neighbours, its partners in recursive doubling and halving-doubling (r XOR 2^k, which also
 // carry the fold of a rank count that is not a power of two, the binomial trees of negotiation's
 // gather and broadcast and the barrier), and, with hierarchical allreduce, its neighbours in the
-// rings within its host and across hosts. That is at most 2 + ceil(log2 N) peers for N ranks
-// (plus 4 with hierarchical allreduce), against N - 1 for a full mesh. Up to
+// rings within its host and across hosts and its recursive-doubling partners in the group across
+// hosts (HierarchicalSmallAllreduce). That is at most 2 + ceil(log2 N) peers for N ranks (plus
+// 4 + ceil(log2 H) with hierarchical allreduce over H hosts), against N - 1 for a full mesh. Up to
 // Comm::bitwise_direct_max_ranks ranks the bit exchange is direct (one hop to every rank), so a
 // job that small connects every pair, as before.
 #pragma once
@@ -47,6 +48,11 @@ constexpr size_t kOneShotMaxBytes = 64 << 10;
 constexpr size_t kOneShotMaxSummedBytes = 1 << 20;
 AllreduceAlgorithm ChooseAllreduceAlgorithm(size_t bytes, int ranks, int hosts,
                                             bool host_area = false);
+
+// With hierarchical allreduce on, algorithm auto and every host's area mapped: whether an
+// allreduce of `bytes` runs as HierarchicalSmallAllreduce (the one-shot within the host, then
+// recursive doubling across hosts): the one-shot's bounds with the ranks of one host.
+bool HierarchicalSmallFits(size_t bytes, int ranks_per_host);
 
 // Allreduce (sum, in place on buf[offset, offset + count)) with `algorithm`, or, for kAuto, the
 // rule's choice for the call's bytes, comm.size() ranks and `hosts` hosts.

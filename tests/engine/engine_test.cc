@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -267,6 +268,61 @@ TEST(Engine, OneShotAllreducesOnOneHostAndRefusedElsewhere) {
   Status v = tcp.Validate();
   EXPECT_EQ(v.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(v.message().find("transport 'tcp'"), std::string::npos) << v.ToString();
+}
+
+// Hierarchical allreduce over several hosts with shared memory within each: every host's ranks map
+// an area of their own, and small allreduces run one-shot within the host, then by recursive
+// doubling across hosts (3 hosts: the fold of a count that is not a power of two); large ones
+// keep the rings. Results exact; the timeline holds both paths' phases.
+TEST(Engine, HierarchicalSmallAllreducesGoOneShotWithinHosts) {
+  struct Shape {
+    int hosts;
+    int per_host;
+  };
+  for (const Shape shape : {Shape{2, 4}, Shape{3, 2}}) {
+    const int n = shape.hosts * shape.per_host;
+    SCOPED_TRACE(fmt::format("{} hosts x {} ranks", shape.hosts, shape.per_host));
+    const std::string base = ::testing::TempDir() + "/kolo_hier_small.json";
+    RunRanks(
+        n,
+        [&](int r) {
+          Options o = RankOptions(r, n);
+          o.host_name = fmt::format("h{}", r / shape.per_host);
+          o.hierarchical_allreduce = true;
+          o.timeline_path = base;
+          return o;
+        },
+        [&](int rank, Engine& engine) {
+          EXPECT_GE(engine.stats().transport_memory_bytes,
+                    static_cast<int64_t>(transport::shm::HostAreaBytes(shape.per_host, 32 << 10)));
+          for (size_t count : {size_t{1}, size_t{1000}, size_t{16000}, size_t{300000}}) {
+            std::vector<float> in(count), out(count, -1);
+            for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(rank + i % 13);
+            auto h = engine.AllreduceAsync(fmt::format("hs.{}", count), in.data(), out.data(),
+                                           DataType::kFloat32, {static_cast<int64_t>(count)},
+                                           ReduceOp::kSum);
+            ASSERT_TRUE(h.ok());
+            ASSERT_TRUE(engine.Wait(*h).ok());
+            const float ranks_sum = static_cast<float>(n * (n - 1) / 2);
+            for (size_t i = 0; i < count; i += 7) {
+              ASSERT_EQ(out[i], ranks_sum + static_cast<float>(n * static_cast<int>(i % 13)))
+                  << count << " " << i;
+            }
+          }
+        });
+    for (int rank = 0; rank < n; ++rank) {
+      const std::string path =
+          rank == 0 ? base
+                    : ::testing::TempDir() + fmt::format("/kolo_hier_small.rank{}.json", rank);
+      std::ifstream in(path);
+      ASSERT_TRUE(in) << path;
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      for (const char* phase : {"ONE_SHOT", "RECURSIVE_DOUBLING", "HIERARCHICAL_ALLREDUCE"}) {
+        EXPECT_NE(text.find(phase), std::string::npos) << phase << " missing from " << path;
+      }
+      std::filesystem::remove(path);
+    }
+  }
 }
 
 TEST(Engine, DifferentSubmissionOrdersComplete) {

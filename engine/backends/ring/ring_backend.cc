@@ -22,6 +22,10 @@ class RingBackend final : public Backend {
     const size_t bytes = count * DataTypeSize(dtype);
     KOLO_ASSIGN_OR_RETURN(auto region, Register(buf, bytes));
     SlowRingScope slow;
+    if (HierarchicalSmall(bytes)) {
+      return collectives::HierarchicalSmallAllreduce(*comm_, *hierarchical_, *region, 0, count,
+                                                     dtype, scratch_);
+    }
     const Algorithm algorithm = Pick(bytes);
     if (algorithm == Algorithm::kRing && hierarchical_on_) {
       return collectives::HierarchicalAllreduce(*comm_, *hierarchical_, *region, 0, count, dtype,
@@ -43,6 +47,10 @@ class RingBackend final : public Backend {
       bytes += p.bytes;
     }
     SlowRingScope slow;
+    if (HierarchicalSmall(bytes)) {
+      return collectives::HierarchicalSmallAllreduce(*comm_, *hierarchical_, extents, dtype,
+                                                     scratch_);
+    }
     const Algorithm algorithm = Pick(bytes);
     if (algorithm == Algorithm::kRing && hierarchical_on_) {
       return collectives::HierarchicalAllreduce(*comm_, *hierarchical_, extents, dtype,
@@ -84,6 +92,12 @@ class RingBackend final : public Backend {
 
  private:
   using Algorithm = collectives::AllreduceAlgorithm;
+  // Hierarchical allreduce with the rule's choice and every host's area: small buffers go one-shot
+  // within the host, then by recursive doubling across hosts.
+  bool HierarchicalSmall(size_t bytes) const {
+    return hierarchical_on_ && algorithm_ == Algorithm::kAuto && hierarchical_->area != nullptr &&
+           collectives::HierarchicalSmallFits(bytes, static_cast<int>(hierarchical_->local.size()));
+  }
   // The algorithm for an allreduce of `bytes`: the one asked for, or the rule's.
   Algorithm Pick(size_t bytes) const {
     if (algorithm_ != Algorithm::kAuto) return algorithm_;

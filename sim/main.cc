@@ -346,7 +346,8 @@ int Allreduce(int argc, char** argv) {
   Calibration cal;
   if (!ReadCalibration(calibration_path, &cal)) return 2;
   std::vector<std::string> algorithms = {"ring", "recursive-doubling", "halving-doubling"};
-  if (kolo::sim::MakeNetwork(p, cal, 0).host_area) algorithms.push_back("one-shot");
+  const kolo::sim::Network one = kolo::sim::MakeNetwork(p, cal, 0);
+  if (one.host_area && one.hosts == 1) algorithms.push_back("one-shot");
   std::printf("# kolo-sim allreduce: %d ranks (%d per host), calibration %s; predicted us\n",
               p.ranks, p.ranks_per_host, cal.name.c_str());
   std::printf("#%11s", "size(B)");

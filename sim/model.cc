@@ -452,6 +452,18 @@ double AllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s
     run = collectives::AllreduceAlgorithmName(collectives::ChooseAllreduceAlgorithm(
         static_cast<size_t>(bytes), n, net.hosts, net.host_area));
   }
+  // Hierarchical under auto with every host's area: small buffers one-shot within the host, then
+  // recursive doubling across hosts (collectives::HierarchicalSmallAllreduce).
+  if (hierarchical && algorithm == "auto" && net.host_area && net.hosts > 1 &&
+      collectives::HierarchicalSmallFits(static_cast<size_t>(bytes), net.per_host)) {
+    if (ran != nullptr) *ran = "one-shot+recursive-doubling";
+    Network local = net;
+    local.hosts = 1;
+    Network across = net;
+    across.per_host = 1;
+    return OneShotAllreduceTime(local, bytes, reduce_bytes_per_s) +
+           RecursiveDoublingAllreduceTime(across, bytes, reduce_bytes_per_s);
+  }
   if (ran != nullptr) *ran = run;
   if (run == "one-shot") return OneShotAllreduceTime(net, bytes, reduce_bytes_per_s);
   if (run == "recursive-doubling") {
@@ -553,8 +565,8 @@ Network MakeNetwork(const Point& point, const Calibration& cal, double working_b
     net.intra_latency_s = cal.shm.latency_us * 1e-6 / k * share;
     net.intra_copy_bytes_per_s = cal.shm.copy_gbytes_per_s * kGiga * k / share;
     // One host over shared memory (transport auto or shm; tcp runs over loopback): the area.
-    net.host_area = net.hosts == 1 && net.per_host > 1 && point.shm_within_host &&
-                    point.backend != "ps" && point.backend != "mpi";
+    net.host_area = net.per_host > 1 && point.shm_within_host && point.backend != "ps" &&
+                    point.backend != "mpi";
   }
   return net;
 }

@@ -239,8 +239,9 @@ struct Network {
   double intra_bytes_per_s = 0;     // per GPU, each direction
   double intra_latency_s = 0;
   double intra_copy_bytes_per_s = 0;
-  // Every rank on one host over kolo's shared memory: the ranks map a host-wide area and the rule
-  // may pick the one-shot allreduce (collectives::ChooseAllreduceAlgorithm).
+  // The ranks of a host talk over kolo's shared memory and map a host-wide area: on one host the
+  // rule may pick the one-shot allreduce (collectives::ChooseAllreduceAlgorithm); across hosts,
+  // hierarchical allreduce runs small buffers one-shot within each host.
   bool host_area = false;
 };
 

@@ -117,8 +117,22 @@ TEST(SimModelTest, OneShotOnOneHostOverSharedMemoryOnly) {
   p.shm_within_host = false;  // --transport tcp: loopback, no area
   EXPECT_FALSE(MakeNetwork(p, cal, 0).host_area);
   p.shm_within_host = true;
-  p.ranks_per_host = 2;  // two hosts
-  EXPECT_FALSE(MakeNetwork(p, cal, 0).host_area);
+  p.ranks_per_host = 2;  // two hosts of two: an area on each, no flat one-shot
+  const Network two = MakeNetwork(p, cal, 0);
+  EXPECT_TRUE(two.host_area);
+  AllreduceTime(two, 4096, 2e9, "auto", false, &ran);
+  EXPECT_EQ(ran, "recursive-doubling");
+  // Hierarchical: one-shot within the host, then recursive doubling across the two hosts.
+  const double t = AllreduceTime(two, 4096, 2e9, "auto", true, &ran);
+  EXPECT_EQ(ran, "one-shot+recursive-doubling");
+  Network local = two, across = two;
+  local.hosts = 1;
+  across.per_host = 1;
+  EXPECT_NEAR(
+      t, OneShotAllreduceTime(local, 4096, 2e9) + RecursiveDoublingAllreduceTime(across, 4096, 2e9),
+      1e-12);
+  AllreduceTime(two, 4 << 20, 2e9, "auto", true, &ran);
+  EXPECT_EQ(ran, "ring");
 }
 
 TEST(SimModelTest, SharedCoresSlowHostBoundCostsOnly) {

@@ -533,6 +533,12 @@ double HostShare(const Point& point, const Calibration& cal) {
   return std::max(1.0, static_cast<double>(point.ranks) / cal.host_cores);
 }
 
+double NicRate(const Network& net, int streams) {
+  const double link = net.nic_link_bytes_per_s > 0 ? net.nic_link_bytes_per_s : net.nic_bytes_per_s;
+  if (net.nic_stream_bytes_per_s <= 0) return link;
+  return std::min(link, std::max(1, streams) * net.nic_stream_bytes_per_s);
+}
+
 Network MakeNetwork(const Point& point, const Calibration& cal, double working_bytes) {
   const double k = point.dilation > 0 ? point.dilation : 1;
   Network net;
@@ -542,11 +548,12 @@ Network MakeNetwork(const Point& point, const Calibration& cal, double working_b
   const double link_gbit = (point.link_gbit > 0 ? point.link_gbit : cal.link_gbit);
   // Under dilation K the emulated link stands for one K times faster (SCHEMA.md: link_represented).
   net.nic_bytes_per_s = link_gbit * k * kGiga / 8 * t.efficiency;
+  net.nic_link_bytes_per_s = net.nic_bytes_per_s;
   // A TCP connection may carry less than the link (calibration stream_gbit, in payload): S
   // streams per pair fill the link only when S of them reach it.
   if (point.transport != "rdma" && t.stream_gbit > 0) {
-    net.nic_bytes_per_s = std::min(net.nic_bytes_per_s,
-                                   std::max(1, point.tcp_streams) * t.stream_gbit * k * kGiga / 8);
+    net.nic_stream_bytes_per_s = t.stream_gbit * k * kGiga / 8;
+    net.nic_bytes_per_s = NicRate(net, std::max(1, point.tcp_streams));
   }
   net.nic_latency_s = t.latency_us * 1e-6 / k;
   net.nic_copy_bytes_per_s = t.copy_gbytes_per_s * kGiga * k;
@@ -902,12 +909,16 @@ Status ParameterServerStage(const Point& point, const Calibration& cal, const Co
   auto paced_time = [&](double t, double b, bool paced) {
     return paced && pace > 0 ? std::max(t, lat + b / pace) : t;
   };
+  // A server's link carries a stream from every worker that reaches it over the network; a
+  // worker host's link one from each of its workers: where a stream is capped below the link
+  // (calibration stream_gbit), the link fills only with enough of them (NicRate).
   auto srv_time = [&](int server, double b, bool paced) {
     const double load = server_load(server, b);
-    return paced_time(lat + load / net.nic_bytes_per_s + (copy > 0 ? load / copy : 0), b, paced);
+    const double rate = NicRate(net, n - local_workers(server));
+    return paced_time(lat + load / rate + (copy > 0 ? load / copy : 0), b, paced);
   };
   auto host_time = [&](double b, bool paced) {
-    return paced_time(lat + per_host * b / net.nic_bytes_per_s + (copy > 0 ? b / copy : 0), b,
+    return paced_time(lat + per_host * b / NicRate(net, per_host) + (copy > 0 ? b / copy : 0), b,
                       paced);
   };
   // Compression: pushes carry half precision, cast once per gradient on the worker (at the
@@ -979,9 +990,10 @@ Status ParameterServerStage(const Point& point, const Calibration& cal, const Co
         const auto& shard = placement.shards[static_cast<size_t>(xs[i].shard)];
         const int streams = n - local_workers(shard.server);
         // Paced pushes: their paces at r times a fair share of the link.
-        const double u = paced && pace > 0
-                             ? PacedStreamSpread(cal, streams, pace * streams / net.nic_bytes_per_s)
-                             : StreamSpread(cal, streams);
+        const double u =
+            paced && pace > 0
+                ? PacedStreamSpread(cal, streams, pace * streams / NicRate(net, streams))
+                : StreamSpread(cal, streams);
         if (u <= 0) continue;
         const double slow = std::min(from[i] + (srv_end[i] - from[i]) / (1 - u),
                                      period_end[static_cast<size_t>(period[i])]);

@@ -233,7 +233,12 @@ struct Flow {
 struct Network {
   int hosts = 1;
   int per_host = 1;
-  double nic_bytes_per_s = 0;  // achievable, per direction per host
+  double nic_bytes_per_s = 0;  // achievable, per direction per host, by the point's streams
+  // The link's payload rate with enough streams (nic_bytes_per_s before the per-stream cap), and
+  // that cap per stream (0: none): a link that S streams share carries
+  // min(link, S x stream) (NicRate). Parameter servers' links carry a stream per worker.
+  double nic_link_bytes_per_s = 0;
+  double nic_stream_bytes_per_s = 0;
   double nic_latency_s = 0;
   double nic_copy_bytes_per_s = 0;  // 0: no per-byte host cost
   double intra_bytes_per_s = 0;     // per GPU, each direction
@@ -244,6 +249,10 @@ struct Network {
   // hierarchical allreduce runs small buffers one-shot within each host.
   bool host_area = false;
 };
+
+// What a host's link carries per direction when `streams` TCP streams share it: the link's rate,
+// or less where each stream is capped (Network::nic_stream_bytes_per_s).
+double NicRate(const Network& net, int streams);
 
 // The time of one phase in which every flow runs at once: the latency of the slowest kind of hop
 // used, plus the most loaded link's bytes over its bandwidth, plus the largest per-rank host cost.

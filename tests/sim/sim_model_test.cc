@@ -309,6 +309,36 @@ TEST(SimModelTest, AutotuneChoosesTheFastestKeptTrial) {
   EXPECT_EQ(chosen->total_images_per_sec, best);
 }
 
+// A per-stream cap (calibration tcp.stream_gbit) holds a link only while too few streams share it:
+// the ring, one connection per pair, runs at the cap; a parameter server's link, a stream from
+// every worker, at the link's rate.
+TEST(SimModelTest, StreamCapsHoldOneStreamNotALinkThatManyShare) {
+  Network net;
+  net.nic_link_bytes_per_s = 10e9;
+  net.nic_stream_bytes_per_s = 4e9;
+  EXPECT_EQ(NicRate(net, 1), 4e9);
+  EXPECT_EQ(NicRate(net, 2), 8e9);
+  EXPECT_EQ(NicRate(net, 5), 10e9);
+  net.nic_stream_bytes_per_s = 0;
+  EXPECT_EQ(NicRate(net, 1), 10e9);
+
+  Calibration capped;
+  capped.tcp.efficiency = 0.94;
+  capped.tcp.stream_gbit = 13.5;
+  Calibration whole = capped;  // every flow held to one stream's rate, as before
+  whole.tcp.efficiency = 0.54;
+  whole.tcp.stream_gbit = 0;
+  const Point ring = PaperPoint("resnet101", "ring", 32);
+  auto a = Predict(ring, capped), b = Predict(ring, whole);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NEAR(a->total_images_per_sec, b->total_images_per_sec,
+              1e-9 * b->total_images_per_sec);  // 0.94 x 25 > 13.5: the ring is at the cap
+  const Point ps = PaperPoint("resnet101", "ps", 32);
+  auto c = Predict(ps, capped), d = Predict(ps, whole);
+  ASSERT_TRUE(c.ok() && d.ok());
+  EXPECT_GT(c->total_images_per_sec, 1.2 * d->total_images_per_sec);
+}
+
 TEST(SimModelTest, PsUnderIncastIsSlowerWithMoreWorkersPerServer) {
   Calibration cal;
   auto few = Predict(PaperPoint("vgg16", "ps", 4), cal);

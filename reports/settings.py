@@ -54,6 +54,9 @@ CLUSTER_SETTINGS = ("hosts", "ranks_per_host", "link", "delay_us", "flow_cap")
 # the profile. A simulated network also takes ranks_per_host and link (hosts = ranks /
 # ranks_per_host, up to any size), and dilation for predicting an emulated cluster's points.
 SIM_SETTINGS = ("calibration", "gpu_rate", "step_jitter", "allreduce", "framework")
+# Of those, the ones a measured run refuses: `allreduce` is both kolo-sim's ring layout and, for a
+# measured run, kolo-train's --hierarchical-allreduce.
+SIM_ONLY_SETTINGS = tuple(s for s in SIM_SETTINGS if s != "allreduce")
 SIM_NETWORK_SETTINGS = ("ranks_per_host", "link")
 # A link rate as scripts/cluster takes it: a number and kbit, mbit or gbit (per second), from
 # 1mbit to 100gbit.
@@ -324,7 +327,13 @@ SETTINGS: tuple[Setting, ...] = (
         maximum=0.5,
         help="kind = sim: one rank's step-time coefficient of variation; the step waits for the slowest rank",
     ),
-    Setting("allreduce", "str", None, choices=("flat", "hierarchical"), help="kind = sim: ring layout"),
+    Setting(
+        "allreduce",
+        "str",
+        None,
+        choices=("flat", "hierarchical"),
+        help="ring layout: flat, or hierarchical allreduce (kolo-train --hierarchical-allreduce; kolo-sim --allreduce)",
+    ),
     Setting(
         "framework",
         "str",
@@ -390,6 +399,8 @@ def trainer_args(point: dict) -> list[str]:
         flag = BY_NAME[name].flag
         if name == "autotune":  # a flag without a value
             args += [flag] if value == "on" else []
+        elif name == "allreduce":  # the ring layout: a flag without a value
+            args += ["--hierarchical-allreduce"] if value == "hierarchical" else []
         elif flag is not None:
             args += [flag, _fmt(value) if isinstance(value, float) else str(value)]
     return args

@@ -102,7 +102,7 @@ class Launcher(abc.ABC):
         """Adds to `problems` what of `point` this launcher cannot run. The default refuses
         placed parameter servers and the settings of predictions and of emulated networks."""
         refuse_ps_hosts(point, label, self.KIND, problems)
-        refuse_settings(point, label, self.KIND, settings.SIM_SETTINGS, "sim", problems)
+        refuse_settings(point, label, self.KIND, settings.SIM_ONLY_SETTINGS, "sim", problems)
         refuse_settings(point, label, self.KIND, settings.CLUSTER_SETTINGS, "cluster", problems)
 
     # --- running ---

@@ -90,7 +90,7 @@ class ClusterLauncher(base.Launcher):
 
     def check_point(self, point, label, root, problems):
         base.refuse_ps_hosts(point, label, self.KIND, problems)
-        base.refuse_settings(point, label, self.KIND, settings.SIM_SETTINGS, "sim", problems)
+        base.refuse_settings(point, label, self.KIND, settings.SIM_ONLY_SETTINGS, "sim", problems)
         check_size(point, label, problems)
 
     def shapes(self, points):

@@ -140,7 +140,7 @@ class MpirunLauncher(base.Launcher):
                 _, why = placement.plan(point, self.host_list())
                 if why is not None:
                     problems.append(f"point {label}: ps_hosts = {point['ps_hosts']!r} {why}")
-        base.refuse_settings(point, label, self.KIND, settings.SIM_SETTINGS, "sim", problems)
+        base.refuse_settings(point, label, self.KIND, settings.SIM_ONLY_SETTINGS, "sim", problems)
         base.refuse_settings(point, label, self.KIND, settings.CLUSTER_SETTINGS, "cluster", problems)
         if not self.is_local() and not placed and "--oversubscribe" not in self.args:
             slots = self.slots()

@@ -60,7 +60,9 @@ class SimLauncher(base.Launcher):
     def command(self, point, job):
         """kolo-sim predict with kolo-train's arguments for `point` and the prediction's own
         settings (calibration taken from the repository root when relative)."""
-        argv = [job.program, "predict", *self.trainer_args(point, job), "--ranks", str(point["ranks"])]
+        # kolo-sim takes the ring layout as --allreduce (below), not kolo-train's flag.
+        train = [a for a in self.trainer_args(point, job) if a != "--hierarchical-allreduce"]
+        argv = [job.program, "predict", *train, "--ranks", str(point["ranks"])]
         argv += ["--ranks-per-host", str(point.get("ranks_per_host", 1))]
         if "link" in point:
             argv += ["--link", point["link"]]

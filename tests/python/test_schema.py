@@ -297,3 +297,11 @@ def test_an_emulated_row_says_its_link_and_what_it_stands_for():
     )
     with pytest.raises(ValueError, match="network 'wifi'"):
         schema.make_row(point, record, run_id="r", status="ok", network="wifi")
+
+
+def test_allreduce_layout_is_a_measured_setting_too():
+    ring = {"model": "resnet101", "ranks": 16, "backend": "ring"}
+    assert "--hierarchical-allreduce" in settings.trainer_args(dict(ring, allreduce="hierarchical"))
+    assert "--hierarchical-allreduce" not in settings.trainer_args(dict(ring, allreduce="flat"))
+    assert "allreduce" not in settings.SIM_ONLY_SETTINGS
+    assert "framework" in settings.SIM_ONLY_SETTINGS

@@ -128,23 +128,6 @@ Status CheckArgs(const Comm& comm, const Region& buf, size_t offset_bytes, size_
   return Status::OK();
 }
 
-// Phase scope for the timeline.
-class PhaseScope {
- public:
-  PhaseScope(const Comm& comm, Phase phase) : comm_(comm), phase_(phase) {
-    if (comm_.on_phase) comm_.on_phase(phase_, true);
-  }
-  ~PhaseScope() {
-    if (comm_.on_phase) comm_.on_phase(phase_, false);
-  }
-  PhaseScope(const PhaseScope&) = delete;
-  PhaseScope& operator=(const PhaseScope&) = delete;
-
- private:
-  const Comm& comm_;
-  Phase phase_;
-};
-
 Status RecursiveDoubling(Comm& comm, const Members& m, const Buffers& b, size_t count,
                          DataType dtype, uint32_t sequence) {
   constexpr const char* kWhat = "recursive-doubling allreduce";

@@ -21,6 +21,7 @@
 #include <cstring>
 
 #include "engine/collectives/collectives.h"
+#include "engine/collectives/pipeline.h"
 #include "engine/common/logging.h"
 #include "engine/kernels/reduce.h"
 #include "engine/transport/shm/host_area.h"
@@ -102,7 +103,7 @@ Status AwaitAll(Comm& comm, HostArea& area, std::atomic<uint32_t> HostSlotContro
 }
 
 // A virtual buffer: the concatenation of spans.
-struct Span {
+struct BufferPart {
   uint8_t* data;
   size_t nbytes;
 };
@@ -110,9 +111,9 @@ struct Span {
 // Calls fn(span pointer, bytes, offset within [begin, end)) for the parts of the virtual buffer
 // `spans` in [begin, end).
 template <typename Fn>
-void ForEachPart(const std::vector<Span>& spans, size_t begin, size_t end, Fn fn) {
+void ForEachPart(const std::vector<BufferPart>& spans, size_t begin, size_t end, Fn fn) {
   size_t at = 0;
-  for (const Span& s : spans) {
+  for (const BufferPart& s : spans) {
     const size_t lo = std::max(at, begin);
     const size_t hi = std::min(at + s.nbytes, end);
     if (lo < hi) fn(s.data + (lo - at), hi - lo, lo - begin);
@@ -123,7 +124,7 @@ void ForEachPart(const std::vector<Span>& spans, size_t begin, size_t end, Fn fn
 
 // Through `area`, whose members are this host's ranks (every rank of the communicator, or one
 // host's of several): every member ends with the sum over the members.
-Status OneShot(Comm& comm, HostArea& area, const std::vector<Span>& spans, size_t total_bytes,
+Status OneShot(Comm& comm, HostArea& area, const std::vector<BufferPart>& spans, size_t total_bytes,
                DataType dtype) {
   const size_t elem = DataTypeSize(dtype);
   const size_t piece = area.slot_bytes() / elem * elem;
@@ -193,17 +194,6 @@ Status CheckUsable(const Comm& comm) {
   return Status::OK();
 }
 
-// Phase scope for the timeline.
-struct PhaseScope {
-  explicit PhaseScope(const Comm& c) : comm(c) {
-    if (comm.on_phase) comm.on_phase(Phase::kOneShot, true);
-  }
-  ~PhaseScope() {
-    if (comm.on_phase) comm.on_phase(Phase::kOneShot, false);
-  }
-  const Comm& comm;
-};
-
 }  // namespace
 
 Status OneShotAllreduce(Comm& comm, transport::Region& buf, size_t offset_bytes, size_t count,
@@ -215,13 +205,14 @@ Status OneShotAllreduce(Comm& comm, transport::Region& buf, size_t offset_bytes,
                            DataTypeName(dtype), offset_bytes, buf.size());
   }
   ++comm.sequence;
-  PhaseScope phase(comm);
-  return OneShot(comm, *comm.host_area, {Span{buf.data() + offset_bytes, bytes}}, bytes, dtype);
+  PhaseScope phase(comm, Phase::kOneShot);
+  return OneShot(comm, *comm.host_area, {BufferPart{buf.data() + offset_bytes, bytes}}, bytes,
+                 dtype);
 }
 
 Status OneShotAllreduce(Comm& comm, const std::vector<Extent>& extents, DataType dtype) {
   KOLO_RETURN_IF_ERROR(CheckUsable(comm));
-  std::vector<Span> spans;
+  std::vector<BufferPart> spans;
   spans.reserve(extents.size());
   size_t total = 0;
   for (const Extent& e : extents) {
@@ -229,11 +220,11 @@ Status OneShotAllreduce(Comm& comm, const std::vector<Extent>& extents, DataType
         e.nbytes > e.region->size() - e.offset) {
       return InvalidArgument("{}: an extent lies outside its buffer", kWhat);
     }
-    spans.push_back(Span{e.region->data() + e.offset, e.nbytes});
+    spans.push_back(BufferPart{e.region->data() + e.offset, e.nbytes});
     total += e.nbytes;
   }
   ++comm.sequence;
-  PhaseScope phase(comm);
+  PhaseScope phase(comm, Phase::kOneShot);
   return OneShot(comm, *comm.host_area, spans, total, dtype);
 }
 
@@ -305,19 +296,11 @@ Status HierarchicalSmallAllreduce(Comm& comm, const HostGroups& groups, transpor
         "buffer",
         count, DataTypeName(dtype), offset_bytes, buf.size());
   }
-  struct Scope {
-    explicit Scope(const Comm& c) : comm(c) {
-      if (comm.on_phase) comm.on_phase(Phase::kHierarchical, true);
-    }
-    ~Scope() {
-      if (comm.on_phase) comm.on_phase(Phase::kHierarchical, false);
-    }
-    const Comm& comm;
-  } phase(comm);
+  PhaseScope phase(comm, Phase::kHierarchical);
   {
-    PhaseScope one_shot(comm);
+    PhaseScope one_shot(comm, Phase::kOneShot);
     KOLO_RETURN_IF_ERROR(
-        OneShot(comm, *groups.area, {Span{buf.data() + offset_bytes, bytes}}, bytes, dtype));
+        OneShot(comm, *groups.area, {BufferPart{buf.data() + offset_bytes, bytes}}, bytes, dtype));
   }
   return RecursiveDoublingAllreduce(comm, groups.cross, buf, offset_bytes, count, dtype, scratch);
 }

@@ -18,26 +18,6 @@ constexpr size_t kSendDepth = 4;
 // beat 2 MiB on loopback at 2 ranks; the lag is never under 2 pieces).
 constexpr size_t kForwardLagBytes = 1 << 20;
 
-// Balances the phase callbacks even when the ring fails half-way.
-class PhaseScope {
- public:
-  PhaseScope(const Comm& comm, Phase phase) : comm_(comm), phase_(phase) { Report(true); }
-  ~PhaseScope() { Report(false); }
-  void Switch(Phase next) {
-    if (next == phase_) return;
-    Report(false);
-    phase_ = next;
-    Report(true);
-  }
-
- private:
-  void Report(bool start) {
-    if (comm_.on_phase) comm_.on_phase(phase_, start);
-  }
-  const Comm& comm_;
-  Phase phase_;
-};
-
 }  // namespace
 
 void AccumulateSum(uint8_t* dst, const uint8_t* src, size_t nbytes, uintptr_t arg) {

@@ -18,6 +18,29 @@
 
 namespace kolo::collectives {
 
+// Reports a phase to the timeline (Comm::on_phase) for its lifetime, balancing the callbacks even
+// when the collective fails half-way; Switch moves to the next phase. Shared by every collective.
+class PhaseScope {
+ public:
+  PhaseScope(const Comm& comm, Phase phase) : comm_(comm), phase_(phase) { Report(true); }
+  ~PhaseScope() { Report(false); }
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+  void Switch(Phase next) {
+    if (next == phase_) return;
+    Report(false);
+    phase_ = next;
+    Report(true);
+  }
+
+ private:
+  void Report(bool start) {
+    if (comm_.on_phase) comm_.on_phase(phase_, start);
+  }
+  const Comm& comm_;
+  Phase phase_;
+};
+
 struct RecvPiece {
   size_t offset;  // bytes into the buffer region where the piece belongs
   size_t nbytes;

@@ -105,8 +105,9 @@ TEST(Retune, HierarchicalAllreduceSwitchesOnAndOffAcrossHosts) {
         Engine::Tunables on = engine.tunables();
         on.hierarchical_allreduce = true;
         ASSERT_TRUE(engine.Retune("hier.on", on).ok());
-        EXPECT_TRUE(engine.tunables().hierarchical_allreduce);
         step(1);
+        // Applied at the end of the switch's cycle: certainly by the time a later one has run.
+        EXPECT_TRUE(engine.tunables().hierarchical_allreduce);
         // Hierarchical allows only auto and ring.
         Engine::Tunables bad = on;
         bad.allreduce_algorithm = "recursive-doubling";

@@ -63,10 +63,18 @@ class AreaJob : public RingJob {
   bool attached_ = true;
 };
 
+// The area is opened through /proc/<pid>/fd: where /proc is not mounted there is none to test.
+#define KOLO_NEED_PROC()                                                                    \
+  if (::access("/proc/self/fd", R_OK) != 0) {                                               \
+    GTEST_SKIP() << "/proc/self/fd is not readable here (no /proc): the host-wide area is " \
+                    "opened through /proc/<pid>/fd";                                        \
+  }
+
 class OneShot : public ::testing::TestWithParam<int> {};
 
 // Every dtype, counts from nothing to several slots' worth (pieces), on every rank count.
 TEST_P(OneShot, ExactOnEveryDtypeAndCount) {
+  KOLO_NEED_PROC();
   const int n = GetParam();
   AreaJob job(n);
   ASSERT_TRUE(job.attached());
@@ -90,6 +98,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, OneShot, ::testing::Values(1, 2, 3, 4, 5, 8, 13)
 // next bank while slow ones still read the last: random floats must come out the same bits on
 // every rank, and the float sum to rounding, call after call.
 TEST(OneShotBanks, BackToBackCallsWithSkewedRanksAgreeBitForBit) {
+  KOLO_NEED_PROC();
   const int n = 7;
   AreaJob job(n);
   ASSERT_TRUE(job.attached());
@@ -142,6 +151,7 @@ TEST(OneShotBanks, BackToBackCallsWithSkewedRanksAgreeBitForBit) {
 }
 
 TEST(OneShotExtents, ReducesScatteredPiecesInPlace) {
+  KOLO_NEED_PROC();
   AreaJob job(5);
   ASSERT_TRUE(job.attached());
   // Pieces of 5, 0 and 9000 floats (the last spans two slots).
@@ -176,6 +186,7 @@ TEST(OneShotExtents, ReducesScatteredPiecesInPlace) {
 
 // A rank that never calls: the others stop within the timeout, naming it.
 TEST(OneShotFailure, AMissingRankIsNamedWithinTheTimeout) {
+  KOLO_NEED_PROC();
   AreaJob job(4, std::chrono::milliseconds(1500));
   ASSERT_TRUE(job.attached());
   std::vector<std::vector<float>> bufs(4, std::vector<float>(64, 1.0f));
@@ -197,6 +208,7 @@ TEST(OneShotFailure, AMissingRankIsNamedWithinTheTimeout) {
 
 // Ranks that put in different sizes (they ran different collectives) fail naming both sizes.
 TEST(OneShotFailure, DifferentSizesAreAProtocolError) {
+  KOLO_NEED_PROC();
   AreaJob job(3, std::chrono::milliseconds(3000));
   ASSERT_TRUE(job.attached());
   std::vector<std::vector<float>> bufs(3, std::vector<float>(64, 1.0f));
@@ -240,6 +252,7 @@ TEST(HostAreaSetup, RankZerosFailureReachesTheOthersAtOnce) {
 
 // An announcement that points at anything but rank 0's sealed area is refused, naming it.
 TEST(HostAreaSetup, RefusesAFileThatIsNotTheAreaAnnounced) {
+  KOLO_NEED_PROC();
   // A plain temporary file of the right size: not a sealed memory file.
   FILE* f = std::tmpfile();
   ASSERT_NE(f, nullptr);

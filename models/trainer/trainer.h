@@ -75,6 +75,9 @@ struct TrainerConfig {
   // own peer timeout; this bounds the trainer's wait even so.
   // Also bounds each wait for a staged gradient copy.
   std::chrono::milliseconds wait_timeout{std::chrono::minutes(10)};
+  // BroadcastParameters moves the parameters in batches of about this many bytes, each freed once
+  // set, so that start-up holds one batch beside the model rather than a second copy of it.
+  size_t broadcast_batch_bytes = 64 << 20;
   // Parameter servers only: staging of gradients that are not host float32.
   PsStaging ps_staging = PsStaging::kOverlap;
 };

@@ -76,6 +76,8 @@ TEST(TrainerTextbookTest, TwoRanksAverageGradientsAndBroadcastEqualises) {
 
     TrainerConfig tc;
     tc.sgd = {.learning_rate = 1.0, .momentum = 0.0, .weight_decay = 0.0};
+    // One parameter per broadcast batch: the batches' path, each freed once set.
+    tc.broadcast_batch_bytes = 1;
     Trainer trainer(graph, backend, engine, tc);
     const auto x = Input(rank);
     Batch batch{std::vector<float>(x.begin(), x.end()), std::vector<int32_t>(kBatch, 0)};

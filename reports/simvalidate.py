@@ -26,13 +26,14 @@ KEY = (
     "compression",
     "tcp_streams",
     "fusion_threshold_mb",
+    "allreduce",
 )
 # What tells configurations apart within one model's panel of the figure: KEY less model and ranks.
 CONFIG = tuple(k for k in KEY if k not in ("model", "ranks"))
 
 
 # What a column left empty means (a file written before it): the setting's default.
-_DEFAULTS = {"tcp_streams": "auto", "compression": "none"}
+_DEFAULTS = {"tcp_streams": "auto", "compression": "none", "allreduce": "flat"}
 
 
 def _key(row: dict) -> tuple:

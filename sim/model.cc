@@ -356,27 +356,37 @@ double RingAllreduceTime(const Network& net, double bytes, double reduce_bytes_p
 double HierarchicalAllreduceTime(const Network& net, double bytes, double reduce_bytes_per_s) {
   const int p = net.per_host, h = net.hosts;
   if (p == 1 || h == 1) return RingAllreduceTime(net, bytes, reduce_bytes_per_s);
-  // 1. Reduce-scatter within each host (every host at once): p - 1 steps of bytes / p.
+  // The engine cuts the buffer into chunks of about Comm::hierarchical_chunk_bytes (at most
+  // kMaxHierarchicalChunks) and pipelines them: while one chunk crosses hosts, the next is reduced
+  // within its host and the one before spread (engine/collectives/ring.cc).
+  const collectives::Comm defaults;
+  const double chunks =
+      std::clamp(std::floor(bytes / static_cast<double>(defaults.hierarchical_chunk_bytes)), 1.0,
+                 static_cast<double>(collectives::Comm::kMaxHierarchicalChunks));
+  const double c = bytes / chunks;  // one chunk
+  // 1. Reduce-scatter within each host (every host at once): p - 1 steps of c / p.
   std::vector<Flow> local;
   for (int host = 0; host < h; ++host) {
     for (int l = 0; l < p; ++l) {
-      local.push_back({host * p + l, host * p + (l + 1) % p, bytes / p});
+      local.push_back({host * p + l, host * p + (l + 1) % p, c / p});
     }
   }
   const double local_phase = PhaseTime(net, local);
   const double reduce = reduce_bytes_per_s > 0 ? 1.0 / reduce_bytes_per_s : 0;
   // 2. Each local rank's shard allreduced across hosts: p rings at once, sharing each NIC.
   std::vector<Flow> across;
-  const double piece = bytes / p / h;
+  const double piece = c / p / h;
   for (int host = 0; host < h; ++host) {
     for (int l = 0; l < p; ++l) across.push_back({host * p + l, ((host + 1) % h) * p + l, piece});
   }
   const double across_phase = PhaseTime(net, across);
-  double t = (p - 1) * (local_phase + bytes / p * reduce);
-  t += (h - 1) * (across_phase + piece * reduce) + (h - 1) * across_phase;
+  const double scatter = (p - 1) * (local_phase + c / p * reduce);
+  const double cross = (h - 1) * (across_phase + piece * reduce) + (h - 1) * across_phase;
   // 3. Allgather within each host.
-  t += (p - 1) * local_phase;
-  return t;
+  const double gather = (p - 1) * local_phase;
+  // A pipeline: the first chunk through every stage, then one chunk per step of the slowest
+  // stage (the host's own links carry both local stages; the NICs the crossing).
+  return scatter + cross + gather + (chunks - 1) * std::max(scatter + gather, cross);
 }
 
 namespace {

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "engine/collectives/collectives.h"
 #include "models/zoo/zoo.h"
 #include "sim/autotune.h"
 #include "sim/calibrate.h"
@@ -70,6 +71,23 @@ TEST(SimModelTest, HalvingDoublingMovesTheRingsBytesInFewerSteps) {
   // The same bytes as the ring, 6 latencies instead of 14.
   const double ring = RingAllreduceTime(net, 8e6, 2e9);
   EXPECT_NEAR(ring - t, 8 * 10e-6, 1e-6);
+}
+
+// Hierarchical allreduce is pipelined in chunks of Comm::hierarchical_chunk_bytes: a buffer of one
+// chunk pays its three stages in turn; a buffer of many overlaps them, faster than the stages one
+// after another and never faster than its slowest stage.
+TEST(SimModelTest, HierarchicalAllreducePipelinesItsChunks) {
+  Network net = TwoHosts();
+  net.hosts = 4;
+  net.per_host = 4;
+  net.intra_bytes_per_s = 10e9;
+  net.intra_latency_s = 5e-6;
+  const double chunk = static_cast<double>(collectives::Comm{}.hierarchical_chunk_bytes);
+  const double one = HierarchicalAllreduceTime(net, chunk, 2e9);
+  const double many = HierarchicalAllreduceTime(net, 16 * chunk, 2e9);
+  EXPECT_GT(one, 0);
+  EXPECT_LT(many, 16 * one);      // overlapped
+  EXPECT_GT(many, 15 * one / 3);  // the slowest stage of each chunk, at least a third of one
 }
 
 TEST(SimModelTest, AutoRunsTheEnginesChoiceAndTheCrossoversFollowLatency) {

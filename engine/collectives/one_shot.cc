@@ -134,10 +134,11 @@ Status OneShot(Comm& comm, HostArea& area, const std::vector<BufferPart>& spans,
   do {
     const size_t end = std::min(total_bytes, begin + piece);
     const size_t len = end - begin;
-    const uint32_t k = ++area.calls;
+    const uint64_t call = ++area.calls;
+    const auto k = static_cast<uint32_t>(call);  // as the control words carry it
     const int bank = static_cast<int>(k & 1);
     // The bank held call k - 2: every rank must be done reading it.
-    if (k > 2) {
+    if (call > 2) {
       KOLO_RETURN_IF_ERROR(AwaitAll(comm, area, &HostSlotControl::consumed,
                                     &HostSlotControl::consumed_sleepers, k - 2,
                                     "finished reading"));

@@ -147,7 +147,38 @@ TEST(OneShotBanks, BackToBackCallsWithSkewedRanksAgreeBitForBit) {
   }
   // Every piece was a call of the area's, the same count on every rank.
   for (int r = 1; r < n; ++r) EXPECT_EQ(job.area(r).calls, job.area(0).calls);
-  EXPECT_GT(job.area(0).calls, static_cast<uint32_t>(calls));
+  EXPECT_GT(job.area(0).calls, static_cast<uint64_t>(calls));
+}
+
+// The control words carry the call number's low 32 bits: calls go on across 2^32 (a long job's
+// small allreduces), compared modulo 2^32, with the banks still waited for.
+TEST(OneShotBanks, CallNumbersWrapAround) {
+  KOLO_NEED_PROC();
+  const int n = 3;
+  AreaJob job(n);
+  ASSERT_TRUE(job.attached());
+  const uint64_t start = (uint64_t{1} << 32) - 6;
+  for (int r = 0; r < n; ++r) {
+    job.area(r).calls = start;
+    job.area(0).control(r).published.store(static_cast<uint32_t>(start));
+    job.area(0).control(r).consumed.store(static_cast<uint32_t>(start));
+  }
+  std::vector<std::vector<int32_t>> bufs(n);
+  auto statuses = job.Run([&](int r) -> Status {
+    for (int c = 0; c < 12; ++c) {
+      auto& b = bufs[static_cast<size_t>(r)];
+      b.assign(100, r + c);
+      KOLO_ASSIGN_OR_RETURN(auto region, job.device(r).Register(b.data(), b.size() * 4));
+      KOLO_RETURN_IF_ERROR(OneShotAllreduce(job.comm(r), *region, 0, b.size(), DataType::kInt32));
+      for (int32_t v : b) {
+        if (v != 3 + 3 * c) return Internal("call {}: {} where {} was due", c, v, 3 + 3 * c);
+      }
+    }
+    return Status::OK();
+  });
+  for (const Status& st : statuses) ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(job.area(0).calls, start + 12);
+  EXPECT_EQ(job.area(0).control(0).published.load(), static_cast<uint32_t>(start + 12));
 }
 
 TEST(OneShotExtents, ReducesScatteredPiecesInPlace) {

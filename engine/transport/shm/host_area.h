@@ -73,7 +73,8 @@ class HostArea {
 
   // Calls this rank has run through the area (the next one is calls + 1); the same on every rank,
   // since every rank runs the same collectives in the same order. Owned by the driving thread.
-  uint32_t calls = 0;
+  // 64 bits here; the control words carry its low 32, compared modulo 2^32.
+  uint64_t calls = 0;
   // How long a wait spins (yielding the processor between looks) before it sleeps: the device's
   // poll spin (Device::SetPollSpin).
   std::chrono::microseconds spin{20};

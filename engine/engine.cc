@@ -100,29 +100,26 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
   e.comm.timeout = link.timeout;
   e.comm.messages = &e.message_scratch;
   KOLO_RETURN_IF_ERROR(collectives::CheckSettingsMatch(e.comm, MustMatch(options)));
-  // Every rank on one host over shared memory: one area they all map, for the one-shot allreduce
-  // (collectives/one_shot.cc).
+  // Shared memory within a host: the ranks of a host map one area. Every rank on one host: all of
+  // them, for the one-shot allreduce (collectives/one_shot.cc). Several hosts with hierarchical
+  // allreduce (on or switchable) over auto: each host's ranks, for its small buffers (one step
+  // within the host, then across hosts).
   const bool all_shm =
       e.hosts.num_hosts() == 1 && (options.transport == "auto" || options.transport == "shm");
-  if (options.size > 1 && all_shm && e.pair_transports == "shm") {
-    KOLO_ASSIGN_OR_RETURN(e.host_area,
-                          collectives::AttachHostArea(
-                              e.comm, addresses, "shm/host-area", e.rendezvous.secret,
-                              std::chrono::microseconds(options.poll_spin_us), e.message_scratch));
-    e.comm.host_area = e.host_area.get();
-    if (e.host_area) {
-      e.transport_memory_bytes += static_cast<int64_t>(e.host_area->mapped_bytes());
-    }
-  } else if (hierarchical && options.transport == "auto" && hierarchical->local.size() > 1) {
-    // Several hosts, shared memory within each: each host's ranks map an area of their own, for
-    // hierarchical allreduce of small buffers (one step within the host, then across hosts).
+  const bool one_host_area = options.size > 1 && all_shm && e.pair_transports == "shm";
+  const bool host_areas = !one_host_area && hierarchical && options.transport == "auto" &&
+                          hierarchical->local.size() > 1;
+  if (one_host_area || host_areas) {
+    std::vector<int> area_ranks(static_cast<size_t>(options.size));
+    for (int r = 0; r < options.size; ++r) area_ranks[static_cast<size_t>(r)] = r;
+    if (host_areas) area_ranks = hierarchical->local;
     KOLO_ASSIGN_OR_RETURN(
         e.host_area,
         collectives::AttachHostArea(
-            e.comm, hierarchical->local, addresses,
+            e.comm, area_ranks, addresses,
             fmt::format("shm/host-area/{}", e.hosts.host(options.rank)), e.rendezvous.secret,
             std::chrono::microseconds(options.poll_spin_us), e.message_scratch));
-    hierarchical->area = e.host_area.get();
+    (one_host_area ? e.comm.host_area : hierarchical->area) = e.host_area.get();
     if (e.host_area) {
       e.transport_memory_bytes += static_cast<int64_t>(e.host_area->mapped_bytes());
     }

@@ -128,6 +128,9 @@ Status RecursiveDoublingAllreduce(Comm& comm, const std::vector<Extent>& extents
 Status RecursiveDoublingAllreduce(Comm& comm, const std::vector<int>& group, transport::Region& buf,
                                   size_t offset_bytes, size_t count, DataType dtype,
                                   Scratch& scratch);
+Status RecursiveDoublingAllreduce(Comm& comm, const std::vector<int>& group,
+                                  const std::vector<Extent>& extents, DataType dtype,
+                                  Scratch& scratch);
 
 // Allreduce (sum, in place) by recursive halving then doubling (Rabenseifner): a reduce-scatter
 // in log2 p steps that each halve the blocks a rank holds (sending the other half to r XOR 2^k),

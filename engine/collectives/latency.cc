@@ -230,21 +230,30 @@ Status HalvingDoubling(Comm& comm, const Members& m, const Buffers& b, size_t co
 
 using Algorithm = Status (*)(Comm&, const Members&, const Buffers&, size_t, DataType, uint32_t);
 
-Status RunInPlace(Comm& comm, Region& buf, size_t offset_bytes, size_t count, DataType dtype,
-                  Scratch& scratch, Algorithm algorithm, const char* what) {
+// Over the members `m` (the communicator, or a group of it).
+Status RunInPlace(Comm& comm, const Members& m, Region& buf, size_t offset_bytes, size_t count,
+                  DataType dtype, Scratch& scratch, Algorithm algorithm, const char* what) {
   KOLO_RETURN_IF_ERROR(CheckArgs(comm, buf, offset_bytes, count, dtype, what));
   const uint32_t sequence = comm.sequence++;
-  if (comm.size() == 1 || count == 0) return Status::OK();
+  if (m.n == 1 || count == 0) return Status::OK();
   KOLO_ASSIGN_OR_RETURN(Region * recv, scratch.Get(*comm.device, count * DataTypeSize(dtype)));
-  return algorithm(comm, Everyone(comm), Buffers{&buf, offset_bytes, recv, 0}, count, dtype,
-                   sequence);
+  return algorithm(comm, m, Buffers{&buf, offset_bytes, recv, 0}, count, dtype, sequence);
+}
+
+// This rank as a member of `group`; InvalidArgument when the group does not hold it.
+StatusOr<Members> MemberOf(const Comm& comm, const std::vector<int>& group, const char* what) {
+  const auto me = std::find(group.begin(), group.end(), comm.rank());
+  if (me == group.end()) {
+    return InvalidArgument("rank {}: {}: the group does not hold this rank", comm.rank(), what);
+  }
+  return Members{&group, static_cast<int>(me - group.begin()), static_cast<int>(group.size())};
 }
 
 // The extents are copied into one staging buffer, reduced there and copied back: these
 // algorithms serve buffers small enough that the copies cost less than a message each extent
 // would take.
-Status RunOnExtents(Comm& comm, const std::vector<Extent>& extents, DataType dtype,
-                    Scratch& scratch, Algorithm algorithm, const char* what) {
+Status RunOnExtents(Comm& comm, const Members& m, const std::vector<Extent>& extents,
+                    DataType dtype, Scratch& scratch, Algorithm algorithm, const char* what) {
   if (comm.device == nullptr) return InvalidArgument("collective called with a null device");
   const size_t elem = DataTypeSize(dtype);
   size_t bytes = 0;
@@ -258,7 +267,7 @@ Status RunOnExtents(Comm& comm, const std::vector<Extent>& extents, DataType dty
     bytes += e.nbytes;
   }
   const uint32_t sequence = comm.sequence++;
-  if (comm.size() == 1 || bytes == 0) return Status::OK();
+  if (m.n == 1 || bytes == 0) return Status::OK();
   KOLO_ASSIGN_OR_RETURN(Region * space, scratch.Get(*comm.device, 2 * bytes));
   size_t at = 0;
   for (const Extent& e : extents) {
@@ -279,13 +288,13 @@ Status RunOnExtents(Comm& comm, const std::vector<Extent>& extents, DataType dty
 
 Status RecursiveDoublingAllreduce(Comm& comm, transport::Region& buf, size_t offset_bytes,
                                   size_t count, DataType dtype, Scratch& scratch) {
-  return RunInPlace(comm, buf, offset_bytes, count, dtype, scratch, &RecursiveDoubling,
-                    "recursive-doubling allreduce");
+  return RunInPlace(comm, Everyone(comm), buf, offset_bytes, count, dtype, scratch,
+                    &RecursiveDoubling, "recursive-doubling allreduce");
 }
 
 Status RecursiveDoublingAllreduce(Comm& comm, const std::vector<Extent>& extents, DataType dtype,
                                   Scratch& scratch) {
-  return RunOnExtents(comm, extents, dtype, scratch, &RecursiveDoubling,
+  return RunOnExtents(comm, Everyone(comm), extents, dtype, scratch, &RecursiveDoubling,
                       "recursive-doubling allreduce");
 }
 
@@ -293,27 +302,27 @@ Status RecursiveDoublingAllreduce(Comm& comm, const std::vector<int>& group, tra
                                   size_t offset_bytes, size_t count, DataType dtype,
                                   Scratch& scratch) {
   constexpr const char* kWhat = "recursive-doubling allreduce across hosts";
-  KOLO_RETURN_IF_ERROR(CheckArgs(comm, buf, offset_bytes, count, dtype, kWhat));
-  const auto me = std::find(group.begin(), group.end(), comm.rank());
-  if (me == group.end()) {
-    return InvalidArgument("rank {}: {}: the group does not hold this rank", comm.rank(), kWhat);
-  }
-  const uint32_t sequence = comm.sequence++;
-  const Members m{&group, static_cast<int>(me - group.begin()), static_cast<int>(group.size())};
-  if (m.n == 1 || count == 0) return Status::OK();
-  KOLO_ASSIGN_OR_RETURN(Region * recv, scratch.Get(*comm.device, count * DataTypeSize(dtype)));
-  return RecursiveDoubling(comm, m, Buffers{&buf, offset_bytes, recv, 0}, count, dtype, sequence);
+  KOLO_ASSIGN_OR_RETURN(const Members m, MemberOf(comm, group, kWhat));
+  return RunInPlace(comm, m, buf, offset_bytes, count, dtype, scratch, &RecursiveDoubling, kWhat);
+}
+
+Status RecursiveDoublingAllreduce(Comm& comm, const std::vector<int>& group,
+                                  const std::vector<Extent>& extents, DataType dtype,
+                                  Scratch& scratch) {
+  constexpr const char* kWhat = "recursive-doubling allreduce across hosts";
+  KOLO_ASSIGN_OR_RETURN(const Members m, MemberOf(comm, group, kWhat));
+  return RunOnExtents(comm, m, extents, dtype, scratch, &RecursiveDoubling, kWhat);
 }
 
 Status HalvingDoublingAllreduce(Comm& comm, transport::Region& buf, size_t offset_bytes,
                                 size_t count, DataType dtype, Scratch& scratch) {
-  return RunInPlace(comm, buf, offset_bytes, count, dtype, scratch, &HalvingDoubling,
-                    "halving-doubling allreduce");
+  return RunInPlace(comm, Everyone(comm), buf, offset_bytes, count, dtype, scratch,
+                    &HalvingDoubling, "halving-doubling allreduce");
 }
 
 Status HalvingDoublingAllreduce(Comm& comm, const std::vector<Extent>& extents, DataType dtype,
                                 Scratch& scratch) {
-  return RunOnExtents(comm, extents, dtype, scratch, &HalvingDoubling,
+  return RunOnExtents(comm, Everyone(comm), extents, dtype, scratch, &HalvingDoubling,
                       "halving-doubling allreduce");
 }
 

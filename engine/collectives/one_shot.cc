@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <optional>
 
 #include "engine/collectives/collectives.h"
 #include "engine/collectives/pipeline.h"
@@ -61,19 +62,21 @@ void Publish(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers, uint3
 Status AwaitAll(Comm& comm, HostArea& area, std::atomic<uint32_t> HostSlotControl::*field,
                 std::atomic<uint32_t> HostSlotControl::*sleepers, uint32_t target,
                 const char* doing) {
-  const Clock::time_point deadline = Clock::now() + comm.timeout;
+  // The clock is read only once some rank has not arrived yet (the common case reads none).
+  std::optional<Clock::time_point> deadline;
   for (int r = 0; r < area.size(); ++r) {
     if (r == area.rank()) continue;
     HostSlotControl& c = area.control(r);
     std::atomic<uint32_t>& word = c.*field;
     if (Reached(word.load(std::memory_order_acquire), target)) continue;
+    if (!deadline) deadline = Clock::now() + comm.timeout;
     const Clock::time_point spin_until = Clock::now() + area.spin;
     while (!Reached(word.load(std::memory_order_acquire), target) && Clock::now() < spin_until) {
       ::sched_yield();
     }
     while (!Reached(word.load(std::memory_order_acquire), target)) {
       const Clock::time_point now = Clock::now();
-      if (now >= deadline) {
+      if (now >= *deadline) {
         std::vector<int> missing;
         for (int m = 0; m < area.size(); ++m) {
           if (m != area.rank() && !Reached((area.control(m).*field).load(), target)) {
@@ -89,7 +92,7 @@ Status AwaitAll(Comm& comm, HostArea& area, std::atomic<uint32_t> HostSlotContro
       asleep.fetch_add(1, std::memory_order_seq_cst);
       const uint32_t seen = word.load(std::memory_order_seq_cst);
       if (!Reached(seen, target))
-        FutexWait(word, seen, std::min<Clock::duration>(kSleepSlice, deadline - now));
+        FutexWait(word, seen, std::min<Clock::duration>(kSleepSlice, *deadline - now));
       asleep.fetch_sub(1, std::memory_order_seq_cst);
       if (!Reached(word.load(std::memory_order_acquire), target) && comm.device != nullptr) {
         // A peer whose process died is named by its connection rather than by the deadline.
@@ -179,6 +182,20 @@ Status OneShot(Comm& comm, HostArea& area, const std::vector<BufferPart>& spans,
   return Status::OK();
 }
 
+// The extents as parts of one virtual buffer; InvalidArgument for one outside its region.
+StatusOr<std::vector<BufferPart>> PartsOf(const std::vector<Extent>& extents) {
+  std::vector<BufferPart> parts;
+  parts.reserve(extents.size());
+  for (const Extent& e : extents) {
+    if (e.region == nullptr || e.offset > e.region->size() ||
+        e.nbytes > e.region->size() - e.offset) {
+      return InvalidArgument("{}: an extent lies outside its buffer", kWhat);
+    }
+    parts.push_back(BufferPart{e.region->data() + e.offset, e.nbytes});
+  }
+  return parts;
+}
+
 Status CheckUsable(const Comm& comm) {
   if (comm.host_area == nullptr) {
     return FailedPrecondition(
@@ -213,17 +230,9 @@ Status OneShotAllreduce(Comm& comm, transport::Region& buf, size_t offset_bytes,
 
 Status OneShotAllreduce(Comm& comm, const std::vector<Extent>& extents, DataType dtype) {
   KOLO_RETURN_IF_ERROR(CheckUsable(comm));
-  std::vector<BufferPart> spans;
-  spans.reserve(extents.size());
+  KOLO_ASSIGN_OR_RETURN(const std::vector<BufferPart> spans, PartsOf(extents));
   size_t total = 0;
-  for (const Extent& e : extents) {
-    if (e.region == nullptr || e.offset > e.region->size() ||
-        e.nbytes > e.region->size() - e.offset) {
-      return InvalidArgument("{}: an extent lies outside its buffer", kWhat);
-    }
-    spans.push_back(BufferPart{e.region->data() + e.offset, e.nbytes});
-    total += e.nbytes;
-  }
+  for (const BufferPart& p : spans) total += p.nbytes;
   ++comm.sequence;
   PhaseScope phase(comm, Phase::kOneShot);
   return OneShot(comm, *comm.host_area, spans, total, dtype);
@@ -309,35 +318,22 @@ Status HierarchicalSmallAllreduce(Comm& comm, const HostGroups& groups, transpor
 Status HierarchicalSmallAllreduce(Comm& comm, const HostGroups& groups,
                                   const std::vector<Extent>& extents, DataType dtype,
                                   Scratch& scratch) {
-  if (extents.size() == 1 && extents[0].region != nullptr) {
-    const size_t elem = DataTypeSize(dtype);
-    return HierarchicalSmallAllreduce(comm, groups, *extents[0].region, extents[0].offset,
-                                      extents[0].nbytes / elem, dtype, scratch);
+  if (groups.area == nullptr) {
+    return FailedPrecondition(
+        "rank {}: hierarchical allreduce of small buffers needs its host's shared-memory area, "
+        "which this rank has not",
+        comm.rank());
   }
-  // Staged: the cross-host step wants one buffer (small ones: a copy costs less than a message).
+  KOLO_ASSIGN_OR_RETURN(const std::vector<BufferPart> parts, PartsOf(extents));
   size_t bytes = 0;
-  for (const Extent& e : extents) {
-    if (e.region == nullptr || e.offset > e.region->size() ||
-        e.nbytes > e.region->size() - e.offset) {
-      return InvalidArgument("hierarchical allreduce: an extent lies outside its buffer");
-    }
-    bytes += e.nbytes;
+  for (const BufferPart& p : parts) bytes += p.nbytes;
+  PhaseScope phase(comm, Phase::kHierarchical);
+  {
+    PhaseScope one_shot(comm, Phase::kOneShot);
+    KOLO_RETURN_IF_ERROR(OneShot(comm, *groups.area, parts, bytes, dtype));
   }
-  std::vector<uint8_t> staged(std::max<size_t>(bytes, 1));
-  size_t at = 0;
-  for (const Extent& e : extents) {
-    std::memcpy(staged.data() + at, e.region->data() + e.offset, e.nbytes);
-    at += e.nbytes;
-  }
-  KOLO_ASSIGN_OR_RETURN(auto region, comm.device->Register(staged.data(), staged.size()));
-  KOLO_RETURN_IF_ERROR(HierarchicalSmallAllreduce(comm, groups, *region, 0,
-                                                  bytes / DataTypeSize(dtype), dtype, scratch));
-  at = 0;
-  for (const Extent& e : extents) {
-    std::memcpy(e.region->data() + e.offset, staged.data() + at, e.nbytes);
-    at += e.nbytes;
-  }
-  return Status::OK();
+  // Across hosts the extents are staged through scratch, as recursive doubling does for them.
+  return RecursiveDoublingAllreduce(comm, groups.cross, extents, dtype, scratch);
 }
 
 }  // namespace kolo::collectives

@@ -183,10 +183,16 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
   negotiation.stall_shutdown_s = options.stall_shutdown_s;
   // Riding saves one exchange of messages per small allreduce: where messages cross sockets or
   // NICs. Between ranks of one host over shared memory, where a message costs little and the
-  // direct exchange sends N - 1 of them, it measured slower (docs/measured.md).
-  KOLO_ASSIGN_OR_RETURN(e.peers, collectives::NegotiationPeers::Create(
-                                     &e.comm, coordinator::Controller::ExchangeWords(negotiation),
-                                     all_shm ? 0 : static_cast<size_t>(options.riding_max_bytes)));
+  // direct exchange sends N - 1 of them, it measured slower (docs/measured.md); where the
+  // exchange goes through the host area instead, the payload shares its one step.
+  const size_t exchange_words = coordinator::Controller::ExchangeWords(negotiation);
+  e.exchange_through_area =
+      collectives::BitExchangeThroughHostArea(e.comm, exchange_words * sizeof(uint64_t));
+  KOLO_ASSIGN_OR_RETURN(
+      e.peers,
+      collectives::NegotiationPeers::Create(
+          &e.comm, exchange_words,
+          all_shm && !e.exchange_through_area ? 0 : static_cast<size_t>(options.riding_max_bytes)));
   e.controller =
       std::make_unique<coordinator::Controller>(negotiation, *e.peers, coordinator::SystemClock());
   e.riding_allowed = options.allreduce_algorithm == "auto";
@@ -230,8 +236,12 @@ StatusOr<Handle> Engine::Impl::Submit(execution::Operation op) {
                         ops.Submit(std::move(op), &was_idle, [this](const std::string& n) {
                           if (timeline) timeline->Begin(n, "QUEUE");
                         }));
-  // The background thread waits in the device with nothing to do: wake it.
-  if (was_idle) device->Wake();
+  // The background thread waits in the device (or on its doorbell in the host area) with nothing
+  // to do: wake it.
+  if (was_idle) {
+    if (exchange_through_area) collectives::RingHostDoorbell(comm.host_area);
+    device->Wake();
+  }
   return Handle{id};
 }
 
@@ -410,6 +420,7 @@ Status Engine::Shutdown() {
   // A parameter-server worker first tells the servers it is done (its errors are in fatal).
   if (impl_->ps_worker) impl_->ps_worker->Shutdown().IgnoreError();
   impl_->ops.RequestShutdown();
+  if (impl_->exchange_through_area) collectives::RingHostDoorbell(impl_->comm.host_area);
   if (impl_->device) impl_->device->Wake();
   if (impl_->thread.joinable()) impl_->thread.join();
   return impl_->ops.fatal();

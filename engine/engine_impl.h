@@ -107,6 +107,10 @@ struct Engine::Impl final {
   // points at it); with hierarchical allreduce across hosts (on or switchable) over auto, this
   // host's area (the ring backend's HostGroups::area); else null.
   std::unique_ptr<transport::shm::HostArea> host_area;
+  // The negotiation's bit exchange goes through comm.host_area (BitExchangeThroughHostArea): the
+  // background thread then idles on its doorbell there rather than in the device. Set before the
+  // thread starts, then only read.
+  bool exchange_through_area = false;
   collectives::Comm comm;
   std::vector<std::unique_ptr<backends::Backend>> backends;  // ordered; the last accepts all
   std::unique_ptr<timeline::Timeline> timeline;

@@ -120,6 +120,8 @@ Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_p
     lone_holds = drained_total > drained_at_hold ? 0 : lone_holds + 1;
   };
   for (;;) {
+    // Read before looking for news, so that a submission after the look rings a bell heard.
+    const uint32_t rung = exchange_through_area ? collectives::HostDoorbell(*comm.host_area) : 0;
     const auto now = SteadyClock::now();
     SteadyClock::time_point until;
     const bool news = HasNews(now);
@@ -156,10 +158,15 @@ Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_p
       until = std::min(now + kIdleWait, controller->NextDue());
     }
     bool arrived = false;
-    KOLO_RETURN_IF_ERROR(
-        device->WaitForArrival(std::chrono::duration_cast<std::chrono::microseconds>(until - now) +
-                                   std::chrono::microseconds(1),
-                               &arrived));
+    if (exchange_through_area) {
+      // A peer that enters an exchange says so in the host area, not with a message.
+      KOLO_RETURN_IF_ERROR(collectives::AwaitHostDoorbell(comm, rung, until, &arrived));
+    } else {
+      KOLO_RETURN_IF_ERROR(device->WaitForArrival(
+          std::chrono::duration_cast<std::chrono::microseconds>(until - now) +
+              std::chrono::microseconds(1),
+          &arrived));
+    }
     if (tick != kNoTick) held += SteadyClock::now() - now;
     if (arrived) {
       end_hold();

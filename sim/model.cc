@@ -621,7 +621,12 @@ double NegotiationTime(const Network& net, const SymmetricPeers& peers) {
     const int rounds = n <= 16 ? 1 : CeilLog2(n) + ((n & (n - 1)) ? 2 : 0);
     std::vector<Flow> flows;
     const double b = 8.0 * static_cast<double>(peers.bit_words);
-    if (n <= 16) {
+    if (net.host_area && net.hosts == 1 &&
+        b <= static_cast<double>(transport::shm::HostArea::kDefaultSlotBytes)) {
+      // One host with the area: the exchange is one step through it, no message
+      // (collectives::BitExchangeThroughHostArea).
+      t += OneShotAllreduceTime(net, b, 0);
+    } else if (n <= 16) {
       for (int s = 0; s < n; ++s) {
         for (int d = 0; d < n; ++d) {
           if (s != d) flows.push_back({s, d, b});

@@ -166,6 +166,27 @@ StatusOr<std::unique_ptr<transport::shm::HostArea>> AttachHostArea(
     Comm& comm, const std::vector<int>& local, bootstrap::Store& store, const std::string& key,
     const std::string& secret, std::chrono::microseconds spin, Scratch& scratch);
 
+// The bit exchange through the host area. Where comm.host_area holds every rank of the
+// communicator and an exchange's words and payload fit one bank of a slot, BitwiseAllreduceRiding
+// (and so BitwiseAllreduce) takes one step through the area instead of messages: each rank writes
+// its words and payload into its slot, and once every rank has, combines every slot (AND, OR, the
+// payload summed in rank order, as the direct exchange does). The decision is the same on every
+// rank (it depends only on the communicator and the word and payload bounds).
+bool BitExchangeThroughHostArea(const Comm& comm, size_t max_bytes);
+
+// A rank whose negotiation goes through the host area waits there for its peers instead of in
+// the transport: no message would wake it when a peer enters an exchange. Its engine thread, with
+// nothing to exchange, reads its doorbell (HostDoorbell) before it looks for work, then waits in
+// AwaitHostDoorbell until `until`, until the doorbell moves from `rung` (RingHostDoorbell: a
+// submission on this rank, or its shutdown), or until a peer enters an exchange this rank has not
+// (*peer_ahead); it looks at the device every few milliseconds (lost peers, keepalives; a message
+// that arrived sets *peer_ahead too). REQUIRES: comm.host_area.
+uint32_t HostDoorbell(const transport::shm::HostArea& area);
+Status AwaitHostDoorbell(Comm& comm, uint32_t rung, std::chrono::steady_clock::time_point until,
+                         bool* peer_ahead);
+// Wakes this rank's AwaitHostDoorbell (any thread; a no-op without a host area).
+void RingHostDoorbell(transport::shm::HostArea* area);
+
 // Whether `mine` is true on every rank (a BitwiseAllreduce of one AND word): how ranks agree on
 // something each found out alone, such as whether it could map the host area.
 StatusOr<bool> AllRanksTrue(Comm& comm, bool mine, Scratch& scratch);

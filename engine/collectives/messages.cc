@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "engine/collectives/collectives.h"
+#include "engine/collectives/pipeline.h"
 #include "engine/collectives/tags.h"
 #include "engine/kernels/reduce.h"
 
@@ -405,6 +406,10 @@ Status BitwiseAllreduceRiding(Comm& comm, transport::Region& buf, size_t and_wor
       *summed = true;
     }
     return Status::OK();
+  }
+  if (BitExchangeThroughHostArea(comm, slot)) {
+    return HostAreaBitwiseAllreduce(comm, buf, and_words, or_words, payload_bytes, dtype, sum,
+                                    summed);
   }
   // Posting may already fail (a peer's message of the wrong size is waiting): name the call.
   auto posted = [&](Status st) {

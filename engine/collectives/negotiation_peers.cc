@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "engine/transport/shm/host_area.h"
+
 namespace kolo::collectives {
 
 size_t NegotiationPeers::RidingMaxBytes(size_t riding_max_bytes, int size, int direct_max_ranks) {
@@ -22,8 +24,15 @@ StatusOr<std::unique_ptr<NegotiationPeers>> NegotiationPeers::Create(Comm* comm,
                                                                      size_t riding_max_bytes) {
   std::unique_ptr<NegotiationPeers> peers(new NegotiationPeers(comm));
   peers->words_ = words;
-  peers->riding_max_ =
-      RidingMaxBytes(riding_max_bytes, comm->size(), comm->bitwise_direct_max_ranks);
+  const size_t word_bytes = words * sizeof(uint64_t);
+  if (BitExchangeThroughHostArea(*comm, word_bytes)) {
+    // Through the host area the payload shares the words' bank of a slot.
+    const size_t room = comm->host_area->slot_bytes() - word_bytes;
+    peers->riding_max_ = std::min(riding_max_bytes, room) / 64 * 64;
+  } else {
+    peers->riding_max_ =
+        RidingMaxBytes(riding_max_bytes, comm->size(), comm->bitwise_direct_max_ranks);
+  }
   peers->bits_.assign(words + peers->riding_max_ / sizeof(uint64_t), 0);
   KOLO_ASSIGN_OR_RETURN(
       peers->bits_region_,

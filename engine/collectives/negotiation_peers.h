@@ -16,7 +16,9 @@ class NegotiationPeers final : public coordinator::Peers {
  public:
   // A buffer of `words` 64-bit words, registered with comm->device, for the bit exchange (at
   // least the and_words + or_words of every later call), and room for a riding payload of
-  // RidingMaxBytes(riding_max_bytes, size). `comm` must outlive the result.
+  // RidingMaxBytes(riding_max_bytes, size), or, where the exchange goes through the host area
+  // (BitExchangeThroughHostArea), riding_max_bytes but no more than a slot's bank leaves beside
+  // the words. `comm` must outlive the result.
   static StatusOr<std::unique_ptr<NegotiationPeers>> Create(Comm* comm, size_t words,
                                                             size_t riding_max_bytes = 0);
 

@@ -182,6 +182,25 @@ Status OneShot(Comm& comm, HostArea& area, const std::vector<BufferPart>& spans,
   return Status::OK();
 }
 
+// Bumps `rank`'s doorbell, and wakes its engine thread where it sleeps on it.
+void Ring(HostSlotControl& c) {
+  c.doorbell.fetch_add(1, std::memory_order_seq_cst);
+  if (c.doorbell_sleepers.load(std::memory_order_seq_cst) != 0) FutexWake(c.doorbell);
+}
+
+// Whether some peer has published a call this rank has not reached (calls + 1 or beyond): an idle
+// rank's peer entered an exchange.
+bool PeerAhead(const HostArea& area) {
+  const auto next = static_cast<uint32_t>(area.calls + 1);
+  for (int r = 0; r < area.size(); ++r) {
+    if (r != area.rank() &&
+        Reached(area.control(r).published.load(std::memory_order_seq_cst), next)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // The extents as parts of one virtual buffer; InvalidArgument for one outside its region.
 StatusOr<std::vector<BufferPart>> PartsOf(const std::vector<Extent>& extents) {
   std::vector<BufferPart> parts;
@@ -236,6 +255,118 @@ Status OneShotAllreduce(Comm& comm, const std::vector<Extent>& extents, DataType
   ++comm.sequence;
   PhaseScope phase(comm, Phase::kOneShot);
   return OneShot(comm, *comm.host_area, spans, total, dtype);
+}
+
+bool BitExchangeThroughHostArea(const Comm& comm, size_t max_bytes) {
+  const HostArea* area = comm.host_area;
+  return area != nullptr && comm.device != nullptr && area->size() == comm.size() &&
+         area->rank() == comm.rank() && comm.size() > 1 && max_bytes <= area->slot_bytes();
+}
+
+Status HostAreaBitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words,
+                                size_t or_words, size_t payload_bytes, DataType dtype, uint8_t* sum,
+                                bool* summed) {
+  static constexpr const char* kExchange = "bit exchange (host-wide shared memory)";
+  HostArea& area = *comm.host_area;
+  const size_t word_bytes = (and_words + or_words) * sizeof(uint64_t);
+  const size_t bytes = word_bytes + payload_bytes;
+  if (bytes > area.slot_bytes() || buf.size() < bytes) {
+    return InvalidArgument("rank {}: {}: {} bytes do not fit a {}-byte slot or the {}-byte buffer",
+                           comm.rank(), kExchange, bytes, area.slot_bytes(), buf.size());
+  }
+  const int me = area.rank();
+  HostSlotControl& mine = area.control(me);
+  const uint64_t call = ++area.calls;
+  const auto k = static_cast<uint32_t>(call);
+  const int bank = static_cast<int>(k & 1);
+  if (call > 2) {
+    KOLO_RETURN_IF_ERROR(AwaitAll(comm, area, &HostSlotControl::consumed,
+                                  &HostSlotControl::consumed_sleepers, k - 2, "finished reading"));
+  }
+  std::memcpy(area.slot(me, bank), buf.data(), bytes);
+  mine.bytes[bank] = bytes;
+  Publish(mine.published, mine.published_sleepers, k);
+  // Peers idle on their doorbells learn that this exchange has begun.
+  for (int r = 0; r < area.size(); ++r) {
+    if (r == me) continue;
+    HostSlotControl& c = area.control(r);
+    if (!Reached(c.published.load(std::memory_order_seq_cst), k) &&
+        c.doorbell_sleepers.load(std::memory_order_seq_cst) != 0) {
+      Ring(c);
+    }
+  }
+  KOLO_RETURN_IF_ERROR(AwaitAll(comm, area, &HostSlotControl::published,
+                                &HostSlotControl::published_sleepers, k, "published its input of"));
+  auto* words = reinterpret_cast<uint64_t*>(buf.data());
+  bool all_carried = payload_bytes > 0;
+  for (int r = 0; r < area.size(); ++r) {
+    const uint64_t theirs = area.control(r).bytes[bank];
+    if (theirs < word_bytes) {
+      return ProtocolError(
+          "rank {}: {} call {}: rank {} put in {} bytes, fewer than the {} bytes of words (the "
+          "ranks ran different collectives)",
+          comm.rank(), kExchange, k, r, theirs, word_bytes);
+    }
+    if (theirs != bytes) all_carried = false;
+    if (r == me) continue;
+    const auto* w = reinterpret_cast<const uint64_t*>(area.slot(r, bank));
+    kernels::BitAnd(words, w, and_words);
+    kernels::BitOr(words + and_words, w + and_words, or_words);
+  }
+  if (all_carried) {
+    // In rank order on every rank: every rank ends with the same bits.
+    const size_t count = payload_bytes / DataTypeSize(dtype);
+    std::memcpy(sum, area.slot(0, bank) + word_bytes, payload_bytes);
+    for (int r = 1; r < area.size(); ++r) {
+      kernels::ReduceSum(dtype, sum, area.slot(r, bank) + word_bytes, count);
+    }
+    *summed = true;
+  }
+  Publish(mine.consumed, mine.consumed_sleepers, k);
+  area.bytes_written += bytes;
+  area.bytes_read += static_cast<uint64_t>(area.size() - 1) * bytes;
+  return Status::OK();
+}
+
+void RingHostDoorbell(HostArea* area) {
+  if (area != nullptr) Ring(area->control(area->rank()));
+}
+
+uint32_t HostDoorbell(const HostArea& area) {
+  return area.control(area.rank()).doorbell.load(std::memory_order_seq_cst);
+}
+
+Status AwaitHostDoorbell(Comm& comm, uint32_t rung, Clock::time_point until, bool* peer_ahead) {
+  *peer_ahead = false;
+  HostArea& area = *comm.host_area;
+  HostSlotControl& mine = area.control(area.rank());
+  auto look = [&]() -> Status {
+    // The device: a lost peer, a message that arrived, the keepalives that are due.
+    bool arrived = false;
+    KOLO_RETURN_IF_ERROR(comm.device->WaitForArrival(std::chrono::microseconds(0), &arrived));
+    *peer_ahead = arrived || PeerAhead(area);
+    return Status::OK();
+  };
+  KOLO_RETURN_IF_ERROR(look());
+  const Clock::time_point spin_until = std::min(until, Clock::now() + area.spin);
+  while (!*peer_ahead && mine.doorbell.load(std::memory_order_acquire) == rung &&
+         Clock::now() < spin_until) {
+    ::sched_yield();
+    *peer_ahead = PeerAhead(area);
+  }
+  while (!*peer_ahead && mine.doorbell.load(std::memory_order_acquire) == rung) {
+    const Clock::time_point now = Clock::now();
+    if (now >= until) break;
+    mine.doorbell_sleepers.fetch_add(1, std::memory_order_seq_cst);
+    // After announcing the sleeper: a peer that published before this look is seen here; one
+    // that publishes after sees the sleeper and rings.
+    if (!PeerAhead(area)) {
+      FutexWait(mine.doorbell, rung, std::min<Clock::duration>(kSleepSlice, until - now));
+    }
+    mine.doorbell_sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    KOLO_RETURN_IF_ERROR(look());
+  }
+  return Status::OK();
 }
 
 StatusOr<bool> AllRanksTrue(Comm& comm, bool mine, Scratch& scratch) {

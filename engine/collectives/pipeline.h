@@ -91,6 +91,14 @@ class ExtentMap {
 // Returns the start of each range plus count at the end.
 std::vector<size_t> EvenSplit(size_t count, int parts);
 
+// BitwiseAllreduceRiding's step through comm.host_area (BitExchangeThroughHostArea): the words of
+// buf (and_words AND words, then or_words OR words) and this rank's payload of payload_bytes after
+// them combined with every rank's; *summed, with the payloads' sum in `sum`, where every rank
+// offered payload_bytes.
+Status HostAreaBitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_words,
+                                size_t or_words, size_t payload_bytes, DataType dtype, uint8_t* sum,
+                                bool* summed);
+
 // transport::Accumulator's combiner for a sum; `arg` is the DataType.
 void AccumulateSum(uint8_t* dst, const uint8_t* src, size_t nbytes, uintptr_t arg);
 

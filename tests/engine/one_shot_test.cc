@@ -1,6 +1,7 @@
 // The one-shot allreduce through a host-wide shared-memory area (collectives/one_shot.cc) and the
 // area's set-up (transport/shm/host_area.h): ranks as threads of this process over the real shm
 // transport, the area mapped through /proc as separate processes map it.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -251,6 +252,156 @@ TEST(OneShotFailure, DifferentSizesAreAProtocolError) {
     ASSERT_FALSE(s.ok());
     EXPECT_NE(s.message().find("put in"), std::string::npos) << s.ToString();
   }
+}
+
+// The negotiation's bit exchange through the area: the words combined (AND, OR) as the messages
+// combine them, a payload summed in rank order where every rank offered one, none where a rank
+// did not, and no byte through the transport.
+TEST(HostAreaExchange, CombinesWordsAndRidesWithoutAMessage) {
+  KOLO_NEED_PROC();
+  for (int n : {2, 3, 5}) {
+    SCOPED_TRACE(fmt::format("{} ranks", n));
+    AreaJob job(n);
+    ASSERT_TRUE(job.attached());
+    constexpr size_t kAnd = 3, kOr = 2, kFloats = 37;
+    constexpr size_t kWordBytes = (kAnd + kOr) * 8;
+    ASSERT_TRUE(BitExchangeThroughHostArea(job.comm(0), kWordBytes + kFloats * 4));
+    std::mt19937_64 gen(static_cast<uint64_t>(n));
+    // words then payload, per rank; rank n - 1 offers nothing in the second exchange.
+    std::vector<std::vector<uint64_t>> words(static_cast<size_t>(n));
+    std::vector<std::vector<float>> payload(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      for (size_t w = 0; w < kAnd + kOr; ++w) words[static_cast<size_t>(r)].push_back(gen());
+      for (size_t i = 0; i < kFloats; ++i) {
+        payload[static_cast<size_t>(r)].push_back(static_cast<float>(gen() % 1000) / 7.0f);
+      }
+    }
+    std::vector<uint64_t> want(kAnd + kOr);
+    for (size_t w = 0; w < kAnd + kOr; ++w) {
+      want[w] = w < kAnd ? ~uint64_t{0} : 0;
+      for (int r = 0; r < n; ++r) {
+        want[w] = w < kAnd ? want[w] & words[static_cast<size_t>(r)][w]
+                           : want[w] | words[static_cast<size_t>(r)][w];
+      }
+    }
+    std::vector<float> want_sum = payload[0];
+    for (int r = 1; r < n; ++r) {
+      for (size_t i = 0; i < kFloats; ++i) want_sum[i] += payload[static_cast<size_t>(r)][i];
+    }
+    std::vector<uint64_t> sent(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) sent[static_cast<size_t>(r)] = job.device(r).bytes_sent();
+    for (int exchange = 0; exchange < 2; ++exchange) {
+      std::vector<int> summed(static_cast<size_t>(n), -1);
+      std::vector<std::vector<float>> sums(static_cast<size_t>(n), std::vector<float>(kFloats));
+      std::vector<std::vector<uint64_t>> bufs(static_cast<size_t>(n));
+      auto statuses = job.Run([&](int r) -> Status {
+        auto& b = bufs[static_cast<size_t>(r)];
+        b = words[static_cast<size_t>(r)];
+        b.resize(kAnd + kOr + kFloats / 2 + 1);
+        const bool offers = exchange == 0 || r != n - 1;
+        std::memcpy(b.data() + kAnd + kOr, payload[static_cast<size_t>(r)].data(), kFloats * 4);
+        KOLO_ASSIGN_OR_RETURN(auto region, job.device(r).Register(b.data(), b.size() * 8));
+        bool did = false;
+        KOLO_RETURN_IF_ERROR(BitwiseAllreduceRiding(
+            job.comm(r), *region, kAnd, kOr, offers ? kFloats * 4 : 0, kFloats * 4,
+            DataType::kFloat32, reinterpret_cast<uint8_t*>(sums[static_cast<size_t>(r)].data()),
+            &did, job.scratch(r)));
+        summed[static_cast<size_t>(r)] = did ? 1 : 0;
+        return Status::OK();
+      });
+      for (const Status& st : statuses) ASSERT_TRUE(st.ok()) << st.ToString();
+      for (int r = 0; r < n; ++r) {
+        for (size_t w = 0; w < kAnd + kOr; ++w) {
+          ASSERT_EQ(bufs[static_cast<size_t>(r)][w], want[w]) << "rank " << r << " word " << w;
+        }
+        ASSERT_EQ(summed[static_cast<size_t>(r)], exchange == 0 ? 1 : 0) << "rank " << r;
+        if (exchange == 0) {
+          for (size_t i = 0; i < kFloats; ++i) {
+            ASSERT_EQ(sums[static_cast<size_t>(r)][i], want_sum[i]) << "rank " << r << " " << i;
+          }
+        }
+      }
+    }
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(job.device(r).bytes_sent(), sent[static_cast<size_t>(r)])
+          << "rank " << r << " sent through the transport";
+    }
+  }
+}
+
+// More than a slot's bank: the messages carry the exchange (the same decision on every rank).
+TEST(HostAreaExchange, AnExchangeLargerThanASlotGoesByMessage) {
+  KOLO_NEED_PROC();
+  AreaJob job(3);
+  ASSERT_TRUE(job.attached());
+  const size_t words = HostArea::kDefaultSlotBytes / 8 + 1;
+  EXPECT_FALSE(BitExchangeThroughHostArea(job.comm(0), words * 8));
+  std::vector<std::vector<uint64_t>> bufs(3);
+  auto statuses = job.Run([&](int r) -> Status {
+    bufs[static_cast<size_t>(r)].assign(words, uint64_t{1} << r);
+    KOLO_ASSIGN_OR_RETURN(auto region,
+                          job.device(r).Register(bufs[static_cast<size_t>(r)].data(), words * 8));
+    return BitwiseAllreduce(job.comm(r), *region, 0, words, job.scratch(r));
+  });
+  for (const Status& st : statuses) ASSERT_TRUE(st.ok()) << st.ToString();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(bufs[static_cast<size_t>(r)][words - 1], 7u);
+    EXPECT_GT(job.device(r).bytes_sent(), words * 8);
+  }
+}
+
+// A rank idle on its doorbell: woken by a peer entering an exchange (peer_ahead, and the exchange
+// then completes), and by its own bell (a submission), long before its deadline; neither, it
+// returns at the deadline.
+TEST(HostAreaExchange, AnIdleRankWakesForAPeerOrItsBell) {
+  KOLO_NEED_PROC();
+  AreaJob job(2);
+  ASSERT_TRUE(job.attached());
+  using Clock = std::chrono::steady_clock;
+  const auto seconds = [](Clock::time_point since) {
+    return std::chrono::duration<double>(Clock::now() - since).count();
+  };
+  // Nothing happens: back at the deadline, nobody ahead.
+  auto start = Clock::now();
+  bool ahead = true;
+  ASSERT_TRUE(AwaitHostDoorbell(job.comm(1), HostDoorbell(job.area(1)),
+                                start + std::chrono::milliseconds(30), &ahead)
+                  .ok());
+  EXPECT_FALSE(ahead);
+  EXPECT_GE(seconds(start), 0.029);
+  // The bell.
+  start = Clock::now();
+  const uint32_t rung = HostDoorbell(job.area(1));
+  std::thread bell([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    RingHostDoorbell(&job.area(1));
+  });
+  ASSERT_TRUE(AwaitHostDoorbell(job.comm(1), rung, start + std::chrono::seconds(20), &ahead).ok());
+  bell.join();
+  EXPECT_FALSE(ahead);
+  EXPECT_LT(seconds(start), 10.0);
+  // A peer's exchange.
+  std::vector<uint64_t> w0{1, 3}, w1{3, 4};
+  auto r0 = job.device(0).Register(w0.data(), 16);
+  auto r1 = job.device(1).Register(w1.data(), 16);
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  start = Clock::now();
+  Status peer;
+  std::thread enters([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    peer = BitwiseAllreduce(job.comm(0), **r0, 1, 1, job.scratch(0));
+  });
+  Status idle = AwaitHostDoorbell(job.comm(1), HostDoorbell(job.area(1)),
+                                  start + std::chrono::seconds(20), &ahead);
+  const double woke = seconds(start);
+  if (idle.ok() && ahead) idle = BitwiseAllreduce(job.comm(1), **r1, 1, 1, job.scratch(1));
+  enters.join();
+  ASSERT_TRUE(idle.ok()) << idle.ToString();
+  ASSERT_TRUE(peer.ok()) << peer.ToString();
+  EXPECT_TRUE(ahead);
+  EXPECT_LT(woke, 10.0);
+  EXPECT_EQ(w0, (std::vector<uint64_t>{1, 7}));
+  EXPECT_EQ(w1, (std::vector<uint64_t>{1, 7}));
 }
 
 // Without an area the algorithm refuses at once.

@@ -41,6 +41,11 @@ struct HostSlotControl {
   uint64_t bytes[2] = {0, 0};  // bytes of the call in each bank
   alignas(64) std::atomic<uint32_t> consumed{0};
   std::atomic<uint32_t> consumed_sleepers{0};
+  // The engine thread of this rank sleeps on `doorbell` while it has nothing to exchange (its
+  // negotiation goes through the area: collectives::AwaitHostDoorbell); a peer that enters an
+  // exchange, or a submission on this rank, bumps it and wakes the sleeper.
+  alignas(64) std::atomic<uint32_t> doorbell{0};
+  std::atomic<uint32_t> doorbell_sleepers{0};
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared atomics must be lock-free");
 

@@ -61,7 +61,7 @@ void Publish(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers, uint3
 // says what the ranks waited for did ("published its input of", "finished reading").
 Status AwaitAll(Comm& comm, HostArea& area, std::atomic<uint32_t> HostSlotControl::*field,
                 std::atomic<uint32_t> HostSlotControl::*sleepers, uint32_t target,
-                const char* doing) {
+                const char* doing, const char* what = kWhat) {
   // The clock is read only once some rank has not arrived yet (the common case reads none).
   std::optional<Clock::time_point> deadline;
   for (int r = 0; r < area.size(); ++r) {
@@ -84,7 +84,7 @@ Status AwaitAll(Comm& comm, HostArea& area, std::atomic<uint32_t> HostSlotContro
           }
         }
         return DeadlineExceeded("rank {}: {}: rank{} {} {} not {} call {} after {} s", comm.rank(),
-                                kWhat, missing.size() == 1 ? "" : "s", fmt::join(missing, ", "),
+                                what, missing.size() == 1 ? "" : "s", fmt::join(missing, ", "),
                                 missing.size() == 1 ? "has" : "have", doing, target,
                                 std::chrono::duration<double>(comm.timeout).count());
       }
@@ -98,7 +98,7 @@ Status AwaitAll(Comm& comm, HostArea& area, std::atomic<uint32_t> HostSlotContro
         // A peer whose process died is named by its connection rather than by the deadline.
         bool arrived = false;
         Status s = comm.device->WaitForArrival(std::chrono::microseconds(0), &arrived);
-        if (!s.ok()) return s.WithContext(fmt::format("rank {}: {}", comm.rank(), kWhat));
+        if (!s.ok()) return s.WithContext(fmt::format("rank {}: {}", comm.rank(), what));
       }
     }
   }
@@ -281,7 +281,8 @@ Status HostAreaBitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_w
   const int bank = static_cast<int>(k & 1);
   if (call > 2) {
     KOLO_RETURN_IF_ERROR(AwaitAll(comm, area, &HostSlotControl::consumed,
-                                  &HostSlotControl::consumed_sleepers, k - 2, "finished reading"));
+                                  &HostSlotControl::consumed_sleepers, k - 2, "finished reading",
+                                  kExchange));
   }
   std::memcpy(area.slot(me, bank), buf.data(), bytes);
   mine.bytes[bank] = bytes;
@@ -296,7 +297,8 @@ Status HostAreaBitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_w
     }
   }
   KOLO_RETURN_IF_ERROR(AwaitAll(comm, area, &HostSlotControl::published,
-                                &HostSlotControl::published_sleepers, k, "published its input of"));
+                                &HostSlotControl::published_sleepers, k, "published its input of",
+                                kExchange));
   auto* words = reinterpret_cast<uint64_t*>(buf.data());
   bool all_carried = payload_bytes > 0;
   for (int r = 0; r < area.size(); ++r) {

@@ -404,6 +404,28 @@ TEST(HostAreaExchange, AnIdleRankWakesForAPeerOrItsBell) {
   EXPECT_EQ(w1, (std::vector<uint64_t>{1, 7}));
 }
 
+// A rank that never enters the exchange: the others stop within the timeout, naming it and the
+// exchange.
+TEST(HostAreaExchange, AMissingRankIsNamedWithinTheTimeout) {
+  KOLO_NEED_PROC();
+  AreaJob job(3, std::chrono::milliseconds(1500));
+  ASSERT_TRUE(job.attached());
+  std::vector<std::vector<uint64_t>> bufs(3, std::vector<uint64_t>(2, 1));
+  auto statuses = kolo::testing::RunRankThreads(3, [&](int r) -> Status {
+    if (r == 2) return Status::OK();
+    KOLO_ASSIGN_OR_RETURN(auto region,
+                          job.device(r).Register(bufs[static_cast<size_t>(r)].data(), 16));
+    return BitwiseAllreduce(job.comm(r), *region, 1, 1, job.scratch(r));
+  });
+  for (int r = 0; r < 2; ++r) {
+    const Status& s = statuses[static_cast<size_t>(r)];
+    ASSERT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
+    EXPECT_NE(s.message().find("bit exchange (host-wide shared memory): rank 2 has not published"),
+              std::string::npos)
+        << s.ToString();
+  }
+}
+
 // Without an area the algorithm refuses at once.
 TEST(OneShotFailure, NoAreaIsRefused) {
   RingJob job(2, "shm", Settings(), 16 << 10);

@@ -171,7 +171,7 @@ cell() {
   [[ $verdict != ok ]] || ((rc != 0)) || verdict="FAIL: the launcher exited 0"
   # Named: an error of a survivor (or the launcher's report) points at the victim's rank.
   local who="rank $victim"
-  if grep -Eq "($who\)? has sent nothing|connection to $who lost|$who\)? (exited|was killed|killed by signal|closed)|noticed that process rank $victim|rank $victim exited|$who shut down|$who: exchange [0-9]+|never by ranks $victim\b|submitted by ranks $victim, never by|num_batches is [^;]*'[0-9]+' on $who\b|Process name: \[\[[0-9]+,[0-9]+\],$victim\])" "$work/out"; then
+  if grep -Eq "($who\)? has sent nothing|connection to $who lost|$who\)? (exited|was killed|killed by signal|closed)|noticed that process rank $victim|rank $victim exited|$who shut down|$who: exchange [0-9]+|never by ranks $victim\b|submitted by ranks $victim, never by|num_batches is [^;]*'[0-9]+' on $who\b|not connected to rank\(s\) ([0-9]+, )*$victim\b|$who has not published|ranks ([0-9]+, )*$victim(, [0-9]+)* have not published|Process name: \[\[[0-9]+,[0-9]+\],$victim\])" "$work/out"; then
     named=yes
   elif [[ $launcher == mpirun && $fault == STOP ]] && grep -q "MPI does not say which" "$work/out"; then
     named="no (MPI does not say which)"

@@ -113,12 +113,23 @@ Status PollCore::WaitForArrival(std::chrono::microseconds timeout, bool* arrived
   const auto deadline = Clock::now() + timeout;
   bool woken = false;
   bool spun = false;
+  bool looked = false;
   for (;;) {
     // Bytes may have come in while the thread was busy elsewhere (an edge already consumed by an
     // earlier Poll): look before sleeping, and once more after each wake-up.
     KOLO_RETURN_IF_ERROR(Advance());
     KOLO_RETURN_IF_ERROR(CheckArrival(arrived));
-    if (*arrived || woken || Clock::now() >= deadline) return Status::OK();
+    if (*arrived || woken) return Status::OK();
+    if (Clock::now() >= deadline) {
+      // Out of time before any sleep (a timeout of zero: a look): the events that came since the
+      // last are read once, without waiting, so that a look sees what arrived and a peer that is
+      // gone (its closed connection), as a sleep would.
+      if (looked) return Status::OK();
+      looked = true;
+      KOLO_RETURN_IF_ERROR(LookAtEvents(&woken));
+      continue;
+    }
+    looked = true;
     if (!spun) {
       spun = true;
       bool progressed = false;

@@ -156,7 +156,8 @@ class Device {
   // message from some peer has begun to arrive that no posted receive has taken (it stays queued
   // for the next receive posted for that peer), or Wake is called, or `timeout` passes. Sets
   // *arrived to true only in the first case. Fails like Poll when a peer fails or is lost, so an
-  // idle rank learns of a dead peer as soon as its connection says so.
+  // idle rank learns of a dead peer as soon as its connection says so. A timeout of zero is a
+  // look: what has come in since the last call is read, without waiting.
   virtual Status WaitForArrival(std::chrono::microseconds timeout, bool* arrived) = 0;
 
   // Before Poll or WaitForArrival sleeps, it polls for up to `spin`, yielding the processor

@@ -363,6 +363,60 @@ std::filesystem::path ProfilesDir() {
 }
 
 // The profiles shipped in models/profiles/ play against the zoo's current graphs.
+// Resident memory of this process in bytes (/proc/self/statm), or -1 where it cannot be read.
+double ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  double pages = 0, resident = -1;
+  if (!(statm >> pages >> resident)) return -1;
+  return resident * static_cast<double>(::sysconf(_SC_PAGESIZE));
+}
+
+// A replay rank holds its gradients, not a second copy of the model: parameters stay unkept while
+// they are zero (what replay's are, and what their broadcast brings), and are kept from the first
+// value that is not.
+TEST(ReplayBackendTest, ZeroParametersCostNoMemory) {
+  if (ResidentBytes() < 0) GTEST_SKIP() << "/proc/self/statm is not readable here";
+  auto graph = zoo::BuildModel("vgg16");
+  ASSERT_TRUE(graph.ok()) << graph.status().ToString();
+  const std::string path = (ProfilesDir() / "vgg16-h100-b64.json").string();
+  auto backend = CreateComputeBackend("replay");
+  ASSERT_TRUE(backend.ok());
+  BackendConfig config;
+  config.batch = 64;
+  config.precision = Precision::kTf32;  // the profile's
+  config.profile_path = path;
+  const double before = ResidentBytes();
+  const Status prepared = (*backend)->Prepare(*graph, config);
+  ASSERT_TRUE(prepared.ok()) << prepared.ToString();
+  const double model_bytes = 4.0 * static_cast<double>(graph->NumParameterElements());
+  const double grew = ResidentBytes() - before;
+  // The gradients (553 MB), and well short of twice that.
+  EXPECT_GT(grew, 0.9 * model_bytes);
+  EXPECT_LT(grew, 1.3 * model_bytes) << "parameters of zeros were kept";
+  // A broadcast of zeros into every parameter keeps nothing more; a value that is not zero is
+  // kept and read back, its neighbours still zero.
+  const int fc6 = static_cast<int>(graph->params().size()) - 6;
+  for (size_t p = 0; p < graph->params().size(); ++p) {
+    std::vector<float> zeros(static_cast<size_t>(graph->params()[p].numel), 0.0f);
+    ASSERT_TRUE((*backend)->SetParameter(static_cast<int>(p), zeros).ok());
+  }
+  EXPECT_LT(ResidentBytes() - before, 1.3 * model_bytes) << "zeros set were kept";
+  std::vector<float> values(static_cast<size_t>(graph->params()[fc6].numel), 0.0f);
+  values[7] = 2.5f;
+  ASSERT_TRUE((*backend)->SetParameter(fc6, values).ok());
+  std::vector<float> back(values.size(), 1.0f);
+  ASSERT_TRUE((*backend)->GetParameter(fc6, back).ok());
+  EXPECT_EQ(back, values);
+  std::vector<float> other(static_cast<size_t>(graph->params()[0].numel), 1.0f);
+  ASSERT_TRUE((*backend)->GetParameter(0, other).ok());
+  for (float v : other) ASSERT_EQ(v, 0.0f);
+  // Zeros set over kept values replace them.
+  std::fill(values.begin(), values.end(), 0.0f);
+  ASSERT_TRUE((*backend)->SetParameter(fc6, values).ok());
+  ASSERT_TRUE((*backend)->GetParameter(fc6, back).ok());
+  EXPECT_EQ(back, values);
+}
+
 TEST(ReplayProfileTest, ShippedProfilesMatchTheZoo) {
   const std::filesystem::path dir = ProfilesDir();
   for (const char* model : {"resnet101", "inception3", "vgg16"}) {

@@ -76,7 +76,7 @@ class ReplayBackend final : public ComputeBackend {
       values_.resize(params.size());
       grads_.resize(params.size());
       for (size_t p = 0; p < params.size(); ++p) {
-        values_[p].assign(static_cast<size_t>(params[p].numel), 0.0f);
+        // Values are kept only once one is set to something other than zero (see values_).
         // Whole float32 words even for half types, zero-filled: a zero bit pattern is 0.0 in all.
         grads_[p].assign(static_cast<size_t>(params[p].numel * DataTypeSize(dtype_) + 3) / 4, 0.0f);
         total_numel_ += params[p].numel;
@@ -93,13 +93,30 @@ class ReplayBackend final : public ComputeBackend {
 
   Status SetParameter(int param, std::span<const float> values) override {
     KOLO_RETURN_IF_ERROR(CheckParam(param, values.size(), "SetParameter"));
-    std::copy(values.begin(), values.end(), values_[static_cast<size_t>(param)].begin());
+    std::vector<float>& kept = values_[static_cast<size_t>(param)];
+    if (kept.empty()) {
+      // Zeros (what replay's parameters are, and what a broadcast of them brings) stay unkept.
+      if (std::all_of(values.begin(), values.end(), [](float v) { return v == 0.0f; })) {
+        return Status::OK();
+      }
+      try {
+        kept.resize(values.size());
+      } catch (const std::bad_alloc&) {
+        return Internal("replay backend: out of memory for the {} values of parameter '{}'",
+                        values.size(), graph_->params()[static_cast<size_t>(param)].name);
+      }
+    }
+    std::copy(values.begin(), values.end(), kept.begin());
     return Status::OK();
   }
   Status GetParameter(int param, std::span<float> out) override {
     KOLO_RETURN_IF_ERROR(CheckParam(param, out.size(), "GetParameter"));
-    std::copy(values_[static_cast<size_t>(param)].begin(),
-              values_[static_cast<size_t>(param)].end(), out.begin());
+    const std::vector<float>& kept = values_[static_cast<size_t>(param)];
+    if (kept.empty()) {
+      std::fill(out.begin(), out.end(), 0.0f);
+    } else {
+      std::copy(kept.begin(), kept.end(), out.begin());
+    }
     return Status::OK();
   }
   Status GetGradient(int param, std::span<float> out) override {
@@ -171,10 +188,10 @@ class ReplayBackend final : public ComputeBackend {
       return InvalidArgument("replay backend: {}: parameter {} does not exist (model has {})", call,
                              param, values_.size());
     }
-    if (size != kAnySize && size != values_[static_cast<size_t>(param)].size()) {
+    const auto numel = static_cast<size_t>(graph_->params()[static_cast<size_t>(param)].numel);
+    if (size != kAnySize && size != numel) {
       return InvalidArgument("replay backend: {} '{}': {} values given, the parameter has {}", call,
-                             graph_->params()[static_cast<size_t>(param)].name, size,
-                             values_[static_cast<size_t>(param)].size());
+                             graph_->params()[static_cast<size_t>(param)].name, size, numel);
     }
     return Status::OK();
   }
@@ -196,6 +213,9 @@ class ReplayBackend final : public ComputeBackend {
   const Graph* graph_ = nullptr;
   Profile profile_;
   DataType dtype_ = DataType::kFloat32;
+  // Each parameter's values; empty while they are all zero (replay's parameters start at zero and
+  // its updates leave them there), so that a rank holds the gradients and not a second copy of
+  // the model (VGG-16: 553 MB a rank) unless something sets other values.
   std::vector<std::vector<float>> values_;
   std::vector<std::vector<float>> grads_;  // raw storage of dtype_ elements
   int64_t total_numel_ = 0;

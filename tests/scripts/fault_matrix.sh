@@ -27,7 +27,7 @@
 #
 # Usage: fault_matrix.sh BIN_DIR [--all | --cell "LAUNCHER BACKEND FAULT PHASE"]... [--table FILE]
 #   default: a slice of 10 cells covering every backend, fault, phase and launcher (CI);
-#   --all: every cell (54; about 13 minutes on 2 cores); --cell: that one (repeatable), e.g.
+#   --all: every cell (54; about 10 minutes on 2 cores); --cell: that one (repeatable), e.g.
 #   --cell "mpirun ps-server STOP start-up". --table: the results as Markdown.
 # Exit 77 (skip) without kolo-train or kolo-run; mpirun cells are left out without mpirun or the
 # build's MPI (said in the table).

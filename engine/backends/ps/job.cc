@@ -126,7 +126,11 @@ StatusOr<Job> Join(const Options& options, bootstrap::Store* external) {
         fmt::format("{}: connecting the parameter-server job", job.roles.Describe(options.rank)));
   }
   job.device = std::move(device).value();
-  KOLO_ASSIGN_OR_RETURN(auto hosts, AgreeAndListHosts(*job.device, options, link.timeout));
+  // Ranks may still be in their own set-up, bounded by the same timeout from their own start
+  // (with a server that stopped, say). The agreement waits twice as long, so that such a rank's
+  // failure (naming the rank it could not reach) arrives before rank 0 gives up on it and blames
+  // its silence instead.
+  KOLO_ASSIGN_OR_RETURN(auto hosts, AgreeAndListHosts(*job.device, options, 2 * link.timeout));
   job.hosts = bootstrap::HostLayout(hosts);
 
   if (job.role == Role::kWorker) {

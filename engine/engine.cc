@@ -239,8 +239,11 @@ StatusOr<Handle> Engine::Impl::Submit(execution::Operation op) {
   // The background thread waits in the device (or on its doorbell in the host area) with nothing
   // to do: wake it.
   if (was_idle) {
-    if (exchange_through_area) collectives::RingHostDoorbell(comm.host_area);
-    device->Wake();
+    if (exchange_through_area) {
+      collectives::RingHostDoorbell(comm.host_area);
+    } else {
+      device->Wake();
+    }
   }
   return Handle{id};
 }

@@ -125,67 +125,93 @@ void ForEachPart(const std::vector<BufferPart>& spans, size_t begin, size_t end,
   }
 }
 
+// Bumps the doorbell of `c`'s rank, and wakes its engine thread where it sleeps on it.
+void Ring(HostSlotControl& c) {
+  c.doorbell.fetch_add(1, std::memory_order_seq_cst);
+  if (c.doorbell_sleepers.load(std::memory_order_seq_cst) != 0) FutexWake(c.doorbell);
+}
+
+// One call through `area`: waits until this rank's bank for the call is free (every rank done
+// reading the call before last), lets write(slot) fill this rank's slot and return its bytes,
+// publishes, rings the peers idle on their doorbells that have not entered (an exchange they must
+// join), waits for every rank's input, lets read(bank, call) use the bank, then publishes that this
+// rank has read it. `what` names the collective in errors.
+template <typename Write, typename Read>
+Status Step(Comm& comm, HostArea& area, const char* what, Write write, Read read) {
+  const int me = area.rank();
+  HostSlotControl& mine = area.control(me);
+  const uint64_t call = ++area.calls;
+  const auto k = static_cast<uint32_t>(call);  // as the control words carry it
+  const int bank = static_cast<int>(k & 1);
+  // The bank held call k - 2: every rank must be done reading it.
+  if (call > 2) {
+    KOLO_RETURN_IF_ERROR(AwaitAll(comm, area, &HostSlotControl::consumed,
+                                  &HostSlotControl::consumed_sleepers, k - 2, "finished reading",
+                                  what));
+  }
+  const size_t bytes = write(area.slot(me, bank));
+  mine.bytes[bank] = bytes;
+  Publish(mine.published, mine.published_sleepers, k);
+  for (int r = 0; r < area.size(); ++r) {
+    if (r == me) continue;
+    HostSlotControl& c = area.control(r);
+    if (!Reached(c.published.load(std::memory_order_seq_cst), k) &&
+        c.doorbell_sleepers.load(std::memory_order_seq_cst) != 0) {
+      Ring(c);
+    }
+  }
+  KOLO_RETURN_IF_ERROR(AwaitAll(comm, area, &HostSlotControl::published,
+                                &HostSlotControl::published_sleepers, k, "published its input of",
+                                what));
+  KOLO_RETURN_IF_ERROR(read(bank, k));
+  Publish(mine.consumed, mine.consumed_sleepers, k);
+  area.bytes_written += bytes;
+  area.bytes_read += static_cast<uint64_t>(area.size() - 1) * bytes;
+  return Status::OK();
+}
+
 // Through `area`, whose members are this host's ranks (every rank of the communicator, or one
 // host's of several): every member ends with the sum over the members.
 Status OneShot(Comm& comm, HostArea& area, const std::vector<BufferPart>& spans, size_t total_bytes,
                DataType dtype) {
   const size_t elem = DataTypeSize(dtype);
   const size_t piece = area.slot_bytes() / elem * elem;
-  const int me = area.rank();
-  HostSlotControl& mine = area.control(me);
   size_t begin = 0;
   do {
     const size_t end = std::min(total_bytes, begin + piece);
     const size_t len = end - begin;
-    const uint64_t call = ++area.calls;
-    const auto k = static_cast<uint32_t>(call);  // as the control words carry it
-    const int bank = static_cast<int>(k & 1);
-    // The bank held call k - 2: every rank must be done reading it.
-    if (call > 2) {
-      KOLO_RETURN_IF_ERROR(AwaitAll(comm, area, &HostSlotControl::consumed,
-                                    &HostSlotControl::consumed_sleepers, k - 2,
-                                    "finished reading"));
-    }
-    uint8_t* slot = area.slot(me, bank);
-    ForEachPart(spans, begin, end,
-                [&](uint8_t* p, size_t n, size_t at) { std::memcpy(slot + at, p, n); });
-    mine.bytes[bank] = len;
-    Publish(mine.published, mine.published_sleepers, k);
-    KOLO_RETURN_IF_ERROR(AwaitAll(comm, area, &HostSlotControl::published,
-                                  &HostSlotControl::published_sleepers, k,
-                                  "published its input of"));
-    for (int r = 0; r < area.size(); ++r) {
-      if (area.control(r).bytes[bank] != len) {
-        return ProtocolError(
-            "rank {}: {} call {}: rank {} put in {} bytes, this rank {} (the ranks ran different "
-            "collectives)",
-            comm.rank(), kWhat, k, r, area.control(r).bytes[bank], len);
+    auto write = [&](uint8_t* slot) {
+      ForEachPart(spans, begin, end,
+                  [&](uint8_t* p, size_t n, size_t at) { std::memcpy(slot + at, p, n); });
+      return len;
+    };
+    auto read = [&](int bank, uint32_t k) -> Status {
+      for (int r = 0; r < area.size(); ++r) {
+        if (area.control(r).bytes[bank] != len) {
+          return ProtocolError(
+              "rank {}: {} call {}: rank {} put in {} bytes, this rank {} (the ranks ran "
+              "different collectives)",
+              comm.rank(), kWhat, k, r, area.control(r).bytes[bank], len);
+        }
       }
-    }
-    // out = slot 0 + slot 1 + ... in rank order, the same on every rank.
-    ForEachPart(spans, begin, end, [&](uint8_t* p, size_t n, size_t at) {
-      const size_t count = n / elem;
-      if (area.size() == 1) {
-        std::memcpy(p, area.slot(0, bank) + at, n);
-        return;
-      }
-      kernels::ReduceSum3(dtype, p, area.slot(0, bank) + at, area.slot(1, bank) + at, count);
-      for (int r = 2; r < area.size(); ++r) {
-        kernels::ReduceSum(dtype, p, area.slot(r, bank) + at, count);
-      }
-    });
-    Publish(mine.consumed, mine.consumed_sleepers, k);
-    area.bytes_written += len;
-    area.bytes_read += static_cast<uint64_t>(area.size() - 1) * len;
+      // out = slot 0 + slot 1 + ... in rank order, the same on every rank.
+      ForEachPart(spans, begin, end, [&](uint8_t* p, size_t n, size_t at) {
+        const size_t count = n / elem;
+        if (area.size() == 1) {
+          std::memcpy(p, area.slot(0, bank) + at, n);
+          return;
+        }
+        kernels::ReduceSum3(dtype, p, area.slot(0, bank) + at, area.slot(1, bank) + at, count);
+        for (int r = 2; r < area.size(); ++r) {
+          kernels::ReduceSum(dtype, p, area.slot(r, bank) + at, count);
+        }
+      });
+      return Status::OK();
+    };
+    KOLO_RETURN_IF_ERROR(Step(comm, area, kWhat, write, read));
     begin = end;
   } while (begin < total_bytes);
   return Status::OK();
-}
-
-// Bumps `rank`'s doorbell, and wakes its engine thread where it sleeps on it.
-void Ring(HostSlotControl& c) {
-  c.doorbell.fetch_add(1, std::memory_order_seq_cst);
-  if (c.doorbell_sleepers.load(std::memory_order_seq_cst) != 0) FutexWake(c.doorbell);
 }
 
 // Whether some peer has published a call this rank has not reached (calls + 1 or beyond): an idle
@@ -274,60 +300,39 @@ Status HostAreaBitwiseAllreduce(Comm& comm, transport::Region& buf, size_t and_w
     return InvalidArgument("rank {}: {}: {} bytes do not fit a {}-byte slot or the {}-byte buffer",
                            comm.rank(), kExchange, bytes, area.slot_bytes(), buf.size());
   }
-  const int me = area.rank();
-  HostSlotControl& mine = area.control(me);
-  const uint64_t call = ++area.calls;
-  const auto k = static_cast<uint32_t>(call);
-  const int bank = static_cast<int>(k & 1);
-  if (call > 2) {
-    KOLO_RETURN_IF_ERROR(AwaitAll(comm, area, &HostSlotControl::consumed,
-                                  &HostSlotControl::consumed_sleepers, k - 2, "finished reading",
-                                  kExchange));
-  }
-  std::memcpy(area.slot(me, bank), buf.data(), bytes);
-  mine.bytes[bank] = bytes;
-  Publish(mine.published, mine.published_sleepers, k);
-  // Peers idle on their doorbells learn that this exchange has begun.
-  for (int r = 0; r < area.size(); ++r) {
-    if (r == me) continue;
-    HostSlotControl& c = area.control(r);
-    if (!Reached(c.published.load(std::memory_order_seq_cst), k) &&
-        c.doorbell_sleepers.load(std::memory_order_seq_cst) != 0) {
-      Ring(c);
-    }
-  }
-  KOLO_RETURN_IF_ERROR(AwaitAll(comm, area, &HostSlotControl::published,
-                                &HostSlotControl::published_sleepers, k, "published its input of",
-                                kExchange));
   auto* words = reinterpret_cast<uint64_t*>(buf.data());
-  bool all_carried = payload_bytes > 0;
-  for (int r = 0; r < area.size(); ++r) {
-    const uint64_t theirs = area.control(r).bytes[bank];
-    if (theirs < word_bytes) {
-      return ProtocolError(
-          "rank {}: {} call {}: rank {} put in {} bytes, fewer than the {} bytes of words (the "
-          "ranks ran different collectives)",
-          comm.rank(), kExchange, k, r, theirs, word_bytes);
+  auto write = [&](uint8_t* slot) {
+    std::memcpy(slot, buf.data(), bytes);
+    return bytes;
+  };
+  auto read = [&](int bank, uint32_t k) -> Status {
+    bool all_carried = payload_bytes > 0;
+    for (int r = 0; r < area.size(); ++r) {
+      const uint64_t theirs = area.control(r).bytes[bank];
+      if (theirs < word_bytes) {
+        return ProtocolError(
+            "rank {}: {} call {}: rank {} put in {} bytes, fewer than the {} bytes of words (the "
+            "ranks ran different collectives)",
+            comm.rank(), kExchange, k, r, theirs, word_bytes);
+      }
+      if (theirs != bytes) all_carried = false;
+      if (r == area.rank()) continue;
+      const auto* w = reinterpret_cast<const uint64_t*>(area.slot(r, bank));
+      kernels::BitAnd(words, w, and_words);
+      kernels::BitOr(words + and_words, w + and_words, or_words);
     }
-    if (theirs != bytes) all_carried = false;
-    if (r == me) continue;
-    const auto* w = reinterpret_cast<const uint64_t*>(area.slot(r, bank));
-    kernels::BitAnd(words, w, and_words);
-    kernels::BitOr(words + and_words, w + and_words, or_words);
-  }
-  if (all_carried) {
-    // In rank order on every rank: every rank ends with the same bits.
-    const size_t count = payload_bytes / DataTypeSize(dtype);
-    std::memcpy(sum, area.slot(0, bank) + word_bytes, payload_bytes);
-    for (int r = 1; r < area.size(); ++r) {
-      kernels::ReduceSum(dtype, sum, area.slot(r, bank) + word_bytes, count);
+    if (all_carried) {
+      // In rank order on every rank: every rank ends with the same bits.
+      const size_t count = payload_bytes / DataTypeSize(dtype);
+      std::memcpy(sum, area.slot(0, bank) + word_bytes, payload_bytes);
+      for (int r = 1; r < area.size(); ++r) {
+        kernels::ReduceSum(dtype, sum, area.slot(r, bank) + word_bytes, count);
+      }
+      *summed = true;
     }
-    *summed = true;
-  }
-  Publish(mine.consumed, mine.consumed_sleepers, k);
-  area.bytes_written += bytes;
-  area.bytes_read += static_cast<uint64_t>(area.size() - 1) * bytes;
-  return Status::OK();
+    return Status::OK();
+  };
+  return Step(comm, area, kExchange, write, read);
 }
 
 void RingHostDoorbell(HostArea* area) {

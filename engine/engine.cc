@@ -205,6 +205,12 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
   KOLO_LOG(kInfo, "engine up: rank {}/{} backend {} fusion {} bytes cycle {} ms cache {}",
            options.rank, options.size, options.backend, options.fusion_threshold_bytes,
            options.cycle_time_ms, options.cache_capacity);
+  // A waiting caller may drive the ring backend's cycles (Engine::Impl::DriveUntilDone). MPI's
+  // and NCCL's calls stay on the background thread, where their libraries were set up.
+  e.caller_drives = options.caller_progress && options.backend == "ring";
+  e.last_start =
+      SteadyClock::now() - std::chrono::duration_cast<SteadyClock::duration>(
+                               std::chrono::duration<double, std::milli>(options.cycle_time_ms));
   e.thread = std::thread([&e] { e.Loop(); });
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
@@ -256,6 +262,8 @@ Status Engine::Impl::PrepareDevice(const char* type, const std::string& name,
         "backend ring or nccl for device tensors, or pass a host tensor",
         type, name, place.device, options.backend);
   }
+  // From now on the background thread alone drives (Engine::Impl::caller_drives).
+  device_tensors.store(true, std::memory_order_release);
   MutexLock lock(gpu_mu);
   if (!gpu) {
     const auto timeout =
@@ -331,8 +339,26 @@ StatusOr<Handle> Engine::AllgatherAsync(const std::string& name, const void* in,
 }
 
 Status Engine::Wait(Handle handle, std::chrono::milliseconds timeout) {
-  KOLO_ASSIGN_OR_RETURN(execution::HandleState state, impl_->ops.Wait(handle.id, timeout));
-  return state.status;
+  // A year stands for "no bound" (the deadline must not overflow the clock).
+  timeout = std::min<std::chrono::milliseconds>(timeout, std::chrono::hours(24 * 365));
+  const auto deadline = SteadyClock::now() + timeout;
+  // Run the cycles here where nobody drives them; else (or after) sleep until they complete it.
+  impl_->DriveUntilDone(handle.id, deadline);
+  const auto left = std::max<std::chrono::milliseconds>(
+      std::chrono::milliseconds(0),
+      std::chrono::ceil<std::chrono::milliseconds>(deadline - SteadyClock::now()));
+  {
+    MutexLock lock(impl_->drive_mu);
+    ++impl_->callers_asleep;
+  }
+  StatusOr<execution::HandleState> state = impl_->ops.Wait(handle.id, left);
+  {
+    MutexLock lock(impl_->drive_mu);
+    --impl_->callers_asleep;
+    impl_->caller_seen = SteadyClock::now();
+  }
+  KOLO_RETURN_IF_ERROR(state.status());
+  return state->status;
 }
 
 StatusOr<bool> Engine::Poll(Handle handle) { return impl_->ops.Poll(handle.id); }
@@ -423,6 +449,12 @@ Status Engine::Shutdown() {
   // A parameter-server worker first tells the servers it is done (its errors are in fatal).
   if (impl_->ps_worker) impl_->ps_worker->Shutdown().IgnoreError();
   impl_->ops.RequestShutdown();
+  {
+    // A background thread that leaves the drive to callers takes it now.
+    MutexLock lock(impl_->drive_mu);
+    impl_->shutting = true;
+    impl_->drive_cv.notify_all();
+  }
   if (impl_->exchange_through_area) collectives::RingHostDoorbell(impl_->comm.host_area);
   if (impl_->device) impl_->device->Wake();
   if (impl_->thread.joinable()) impl_->thread.join();

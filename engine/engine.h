@@ -178,7 +178,9 @@ class Engine {
 
   // Statistics since Create, for benchmarks and tests.
   struct Stats {
-    int64_t cycles = 0;        // exchanges this rank took part in (idle ranks run none)
+    int64_t cycles = 0;  // exchanges this rank took part in (idle ranks run none)
+    // Of those, cycles a caller waiting on a handle ran on its own thread (KOLO_CALLER_PROGRESS).
+    int64_t caller_cycles = 0;
     int64_t negotiations = 0;  // cycles that went through the coordinator
     int64_t cache_hits = 0;    // tensors agreed through the response cache
     int64_t collectives = 0;   // backend calls (one per fused buffer)

@@ -48,13 +48,67 @@ struct Engine::Impl final {
     cycle_time_ms.store(o.cycle_time_ms);
   }
 
+  // --- The drive: which thread runs the engine's cycles. The background thread does, except
+  // where a caller waiting on a handle finds nobody driving (options.caller_progress): that
+  // caller then runs the cycles itself until its handle is done (DriveUntilDone), sparing the two
+  // thread wake-ups of handing the work over and back. One thread drives at a time; the members
+  // marked "driver only" below belong to it.
+  enum class Driver { kNone, kBackground, kCaller };
+  // After a caller drove or waited (or the background thread completed a cycle while a caller
+  // slept on a handle), the background thread leaves the drive to callers for this long (unless
+  // work is left or the engine shuts down): a caller that comes back within it, as one does that
+  // waits on every collective, takes the drive without waking anybody. A submission made
+  // meanwhile by a caller that does not wait on it is picked up within it.
+  static constexpr auto kCallerLinger = std::chrono::milliseconds(2);
+  // Whether a waiting caller may drive: the option, the ring backend, not a parameter-server
+  // rank. Set before the thread starts, then only read. Once a device tensor has been submitted
+  // (device_tensors), callers no longer drive: the executor makes the engine's CUDA device current
+  // on the thread that runs it, which must not be a caller's.
+  bool caller_drives = false;
+  std::atomic<bool> device_tensors{false};
+  Mutex drive_mu;
+  CondVar drive_cv;  // the background thread waits here while it leaves the drive to callers
+  Driver driver KOLO_GUARDED_BY(drive_mu) = Driver::kNone;
+  // The engine has ended (an error or every rank's stop); nobody drives any more.
+  bool ended KOLO_GUARDED_BY(drive_mu) = false;
+  // Shutdown was asked for: the background thread takes the drive at once.
+  bool shutting KOLO_GUARDED_BY(drive_mu) = false;
+  // The driver that let go left work (queued or pending operations): the background thread takes
+  // the drive at once.
+  bool work_left KOLO_GUARDED_BY(drive_mu) = false;
+  // When a caller last waited on a handle or let go of the drive, or the background thread let go
+  // of it while a caller slept on a handle.
+  SteadyClock::time_point caller_seen KOLO_GUARDED_BY(drive_mu);
+  // Callers asleep on a handle that somebody else drives (Engine::Wait).
+  int callers_asleep KOLO_GUARDED_BY(drive_mu) = 0;
+  // The background thread's turn at the drive: blocks until it may take it (false: the engine
+  // has ended).
+  bool TakeDriveInBackground() KOLO_EXCLUDES(drive_mu, mu);
+  // Lets go of the drive; `go_on` false: the engine has ended.
+  void ReleaseDrive(bool go_on) KOLO_EXCLUDES(drive_mu, mu);
+  // A caller waiting on handle `id`: if nobody drives and caller_drives, takes the drive and runs
+  // cycles until the handle is done, the engine ends or `deadline` passes; otherwise returns at
+  // once (the caller then sleeps until the driver completes the handle).
+  void DriveUntilDone(int64_t id, SteadyClock::time_point deadline) KOLO_EXCLUDES(drive_mu, mu);
+  // One turn of the engine by its driver: AwaitCycle, then RunCycle. False once the engine has
+  // ended (an error or every rank's stop), having failed what still waits. Returns true without
+  // a cycle when `give_up` passes first. `by_caller`: a waiting caller drives (counted in
+  // Stats::caller_cycles).
+  bool Turn(SteadyClock::time_point give_up, bool by_caller) KOLO_EXCLUDES(mu);
+  // Driver only: when the last cycle started and ended; the earliest submission among those
+  // drained since AwaitCycle's first look.
+  SteadyClock::time_point last_start;
+  SteadyClock::time_point last_end;
+  SteadyClock::time_point earliest_drained = SteadyClock::time_point::max();
+
   // --- Background thread.
   void Loop() KOLO_EXCLUDES(mu);
-  // Blocks until this rank should run its next cycle: at its next tick (a whole number of cycles
-  // after *last_start) when it has news for its peers, or at once when a peer has started the
-  // cycle's exchange. A rank with nothing new waits for its peers instead of waking every cycle:
-  // whichever rank submits last starts the exchange that agrees on what every rank has.
-  Status AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_point last_start)
+  // Driver only. Blocks until this rank should run its next cycle: at its next tick (a whole
+  // number of cycles after last_start) when it has news for its peers, or at once when a peer has
+  // started the cycle's exchange. A rank with nothing new waits for its peers instead of waking
+  // every cycle: whichever rank submits last starts the exchange that agrees on what every rank
+  // has. Sets *due when the cycle is due; leaves it false when `give_up` passed first.
+  Status AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_point give_up, bool* due)
       KOLO_EXCLUDES(mu);
   // Whether this rank knows something its peers need for agreement: new submissions, a shutdown,
   // or what the controller has (Controller::HasNews); otherwise the table remembers that the
@@ -65,13 +119,13 @@ struct Engine::Impl final {
   // Moves the submission queue into the table's pending operations and hands each request to the
   // controller.
   void DrainQueue();
-  // Background thread only. Tensors drained so far; consecutive cycles held for the cycle grid
+  // Driver only. Tensors drained so far; consecutive cycles held for the cycle grid
   // during which nothing more was submitted (the hold gathered nothing to fuse): from
   // kLoneHoldsToStop on, news starts an exchange at once until news comes while a cycle runs.
   int64_t drained_total = 0;
   int lone_holds = 0;
   // Small allreduces may ride the negotiation (Controller::SetRiding): not where the allreduce
-  // algorithm was chosen by hand, which riding would replace. Background thread only.
+  // algorithm was chosen by hand, which riding would replace. Driver only.
   bool riding_allowed = true;
   static constexpr int kLoneHoldsToStop = 2;
   // The controller's agreement for this cycle, with the engine's statistics updated.
@@ -149,11 +203,11 @@ struct Engine::Impl final {
   Mutex shutdown_mu;
   std::thread thread;
 
-  // Background thread only. The controller (negotiation) talks to its peers through `peers`,
+  // Driver only. The controller (negotiation) talks to its peers through `peers`,
   // declared first so that it is destroyed last.
   std::unique_ptr<collectives::NegotiationPeers> peers;
   std::unique_ptr<coordinator::Controller> controller;
-  // Run by the background thread; the one exception is SetDevice, which PrepareDevice calls under
+  // Run by the driver; the one exception is SetDevice, which PrepareDevice calls under
   // gpu_mu before the first device tensor is queued (Submit's mu then orders it before the
   // background thread's first use of the device).
   std::unique_ptr<execution::Executor> executor;

@@ -49,40 +49,104 @@ void Engine::Impl::Loop() {
                options.local_size, cpus);
     }
   }
-  auto cycle_of = [this] {
-    return std::chrono::duration_cast<SteadyClock::duration>(
-        std::chrono::duration<double, std::milli>(cycle_time_ms.load(std::memory_order_relaxed)));
-  };
-  auto last_start = SteadyClock::now() - cycle_of();
-  while (true) {
-    Status s = AwaitCycle(cycle_of(), last_start);
-    last_start = SteadyClock::now();
-    bool stop = false;
-    if (s.ok()) s = RunCycle(&stop);
-    if (!s.ok()) {
-      // Across hosts, an error naming a rank names its host too.
-      s = Status(s.code(), hosts.NameHosts(s.message()));
-      KOLO_LOG(kError, "engine failed: {}", s.ToString());
-      // An error every rank reaches on its own in the same exchange needs no abort, which would
-      // overtake the message that tells the other ranks why.
-      if (!controller->FailedEverywhere()) device->Abort(s);
-      ops.FailAll(s, /*fatal_error=*/true);
-      return;
-    }
-    if (stop) {
-      // What still waits here waited on ranks that are gone: say which asked to stop.
-      const int by = controller->ShutDownBy();
-      std::string why = "the engine has shut down";
-      if (by == coordinator::Controller::kSeveralRanks) {
-        why += ": several ranks shut down (finished, failed or were interrupted) while this waited";
-      } else if (by >= 0 && by != options.rank) {
-        why += fmt::format(
-            ": rank {} shut down (it finished, failed or was interrupted) while this waited", by);
-      }
-      ops.FailAll(FailedPrecondition("{}", why), /*fatal_error=*/false);
-      return;
+  while (TakeDriveInBackground()) {
+    const bool go_on = Turn(SteadyClock::time_point::max(), /*by_caller=*/false);
+    ReleaseDrive(go_on);
+    if (!go_on) return;
+  }
+}
+
+bool Engine::Impl::TakeDriveInBackground() {
+  MutexLock lock(drive_mu);
+  for (;;) {
+    if (ended) return false;
+    if (driver == Driver::kNone) {
+      const auto until = caller_seen + kCallerLinger;
+      if (!caller_drives || shutting || work_left || SteadyClock::now() >= until) break;
+      drive_cv.WaitUntil(drive_mu, until);
+    } else {
+      // A caller drives. It wakes this thread when it lets go with work left or the engine ended;
+      // otherwise this thread looks again a linger later.
+      drive_cv.WaitUntil(drive_mu, SteadyClock::now() + kCallerLinger);
     }
   }
+  driver = Driver::kBackground;
+  work_left = false;
+  return true;
+}
+
+void Engine::Impl::ReleaseDrive(bool go_on) {
+  // Read while this thread still drives: Drain, Find and Complete are the driver's.
+  const bool left = go_on && !ops.Idle();
+  MutexLock lock(drive_mu);
+  const bool by_caller = driver == Driver::kCaller;
+  driver = Driver::kNone;
+  // A caller asleep on a handle this cycle may have completed comes back from it now.
+  if (by_caller || callers_asleep > 0) caller_seen = SteadyClock::now();
+  if (!go_on) ended = true;
+  work_left = left;
+  // The background thread sleeps while a caller drives: wake it where it must take over.
+  if (by_caller && (left || !go_on || shutting)) drive_cv.notify_all();
+}
+
+void Engine::Impl::DriveUntilDone(int64_t id, SteadyClock::time_point deadline) {
+  if (!caller_drives || device_tensors.load(std::memory_order_acquire)) return;
+  {
+    MutexLock lock(drive_mu);
+    caller_seen = SteadyClock::now();
+    if (ended || driver != Driver::kNone) return;
+    driver = Driver::kCaller;
+  }
+  if (options.size > 1) SetThreadLogRank(options.rank);
+  bool go_on = true;
+  for (;;) {
+    StatusOr<bool> done = ops.Poll(id);
+    if (!done.ok() || *done || SteadyClock::now() >= deadline) break;
+    if (device_tensors.load(std::memory_order_acquire)) break;
+    go_on = Turn(deadline, /*by_caller=*/true);
+    if (!go_on) break;
+  }
+  ReleaseDrive(go_on);
+}
+
+bool Engine::Impl::Turn(SteadyClock::time_point give_up, bool by_caller) {
+  const auto cycle = std::chrono::duration_cast<SteadyClock::duration>(
+      std::chrono::duration<double, std::milli>(cycle_time_ms.load(std::memory_order_relaxed)));
+  bool due = false;
+  Status s = AwaitCycle(cycle, give_up, &due);
+  if (s.ok() && !due) return true;
+  last_start = SteadyClock::now();
+  bool stop = false;
+  if (s.ok()) s = RunCycle(&stop);
+  last_end = SteadyClock::now();
+  if (s.ok() && by_caller) {
+    MutexLock lock(mu);
+    ++stats.caller_cycles;
+  }
+  if (!s.ok()) {
+    // Across hosts, an error naming a rank names its host too.
+    s = Status(s.code(), hosts.NameHosts(s.message()));
+    KOLO_LOG(kError, "engine failed: {}", s.ToString());
+    // An error every rank reaches on its own in the same exchange needs no abort, which would
+    // overtake the message that tells the other ranks why.
+    if (!controller->FailedEverywhere()) device->Abort(s);
+    ops.FailAll(s, /*fatal_error=*/true);
+    return false;
+  }
+  if (stop) {
+    // What still waits here waited on ranks that are gone: say which asked to stop.
+    const int by = controller->ShutDownBy();
+    std::string why = "the engine has shut down";
+    if (by == coordinator::Controller::kSeveralRanks) {
+      why += ": several ranks shut down (finished, failed or were interrupted) while this waited";
+    } else if (by >= 0 && by != options.rank) {
+      why += fmt::format(
+          ": rank {} shut down (it finished, failed or was interrupted) while this waited", by);
+    }
+    ops.FailAll(FailedPrecondition("{}", why), /*fatal_error=*/false);
+    return false;
+  }
+  return true;
 }
 
 bool Engine::Impl::HasNews(SteadyClock::time_point now) {
@@ -99,7 +163,9 @@ bool Engine::Impl::HasNews(SteadyClock::time_point now) {
   return true;
 }
 
-Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_point last_start) {
+Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_point give_up,
+                                bool* due) {
+  *due = false;
   // The tick this rank waits for while it has news; time_point::max() while it has none. (Not a
   // std::optional: GCC 12 at -Os reports its value as maybe uninitialized, GCC bug 80635.)
   constexpr auto kNoTick = SteadyClock::time_point::max();
@@ -124,8 +190,11 @@ Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_p
     const uint32_t rung = exchange_through_area ? collectives::HostDoorbell(*comm.host_area) : 0;
     const auto now = SteadyClock::now();
     SteadyClock::time_point until;
+    if (first) earliest_drained = SteadyClock::time_point::max();
     const bool news = HasNews(now);
-    if (first && news) lone_holds = 0;
+    // (A submission made after the last cycle ended, as a caller's that then drives, came
+    // between cycles, not during one.)
+    if (first && news && earliest_drained < last_end) lone_holds = 0;
     first = false;
     if (news) {
       // Peers already wait on what this rank just submitted: go now.
@@ -148,6 +217,7 @@ Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_p
       if (tick <= now) {
         end_hold();
         count_held();
+        *due = true;
         return Status::OK();
       }
       until = tick;
@@ -157,6 +227,11 @@ Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_p
       // cache hit's stall time, rank 0's next stall check) ends it.
       until = std::min(now + kIdleWait, controller->NextDue());
     }
+    if (now >= give_up) {
+      count_held();
+      return Status::OK();
+    }
+    until = std::min(until, give_up);
     bool arrived = false;
     if (exchange_through_area) {
       // A peer that enters an exchange says so in the host area, not with a message.
@@ -171,6 +246,7 @@ Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_p
     if (arrived) {
       end_hold();
       count_held();
+      *due = true;
       return Status::OK();
     }
   }
@@ -179,6 +255,7 @@ Status Engine::Impl::AwaitCycle(SteadyClock::duration cycle, SteadyClock::time_p
 void Engine::Impl::DrainQueue() {
   for (const execution::Operation* op : ops.Drain()) {
     ++drained_total;
+    earliest_drained = std::min(earliest_drained, op->submitted);
     if (timeline) {
       timeline->End(op->request.name, "QUEUE");
       timeline->Begin(op->request.name, "NEGOTIATE_" + UpperType(op->request.type));

@@ -64,7 +64,8 @@ class EngineRow final : public Backend {
     const Engine::Stats after = started_.engine->stats();
     calls_.push_back({after.coordination_us - before.coordination_us,
                       after.execute_us - before.execute_us, after.gather_us - before.gather_us,
-                      static_cast<double>(after.riding_collectives - before.riding_collectives)});
+                      static_cast<double>(after.riding_collectives - before.riding_collectives),
+                      static_cast<double>(after.caller_cycles - before.caller_cycles)});
     return Status::OK();
   }
 
@@ -84,6 +85,9 @@ class EngineRow final : public Backend {
       double rode = 0;
       for (size_t i = calls_.size() - timed; i < calls_.size(); ++i) rode += calls_[i][3] > 0;
       parts_.push_back(rode / static_cast<double>(timed));
+      double by_caller = 0;
+      for (size_t i = calls_.size() - timed; i < calls_.size(); ++i) by_caller += calls_[i][4] > 0;
+      parts_.push_back(by_caller / static_cast<double>(timed));
     }
     calls_.clear();
     StopEngine(started_).IgnoreError();  // a failure already surfaced in RunOnce
@@ -102,7 +106,7 @@ class EngineRow final : public Backend {
   const std::string algorithm_;  // "" : the engine options'
   std::string pairs_;
   // Per call: negotiation, execution, hold (us), allreduces that rode the negotiation.
-  std::vector<std::array<double, 4>> calls_;
+  std::vector<std::array<double, 5>> calls_;
   std::vector<double> parts_;
   StartedEngine started_;
   TensorPlace place_;  // host, or the CUDA device of --device cuda

@@ -122,6 +122,7 @@ std::vector<AlgorithmRow> ComputeAlgorithmRows(const std::vector<SweepRow>& rows
         a.hold_us = engine.engine_parts_us[2];
       }
       if (engine.engine_parts_us.size() >= 4) a.riding_share = engine.engine_parts_us[3];
+      if (engine.engine_parts_us.size() >= 5) a.caller_share = engine.engine_parts_us[4];
       out.push_back(a);
     }
   }
@@ -137,17 +138,21 @@ std::string FormatAlgorithmRows(const std::vector<AlgorithmRow>& rows) {
        "the engine), hold (waiting for the cycle grid); the rest of the overhead is the queue, the "
        "wake-ups and the completion; rode: the share of calls whose data rode the negotiation "
        "(KOLO_RIDING_MAX_BYTES: then negotiate holds the collective and execute only the copy "
-       "out)\n";
-  s += fmt::format("#{:>12} {:>20} {:>10} {:>20} {:>11} {:>11} {:>12} {:>12} {:>11} {:>9} {:>6}\n",
-                   "size(B)", "algorithm", "transport", "runs", "alone(us)", "engine(us)",
-                   "overhead(us)", "negotiate(us)", "execute(us)", "hold(us)", "rode");
+       "out); caller: the share of calls whose cycles the waiting caller ran itself "
+       "(KOLO_CALLER_PROGRESS)\n";
+  s += fmt::format(
+      "#{:>12} {:>20} {:>10} {:>20} {:>11} {:>11} {:>12} {:>12} {:>11} {:>9} {:>6} {:>6}\n",
+      "size(B)", "algorithm", "transport", "runs", "alone(us)", "engine(us)", "overhead(us)",
+      "negotiate(us)", "execute(us)", "hold(us)", "rode", "caller");
   auto part = [](double v) { return v < 0 ? std::string("-") : fmt::format("{:.1f}", v); };
   auto share = [](double v) { return v < 0 ? std::string("-") : fmt::format("{:.0f}%", 100 * v); };
   for (const AlgorithmRow& r : rows) {
     s += fmt::format(
-        " {:>12} {:>20} {:>10} {:>20} {:>11.2f} {:>11.2f} {:>12.2f} {:>12} {:>11} {:>9} {:>6}\n",
+        " {:>12} {:>20} {:>10} {:>20} {:>11.2f} {:>11.2f} {:>12.2f} {:>12} {:>11} {:>9} {:>6} "
+        "{:>6}\n",
         r.bytes, r.algorithm, r.transport, r.picked, r.alone_us, r.engine_us, r.overhead_us,
-        part(r.negotiate_us), part(r.execute_us), part(r.hold_us), share(r.riding_share));
+        part(r.negotiate_us), part(r.execute_us), part(r.hold_us), share(r.riding_share),
+        share(r.caller_share));
   }
   return s;
 }
@@ -386,7 +391,8 @@ nlohmann::json ToJson(const RunInfo& info, const std::vector<SweepRow>& sweep,
                   {"negotiate_us", a.negotiate_us},
                   {"execute_us", a.execute_us},
                   {"hold_us", a.hold_us},
-                  {"riding_share", a.riding_share}});
+                  {"riding_share", a.riding_share},
+                  {"caller_share", a.caller_share}});
   }
   doc["algorithms"] = std::move(aj);
   nlohmann::json res = nlohmann::json::array();

@@ -59,6 +59,9 @@ struct AlgorithmRow {
   // The share of the timed calls whose allreduce rode the negotiation's exchange (then `execute`
   // is only the copy out of the sum); -1: unknown.
   double riding_share = -1;
+  // The share of the timed calls in which the waiting caller ran the engine's cycles itself
+  // (KOLO_CALLER_PROGRESS; Engine::Stats::caller_cycles); -1: unknown.
+  double caller_share = -1;
 };
 // `area_transports`: the transports (rows' transport names) whose devices had a host-wide
 // shared-memory area, where the rule may pick one-shot.

@@ -122,6 +122,11 @@ bool OperationTable::RequestIdle() {
   return idle_;
 }
 
+bool OperationTable::Idle() {
+  MutexLock lock(mu_);
+  return queue_.empty() && pending_.empty();
+}
+
 std::vector<Operation*> OperationTable::Drain() {
   std::deque<Pending> drained;
   {

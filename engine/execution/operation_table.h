@@ -11,8 +11,10 @@
 // every queued and pending operation with it.
 //
 // Thread-safety: Submit, Issue, Forget, Wait, Poll, Take*, SetFatal, RequestShutdown and the
-// queries may be called from any thread; Drain, Find, Complete and FailAll from the engine's
-// background thread only (CompleteHandle from the parameter-server worker's thread). The table's
+// queries may be called from any thread; RequestIdle, Idle, Drain, Find, Complete and FailAll
+// from the thread that drives the engine only (its background thread, or a waiting caller that
+// took the drive; see Engine::Impl::DriveUntilDone); CompleteHandle from the parameter-server
+// worker's thread. The table's
 // mutex is held while calling out only for Submit's `on_queued` (a leaf) and Count's sink is
 // called without it, so it nests under no other lock of the engine.
 #pragma once
@@ -79,11 +81,13 @@ class OperationTable final : public Operations {
   // Operations completed so far, whatever their status (push-pulls included).
   int64_t completed() const KOLO_EXCLUDES(mu_);
 
-  // --- Background thread.
+  // --- The engine's driver (background thread or driving caller).
   // True (and the table remembers it) when nothing is queued and no shutdown was requested: the
   // background thread is about to wait, and the next submission must wake it. Looked at in the
   // same critical section as the queue, so that no submission goes unnoticed.
   bool RequestIdle() KOLO_EXCLUDES(mu_);
+  // Nothing queued and nothing pending (awaiting agreement or running).
+  bool Idle() KOLO_EXCLUDES(mu_);
   // Moves the queue into pending; returns the newly pending operations in submission order (valid
   // until they complete).
   std::vector<Operation*> Drain() KOLO_EXCLUDES(mu_);
@@ -127,7 +131,7 @@ class OperationTable final : public Operations {
   Status stop_reason_ KOLO_GUARDED_BY(mu_);
   bool idle_ KOLO_GUARDED_BY(mu_) = false;
 
-  // Background thread only: drained operations awaiting a response, by name. Node-based, so the
+  // Driver only: drained operations awaiting a response, by name. Node-based, so the
   // Operation pointers handed out stay valid until their operation completes.
   std::unordered_map<std::string, Pending> pending_;
 };

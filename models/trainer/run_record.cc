@@ -90,6 +90,7 @@ std::string RunRecordToJson(const RunRecord& r) {
     results["final_loss"] = x.final_loss ? Json(*x.final_loss) : Json(nullptr);
     results["kernel_share"] = x.kernel_share;
     results["engine_stats"] = {{"cycles", e.cycles},
+                               {"caller_cycles", e.caller_cycles},
                                {"negotiations", e.negotiations},
                                {"cache_hits", e.cache_hits},
                                {"collectives", e.collectives},

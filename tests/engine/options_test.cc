@@ -83,6 +83,7 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{{{"KOLO_RIDING_MAX_BYTES", "2000000"}}, "KOLO_RIDING_MAX_BYTES"},
                       BadCase{{{"KOLO_RIDING_MAX_BYTES", "-1"}}, "-1"},
                       BadCase{{{"KOLO_ENGINE_SCHED", "fifo"}}, "fifo"},
+                      BadCase{{{"KOLO_CALLER_PROGRESS", "sometimes"}}, "sometimes"},
                       BadCase{{{"KOLO_LOG_LEVEL", "loud"}}, "loud"},
                       BadCase{{{"KOLO_SIZE", "2"}, {"KOLO_RANK", "2"}}, "rank=2"},
                       BadCase{{{"KOLO_SIZE", "0"}}, "KOLO_SIZE"},
@@ -180,6 +181,8 @@ TEST(Options, TheEngineThreadIsBatchWhenRanksOutnumberProcessors) {
   auto set = OptionsFromEnvironment(Env{{"KOLO_ENGINE_SCHED", "normal"}});
   ASSERT_TRUE(set.ok()) << set.status().ToString();
   EXPECT_EQ(set->engine_sched, "normal");
+  EXPECT_TRUE(OptionsFromEnvironment(Env{})->caller_progress);
+  EXPECT_FALSE(OptionsFromEnvironment(Env{{"KOLO_CALLER_PROGRESS", "0"}})->caller_progress);
 }
 
 TEST(Options, DefaultSocketBuffersFollowTheHost) {

@@ -208,6 +208,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
   // A waiting caller may drive the ring backend's cycles (Engine::Impl::DriveUntilDone). MPI's
   // and NCCL's calls stay on the background thread, where their libraries were set up.
   e.caller_drives = options.caller_progress && options.backend == "ring";
+  e.batch_driver = EngineThreadIsBatch(options.engine_sched, options.local_size, OnlineCpus());
   e.last_start =
       SteadyClock::now() - std::chrono::duration_cast<SteadyClock::duration>(
                                std::chrono::duration<double, std::milli>(options.cycle_time_ms));

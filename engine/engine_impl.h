@@ -65,6 +65,8 @@ struct Engine::Impl final {
   // (device_tensors), callers no longer drive: the executor makes the engine's CUDA device current
   // on the thread that runs it, which must not be a caller's.
   bool caller_drives = false;
+  // The driver runs as SCHED_BATCH (EngineThreadIsBatch); set before the thread starts.
+  bool batch_driver = false;
   std::atomic<bool> device_tensors{false};
   Mutex drive_mu;
   CondVar drive_cv;  // the background thread waits here while it leaves the drive to callers

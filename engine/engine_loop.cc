@@ -39,7 +39,7 @@ std::string UpperType(CollectiveType t) {
 void Engine::Impl::Loop() {
   if (options.size > 1) SetThreadLogRank(options.rank);
   const int cpus = OnlineCpus();
-  if (EngineThreadIsBatch(options.engine_sched, options.local_size, cpus)) {
+  if (batch_driver) {
     sched_param param{};
     if (::sched_setscheduler(0, SCHED_BATCH, &param) != 0) {
       KOLO_LOG(kWarning, "could not make the engine thread SCHED_BATCH ({}); it keeps the default",
@@ -98,6 +98,12 @@ void Engine::Impl::DriveUntilDone(int64_t id, SteadyClock::time_point deadline) 
     driver = Driver::kCaller;
   }
   if (options.size > 1) SetThreadLogRank(options.rank);
+  // The driver runs under the background thread's policy (KOLO_ENGINE_SCHED): a caller's thread
+  // at the default policy takes SCHED_BATCH while it drives, where the ranks outnumber the
+  // processors, and gets its policy back after. (A caller at a real-time policy keeps it.)
+  sched_param batch_param{};
+  const bool batch = batch_driver && ::sched_getscheduler(0) == SCHED_OTHER &&
+                     ::sched_setscheduler(0, SCHED_BATCH, &batch_param) == 0;
   bool go_on = true;
   for (;;) {
     StatusOr<bool> done = ops.Poll(id);
@@ -107,6 +113,10 @@ void Engine::Impl::DriveUntilDone(int64_t id, SteadyClock::time_point deadline) 
     if (!go_on) break;
   }
   ReleaseDrive(go_on);
+  if (batch) {
+    sched_param param{};
+    ::sched_setscheduler(0, SCHED_OTHER, &param);
+  }
 }
 
 bool Engine::Impl::Turn(SteadyClock::time_point give_up, bool by_caller) {

@@ -228,6 +228,8 @@ int Predict(int argc, char** argv) {
   settings["nodes"] = r.hosts;
   if (autotune) {
     settings["autotune"] = true;
+    // The layout the search chose, as kolo-train's record has it (the rows' allreduce column).
+    settings["hierarchical_allreduce"] = p.hierarchical;
     nlohmann::json list = nlohmann::json::array();
     for (const auto& t : trials) {
       list.push_back({{"fusion_threshold_mb", t.fusion_threshold_mb},

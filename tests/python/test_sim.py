@@ -113,6 +113,27 @@ def test_step_jitter_is_a_sweep_setting_of_predictions(tmp_path):
     assert "step_jitter = 0.05 is a setting of predictions" in refused.stdout + refused.stderr
 
 
+def test_an_autotuned_prediction_says_which_allreduce_it_chose(tmp_path):
+    """kolo-sim predict --autotune with hierarchical allreduce among the knobs: the row's
+    allreduce column is the layout the search chose (as in the record's autotune.choice)."""
+    need_sim()
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text((ROOT / "sweeps" / "autotune-hier-emulated-predicted.toml").read_text())
+    out = tmp_path / "out"
+    result = run_cli(
+        "sweep", str(sweep), "--out", str(out), "--bin-dir", str(BIN_DIR), "--no-report", timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [r for r in schema.read_rows(str(out / "results.csv")) if r["backend"] == "ring"]
+    assert len(rows) == 1, rows
+    records = [json.loads(p.read_text()) for p in out.rglob("*.json")]
+    chosen = [r["autotune"]["choice"] for r in records if "autotune" in r]
+    assert len(chosen) == 1, records
+    want = "hierarchical" if chosen[0]["hierarchical_allreduce"] else "flat"
+    assert rows[0]["allreduce"] == want, rows[0]
+    assert rows[0]["autotune"] == "on"
+
+
 def test_the_gate_judges_simulated_rows(sim_rows, tmp_path):
     path, rows = sim_rows
     eff = {

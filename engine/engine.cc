@@ -99,7 +99,16 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
   e.comm.chunk_bytes = static_cast<size_t>(options.ring_chunk_bytes);
   e.comm.timeout = link.timeout;
   e.comm.messages = &e.message_scratch;
-  KOLO_RETURN_IF_ERROR(collectives::CheckSettingsMatch(e.comm, MustMatch(options)));
+  {
+    // Ranks may still be in their own connecting, bounded by the same timeout from their own
+    // start (with a peer that stopped, say). The check waits twice as long, so that such a rank's
+    // failure (naming the peer it could not reach) arrives before rank 0 gives up on it and
+    // blames its silence instead (as the parameter-server job's start-up does).
+    e.comm.timeout = 2 * link.timeout;
+    const Status agreed = collectives::CheckSettingsMatch(e.comm, MustMatch(options));
+    e.comm.timeout = link.timeout;
+    KOLO_RETURN_IF_ERROR(agreed);
+  }
   // Shared memory within a host: the ranks of a host map one area. Every rank on one host: all of
   // them, for the one-shot allreduce (collectives/one_shot.cc). Several hosts with hierarchical
   // allreduce (on or switchable) over auto: each host's ranks, for its small buffers (one step

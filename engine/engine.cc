@@ -217,6 +217,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
   // A waiting caller may drive the ring backend's cycles (Engine::Impl::DriveUntilDone). MPI's
   // and NCCL's calls stay on the background thread, where their libraries were set up.
   e.caller_drives = options.caller_progress && options.backend == "ring";
+  e.peer_timeout = std::chrono::duration_cast<SteadyClock::duration>(
+      std::chrono::duration<double>(options.peer_timeout_s));
   e.batch_driver = EngineThreadIsBatch(options.engine_sched, options.local_size, OnlineCpus());
   e.last_start =
       SteadyClock::now() - std::chrono::duration_cast<SteadyClock::duration>(
@@ -357,15 +359,23 @@ Status Engine::Wait(Handle handle, std::chrono::milliseconds timeout) {
   const auto left = std::max<std::chrono::milliseconds>(
       std::chrono::milliseconds(0),
       std::chrono::ceil<std::chrono::milliseconds>(deadline - SteadyClock::now()));
-  {
+  // A handle still running: this caller sleeps on it, and comes back from the wait when the
+  // driver completes it (the background thread then leaves the drive to callers for a while).
+  const StatusOr<bool> done = impl_->ops.Poll(handle.id);
+  const bool sleeps = done.ok() && !*done;
+  if (sleeps) {
     MutexLock lock(impl_->drive_mu);
     ++impl_->callers_asleep;
   }
   StatusOr<execution::HandleState> state = impl_->ops.Wait(handle.id, left);
-  {
+  if (sleeps) {
     MutexLock lock(impl_->drive_mu);
     --impl_->callers_asleep;
     impl_->caller_seen = SteadyClock::now();
+  }
+  if (state.status().code() == StatusCode::kDeadlineExceeded) {
+    // Named with the caller's timeout, not what was left of it after driving.
+    return DeadlineExceeded("handle {} did not complete within {} ms", handle.id, timeout.count());
   }
   KOLO_RETURN_IF_ERROR(state.status());
   return state->status;

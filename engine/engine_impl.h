@@ -65,6 +65,9 @@ struct Engine::Impl final {
   // (device_tensors), callers no longer drive: the executor makes the engine's CUDA device current
   // on the thread that runs it, which must not be a caller's.
   bool caller_drives = false;
+  // The bound of any blocking inside a cycle (options.peer_timeout_s): a caller drives only when
+  // its wait has at least this long left.
+  SteadyClock::duration peer_timeout{};
   // The driver runs as SCHED_BATCH (EngineThreadIsBatch); set before the thread starts.
   bool batch_driver = false;
   std::atomic<bool> device_tensors{false};
@@ -116,8 +119,9 @@ struct Engine::Impl final {
   // or what the controller has (Controller::HasNews); otherwise the table remembers that the
   // thread is idle, so that the next submission wakes it.
   bool HasNews(SteadyClock::time_point now);
-  // One negotiation-and-execution cycle. Sets *stop when every rank is to stop.
-  Status RunCycle(bool* stop) KOLO_EXCLUDES(mu);
+  // One negotiation-and-execution cycle. Sets *stop when every rank is to stop. A caller's
+  // (`by_caller`) runs nothing once a device tensor has been submitted: *ran false.
+  Status RunCycle(bool by_caller, bool* stop, bool* ran) KOLO_EXCLUDES(mu);
   // Moves the submission queue into the table's pending operations and hands each request to the
   // controller.
   void DrainQueue();

@@ -62,7 +62,10 @@ bool Engine::Impl::TakeDriveInBackground() {
     if (ended) return false;
     if (driver == Driver::kNone) {
       const auto until = caller_seen + kCallerLinger;
-      if (!caller_drives || shutting || work_left || SteadyClock::now() >= until) break;
+      if (!caller_drives || device_tensors.load(std::memory_order_acquire) || shutting ||
+          work_left || SteadyClock::now() >= until) {
+        break;
+      }
       drive_cv.WaitUntil(drive_mu, until);
     } else {
       // A caller drives. It wakes this thread when it lets go with work left or the engine ended;
@@ -76,9 +79,10 @@ bool Engine::Impl::TakeDriveInBackground() {
 }
 
 void Engine::Impl::ReleaseDrive(bool go_on) {
-  // Read while this thread still drives: Drain, Find and Complete are the driver's.
-  const bool left = go_on && !ops.Idle();
   MutexLock lock(drive_mu);
+  // Read while this thread still drives (Drain, Find and Complete are the driver's), and under
+  // drive_mu, so that a caller that submits and then finds this thread driving is counted here.
+  const bool left = go_on && !ops.Idle();
   const bool by_caller = driver == Driver::kCaller;
   driver = Driver::kNone;
   // A caller asleep on a handle this cycle may have completed comes back from it now.
@@ -91,6 +95,11 @@ void Engine::Impl::ReleaseDrive(bool go_on) {
 
 void Engine::Impl::DriveUntilDone(int64_t id, SteadyClock::time_point deadline) {
   if (!caller_drives || device_tensors.load(std::memory_order_acquire)) return;
+  // A wait on a handle already done drives nothing (and does not hold the background thread back).
+  if (StatusOr<bool> done = ops.Poll(id); !done.ok() || *done) return;
+  // A cycle, once started, runs to its end, bounded by the peer timeout: a caller whose wait
+  // ends sooner sleeps instead, so that its timeout holds.
+  if (deadline - SteadyClock::now() < peer_timeout) return;
   {
     MutexLock lock(drive_mu);
     caller_seen = SteadyClock::now();
@@ -127,7 +136,9 @@ bool Engine::Impl::Turn(SteadyClock::time_point give_up, bool by_caller) {
   if (s.ok() && !due) return true;
   last_start = SteadyClock::now();
   bool stop = false;
-  if (s.ok()) s = RunCycle(&stop);
+  bool ran = true;
+  if (s.ok()) s = RunCycle(by_caller, &stop, &ran);
+  if (s.ok() && !ran) return true;
   last_end = SteadyClock::now();
   if (s.ok() && by_caller) {
     MutexLock lock(mu);
@@ -274,8 +285,12 @@ void Engine::Impl::DrainQueue() {
   }
 }
 
-Status Engine::Impl::RunCycle(bool* stop) {
+Status Engine::Impl::RunCycle(bool by_caller, bool* stop, bool* ran) {
   DrainQueue();
+  // A device tensor drained here (its flag was set before it was queued) runs on the background
+  // thread only: a caller leaves this cycle to it (the drained requests wait in the controller).
+  *ran = !(by_caller && device_tensors.load(std::memory_order_acquire));
+  if (!*ran) return Status::OK();
   std::vector<Response> responses;
   bool riding = false;
   KOLO_RETURN_IF_ERROR(Negotiate(&responses, stop, &riding));

@@ -399,25 +399,38 @@ TEST(Engine, WaitingCallersDriveTheCycles) {
   }
 }
 
-// A driving caller keeps to its wait's timeout although its peer has not submitted yet, and the
-// operation goes on: the background thread completes it once the peer submits.
+// A driving caller keeps to its wait's timeout although its peer has not submitted yet (the
+// peer's engine joins the exchange and the cycle ends without the tensor), and the operation goes
+// on: the background thread completes it once the peer submits. A caller drives only with at
+// least the peer timeout left (a started cycle is bounded by it), so the wait here is longer.
 TEST(Engine, ADrivingCallerKeepsToItsTimeout) {
-  RunRanks(2, [&](int rank, Engine& engine) {
-    int32_t x = rank + 1;
-    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(600));
-    auto h = engine.AllreduceAsync("late", &x, &x, DataType::kInt32, {1}, ReduceOp::kSum);
-    ASSERT_TRUE(h.ok());
-    if (rank == 0) {
-      const auto start = std::chrono::steady_clock::now();
-      const Status early = engine.Wait(*h, std::chrono::milliseconds(50));
-      const auto took = std::chrono::steady_clock::now() - start;
-      EXPECT_EQ(early.code(), StatusCode::kDeadlineExceeded) << early.ToString();
-      // Bounded by the timeout, not by the engine's idle wait (500 ms).
-      EXPECT_LT(took, std::chrono::milliseconds(450));
-    }
-    ASSERT_TRUE(engine.Wait(*h).ok());
-    EXPECT_EQ(x, 3);
-  });
+  RunRanks(
+      2,
+      [](int r) {
+        Options o = RankOptions(r, 2);
+        o.peer_timeout_s = 1.0;
+        return o;
+      },
+      [&](int rank, Engine& engine) {
+        int32_t x = rank + 1;
+        if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+        auto h = engine.AllreduceAsync("late", &x, &x, DataType::kInt32, {1}, ReduceOp::kSum);
+        ASSERT_TRUE(h.ok());
+        if (rank == 0) {
+          const auto start = std::chrono::steady_clock::now();
+          const Status early = engine.Wait(*h, std::chrono::milliseconds(1200));
+          const auto took = std::chrono::steady_clock::now() - start;
+          EXPECT_EQ(early.code(), StatusCode::kDeadlineExceeded) << early.ToString();
+          // Named with the timeout given, not what was left of it.
+          EXPECT_NE(early.message().find("within 1200 ms"), std::string::npos) << early.ToString();
+          // Bounded by the timeout, not by the peer's submission 2.5 s in.
+          EXPECT_LT(took, std::chrono::milliseconds(2200));
+          // It drove: the exchange it started pulled the idle peer in.
+          EXPECT_GT(engine.stats().caller_cycles, 0);
+        }
+        ASSERT_TRUE(engine.Wait(*h).ok());
+        EXPECT_EQ(x, 3);
+      });
 }
 
 // Ranks with nothing new sleep until a peer or a submission wakes them: no cycles while idle.

@@ -87,11 +87,15 @@ job=$!
 a0=$("$cluster" hosts --name "$name" | awk '$1 == "h0" {print $2}')
 a1=$("$cluster" hosts --name "$name" | awk '$1 == "h1" {print $2}')
 a2=$("$cluster" hosts --name "$name" | awk '$1 == "h2" {print $2}')
+# (Open MPI's own TCP connections between the ranks may come up before kolo's engine listens:
+# the loop waits for both, and keeps every listening socket it saw.)
 seen=
+: >"$work/listen"
 for _ in $(seq 300); do
   ip netns exec "$name-h1" ss -Htnp state established 2>/dev/null | grep '"kolo-train"' >"$work/ss" || true
-  ip netns exec "$name-h1" ss -Htlnp 2>/dev/null | grep '"kolo-train"' >"$work/listen" || true
-  if grep -q " $a1:[0-9]* *$a0:" "$work/ss" && grep -q " $a1:[0-9]* *$a2:" "$work/ss"; then
+  ip netns exec "$name-h1" ss -Htlnp 2>/dev/null | grep '"kolo-train"' >>"$work/listen" || true
+  if grep -q " $a1:[0-9]* *$a0:" "$work/ss" && grep -q " $a1:[0-9]* *$a2:" "$work/ss" &&
+    grep -q " $a1:[0-9]" "$work/listen"; then
     seen=1
     break
   fi
@@ -102,11 +106,11 @@ rc=0
 wait "$job" || rc=$?
 cat "$work/train.out"
 ((rc == 0)) || fail "kolo-train exited $rc"
-[[ -n $seen ]] || fail "h1's kolo-train never had connections $a1 -> $a0 and $a1 -> $a2: $(cat "$work/ss")"
+[[ -n $seen ]] || fail "h1's kolo-train never had connections $a1 -> $a0 and $a1 -> $a2 with a socket listening on $a1: $(cat "$work/ss"); listening: $(sort -u "$work/listen")"
 echo "ok: h1's kolo-train connected from its host address $a1 to $a0 and $a2"
 # kolo's own listening socket is on the host's address; nothing of kolo-train listens on loopback
 # (its one loopback connection is MPI's, to the local daemon).
-grep -q " $a1:[0-9]" "$work/listen" || fail "h1's kolo-train listens on no socket of $a1: $(cat "$work/listen")"
+grep -q " $a1:[0-9]" "$work/listen" || fail "h1's kolo-train listens on no socket of $a1: $(sort -u "$work/listen")"
 if grep -q "127\.0\.0\.1:" "$work/listen"; then fail "h1's kolo-train listens on loopback: $(cat "$work/listen")"; fi
 python3 - "$work/run.json" <<'EOF' || fail "run record"
 import json, sys

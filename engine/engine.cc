@@ -220,9 +220,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::CreateRank(const Options& options,
   e.peer_timeout = std::chrono::duration_cast<SteadyClock::duration>(
       std::chrono::duration<double>(options.peer_timeout_s));
   e.batch_driver = EngineThreadIsBatch(options.engine_sched, options.local_size, OnlineCpus());
-  e.last_start =
-      SteadyClock::now() - std::chrono::duration_cast<SteadyClock::duration>(
-                               std::chrono::duration<double, std::milli>(options.cycle_time_ms));
+  e.last_start = SteadyClock::now() - e.Cycle();
   e.thread = std::thread([&e] { e.Loop(); });
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
@@ -355,14 +353,12 @@ Status Engine::Wait(Handle handle, std::chrono::milliseconds timeout) {
   timeout = std::min<std::chrono::milliseconds>(timeout, std::chrono::hours(24 * 365));
   const auto deadline = SteadyClock::now() + timeout;
   // Run the cycles here where nobody drives them; else (or after) sleep until they complete it.
-  impl_->DriveUntilDone(handle.id, deadline);
+  // A handle still running after that: this caller sleeps on it, and comes back from the wait
+  // when the driver completes it (the background thread then leaves the drive to callers a while).
+  const bool sleeps = !impl_->DriveUntilDone(handle.id, deadline);
   const auto left = std::max<std::chrono::milliseconds>(
       std::chrono::milliseconds(0),
       std::chrono::ceil<std::chrono::milliseconds>(deadline - SteadyClock::now()));
-  // A handle still running: this caller sleeps on it, and comes back from the wait when the
-  // driver completes it (the background thread then leaves the drive to callers for a while).
-  const StatusOr<bool> done = impl_->ops.Poll(handle.id);
-  const bool sleeps = done.ok() && !*done;
   if (sleeps) {
     MutexLock lock(impl_->drive_mu);
     ++impl_->callers_asleep;

@@ -93,8 +93,11 @@ struct Engine::Impl final {
   void ReleaseDrive(bool go_on) KOLO_EXCLUDES(drive_mu, mu);
   // A caller waiting on handle `id`: if nobody drives and caller_drives, takes the drive and runs
   // cycles until the handle is done, the engine ends or `deadline` passes; otherwise returns at
-  // once (the caller then sleeps until the driver completes the handle).
-  void DriveUntilDone(int64_t id, SteadyClock::time_point deadline) KOLO_EXCLUDES(drive_mu, mu);
+  // once (the caller then sleeps until the driver completes the handle). True when the handle is
+  // done (or unknown), so that the caller will not sleep on it.
+  bool DriveUntilDone(int64_t id, SteadyClock::time_point deadline) KOLO_EXCLUDES(drive_mu, mu);
+  // The cycle time in force (cycle_time_ms) as a duration.
+  SteadyClock::duration Cycle() const;
   // One turn of the engine by its driver: AwaitCycle, then RunCycle. False once the engine has
   // ended (an error or every rank's stop), having failed what still waits. Returns true without
   // a cycle when `give_up` passes first. `by_caller`: a waiting caller drives (counted in

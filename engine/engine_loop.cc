@@ -93,17 +93,18 @@ void Engine::Impl::ReleaseDrive(bool go_on) {
   if (by_caller && (left || !go_on || shutting)) drive_cv.notify_all();
 }
 
-void Engine::Impl::DriveUntilDone(int64_t id, SteadyClock::time_point deadline) {
-  if (!caller_drives || device_tensors.load(std::memory_order_acquire)) return;
-  // A wait on a handle already done drives nothing (and does not hold the background thread back).
-  if (StatusOr<bool> done = ops.Poll(id); !done.ok() || *done) return;
+bool Engine::Impl::DriveUntilDone(int64_t id, SteadyClock::time_point deadline) {
+  // A wait on a handle already done (or unknown: the table's Wait says so) drives nothing, and
+  // does not hold the background thread back.
+  if (StatusOr<bool> done = ops.Poll(id); !done.ok() || *done) return true;
+  if (!caller_drives || device_tensors.load(std::memory_order_acquire)) return false;
   // A cycle, once started, runs to its end, bounded by the peer timeout: a caller whose wait
   // ends sooner sleeps instead, so that its timeout holds.
-  if (deadline - SteadyClock::now() < peer_timeout) return;
+  if (deadline - SteadyClock::now() < peer_timeout) return false;
   {
     MutexLock lock(drive_mu);
     caller_seen = SteadyClock::now();
-    if (ended || driver != Driver::kNone) return;
+    if (ended || driver != Driver::kNone) return false;
     driver = Driver::kCaller;
   }
   if (options.size > 1) SetThreadLogRank(options.rank);
@@ -114,9 +115,11 @@ void Engine::Impl::DriveUntilDone(int64_t id, SteadyClock::time_point deadline) 
   const bool batch = batch_driver && ::sched_getscheduler(0) == SCHED_OTHER &&
                      ::sched_setscheduler(0, SCHED_BATCH, &batch_param) == 0;
   bool go_on = true;
+  bool finished = false;
   for (;;) {
     StatusOr<bool> done = ops.Poll(id);
-    if (!done.ok() || *done || SteadyClock::now() >= deadline) break;
+    finished = !done.ok() || *done;
+    if (finished || SteadyClock::now() >= deadline) break;
     if (device_tensors.load(std::memory_order_acquire)) break;
     go_on = Turn(deadline, /*by_caller=*/true);
     if (!go_on) break;
@@ -126,13 +129,17 @@ void Engine::Impl::DriveUntilDone(int64_t id, SteadyClock::time_point deadline) 
     sched_param param{};
     ::sched_setscheduler(0, SCHED_OTHER, &param);
   }
+  return finished;
+}
+
+SteadyClock::duration Engine::Impl::Cycle() const {
+  return std::chrono::duration_cast<SteadyClock::duration>(
+      std::chrono::duration<double, std::milli>(cycle_time_ms.load(std::memory_order_relaxed)));
 }
 
 bool Engine::Impl::Turn(SteadyClock::time_point give_up, bool by_caller) {
-  const auto cycle = std::chrono::duration_cast<SteadyClock::duration>(
-      std::chrono::duration<double, std::milli>(cycle_time_ms.load(std::memory_order_relaxed)));
   bool due = false;
-  Status s = AwaitCycle(cycle, give_up, &due);
+  Status s = AwaitCycle(Cycle(), give_up, &due);
   if (s.ok() && !due) return true;
   last_start = SteadyClock::now();
   bool stop = false;
